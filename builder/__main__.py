@@ -1,0 +1,5 @@
+"""`python -m builder ...` works without nox."""
+
+from builder.cli import main
+
+raise SystemExit(main())

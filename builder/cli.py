@@ -1,0 +1,157 @@
+"""Command line: `python -m builder <command>`; every nox session is a thin call into this.
+
+Errors are caught here and only here: one message with its fix, the error's own exit code, and a
+traceback only with --debug.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+from builder import __version__
+from builder.build import Workspace, build_wheel
+from builder.errors import BuilderError, PublishError, SmokeError
+from builder.recipe import load_recipe
+from builder.smoke import report_path, smoke
+from builder.wheelhouse import passing_report, publish
+
+DEFAULT_RECIPE = Path("recipes/cpu.toml")
+
+
+def parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--work-dir",
+        type=Path,
+        default=Path("build"),
+        help="caches, sources, logs and built wheels (default: %(default)s)",
+    )
+    common.add_argument(
+        "--wheelhouse",
+        type=Path,
+        default=Path("wheelhouse"),
+        help="where published wheels and the index go (default: %(default)s)",
+    )
+    common.add_argument("-v", "--verbose", action="store_true", help="stream every command's output")
+    common.add_argument("--debug", action="store_true", help="show a traceback on errors")
+
+    p = argparse.ArgumentParser(
+        prog="python -m builder",
+        description="Build DeepSpeed wheels with prebuilt ops once per target, prove them in a fresh "
+        "environment, and publish them to a local pip index.",
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    b = sub.add_parser(
+        "build-wheel",
+        parents=[common],
+        help="build, verify, smoke-test and publish a recipe",
+        description="Build the recipe's wheel, prove every requested op is inside, then (unless "
+        "told not to) smoke-test it in a fresh venv and publish it to the wheelhouse.",
+    )
+    b.add_argument(
+        "--recipe",
+        type=Path,
+        action="append",
+        dest="recipes",
+        metavar="PATH",
+        help=f"recipe TOML; repeat for several (default: {DEFAULT_RECIPE})",
+    )
+    b.add_argument("--no-smoke", action="store_true", help="only build and verify (implies --no-publish)")
+    b.add_argument("--no-publish", action="store_true", help="build and smoke-test, do not publish")
+
+    s = sub.add_parser(
+        "smoke",
+        parents=[common],
+        help="install a wheel in a fresh venv and test it",
+        description="Install each wheel with its pinned torch in a new venv and check that its "
+        "ops load without JIT and compute what torch computes. Writes <wheel>.smoke.json.",
+    )
+    s.add_argument(
+        "wheels", nargs="*", type=Path, metavar="WHEEL", help="wheels to test (default: the newest in WORK_DIR/dist)"
+    )
+    s.add_argument("--keep-env", action="store_true", help="keep the smoke venv for inspection")
+
+    u = sub.add_parser(
+        "publish",
+        parents=[common],
+        help="put smoke-passed wheels into the wheelhouse",
+        description="Copy wheels whose smoke report passed into the wheelhouse and rewrite its "
+        "PEP 503 index and manifest.json. A wheel without a passing report is refused.",
+    )
+    u.add_argument(
+        "wheels",
+        nargs="*",
+        type=Path,
+        metavar="WHEEL",
+        help="wheels to publish (default: every smoke-passed wheel in WORK_DIR/dist)",
+    )
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except BuilderError as exc:
+        if args.debug:
+            traceback.print_exc()
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    ws = Workspace(args.work_dir.resolve())
+    if args.command == "build-wheel":
+        recipes = [load_recipe(p) for p in (args.recipes or [DEFAULT_RECIPE])]  # all validated first
+        for recipe in recipes:
+            result = build_wheel(recipe, ws, args.verbose)
+            if args.no_smoke:
+                continue
+            smoke(result.wheel, ws.logs, args.verbose)
+            if not args.no_publish:
+                publish([result.wheel], args.wheelhouse)
+        return 0
+    if args.command == "smoke":
+        for wheel in args.wheels or [_newest_wheel(ws)]:
+            smoke(wheel, ws.logs, args.verbose, args.keep_env)
+        return 0
+    if args.command == "publish":
+        wheels = args.wheels or _passed_wheels(ws)
+        publish(wheels, args.wheelhouse)
+        print(
+            f"==> wheelhouse {args.wheelhouse.resolve()}: install with\n"
+            f"    pip install --index-url {(args.wheelhouse / 'simple').resolve().as_uri()}/ deepspeed==<version>",
+            file=sys.stderr,
+        )
+        return 0
+    raise AssertionError(args.command)
+
+
+def _newest_wheel(ws: Workspace) -> Path:
+    wheels = sorted(ws.dist.glob("*.whl"), key=lambda p: p.stat().st_mtime)
+    if not wheels:
+        raise SmokeError(f"no wheels in {ws.dist}", "build one first: python -m builder build-wheel")
+    return wheels[-1]
+
+
+def _passed_wheels(ws: Workspace) -> list[Path]:
+    found = [w for w in sorted(ws.dist.glob("*.whl")) if report_path(w).is_file()]
+    passed = []
+    for wheel in found:
+        try:
+            passing_report(wheel)
+            passed.append(wheel)
+        except PublishError as exc:
+            print(f"  skipping {wheel.name}: {exc.message}", file=sys.stderr)
+    if not passed:
+        raise PublishError(f"no smoke-passed wheels in {ws.dist}", "run build-wheel, or smoke on a built wheel")
+    return passed

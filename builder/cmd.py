@@ -1,0 +1,96 @@
+"""The one subprocess wrapper: every external program the toolkit runs goes through `run`.
+
+It prints `+ <quoted command>`, checks that the program exists before starting it, keeps the full
+output in a log file, streams it when verbose (or shows progress lines picked by the caller), and
+on failure shows the tail of the output and where the whole log is.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from builder.errors import ToolError
+
+TAIL_LINES = 40
+
+
+def quote(args: Sequence[str | os.PathLike[str]]) -> str:
+    return shlex.join(str(a) for a in args)
+
+
+def which(program: str, env: Mapping[str, str] | None = None) -> str | None:
+    """Resolve `program` on the PATH of the environment the command will really run in."""
+    path = (env if env is not None else os.environ).get("PATH")
+    return shutil.which(program, path=path)
+
+
+def run(
+    args: Sequence[str | os.PathLike[str]],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    log: Path | None = None,
+    verbose: bool = False,
+    progress: Callable[[str], str | None] | None = None,
+    fix: str = "",
+) -> str:
+    """Run a command to completion and return its combined stdout and stderr.
+
+    `progress` sees every output line and returns a short text to print (or None), so a long
+    step shows it is alive without flooding the terminal. Raises ToolError when the program is
+    missing or exits non-zero.
+    """
+    argv = [str(a) for a in args]
+    program = argv[0]
+    found = which(program, env)
+    if found is None:
+        raise ToolError(f"'{program}' was not found on PATH", fix or f"install {program} or put it on PATH")
+    if os.sep in program:  # a relative path must survive the change to `cwd`
+        argv[0] = os.path.abspath(found)
+    print(f"+ {quote(argv)}", file=sys.stderr, flush=True)
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+    lines: list[str] = []
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    start = time.monotonic()
+    with open(log if log is not None else os.devnull, "a", encoding="utf-8") as log_file:
+        log_file.write(f"+ {quote(argv)}\n")
+        log_file.flush()
+        proc = subprocess.Popen(
+            argv,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+            bufsize=1,
+        )
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log_file.write(line)
+            lines.append(line)
+            tail.append(line)
+            if verbose:
+                sys.stderr.write(line)
+            elif progress is not None and (shown := progress(line.rstrip("\n"))):
+                print(f"  [{time.monotonic() - start:5.0f}s] {shown}", file=sys.stderr, flush=True)
+        code = proc.wait()
+        log_file.write(f"# exit status {code} after {time.monotonic() - start:.1f}s\n")
+    if code != 0:
+        shown_tail = "" if verbose else "".join(tail)
+        where = f"\n  full log: {log}" if log is not None else ""
+        raise ToolError(
+            f"command failed with exit status {code}: {quote(argv)}\n{shown_tail}{where}".rstrip(),
+            fix or "read the output above; rerun with --verbose to stream it",
+        )
+    return "".join(lines)

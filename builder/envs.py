@@ -1,0 +1,70 @@
+"""Python virtual environments the toolkit builds and tests in.
+
+Build environments are cached by what they hold and marked complete only after every install
+succeeded, so a killed install is redone rather than half-used. Smoke environments are always new.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from builder import cmd
+
+COMPLETE = ".builder-complete"
+
+
+def python_in(venv: Path) -> Path:
+    return venv / "bin" / "python"
+
+
+def env_key(requirements: Sequence[str]) -> str:
+    """A folder name for an environment with these requirements on this interpreter."""
+    text = "\n".join([sys.version, *sorted(requirements)])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def venv_environ(venv: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The process environment of a command run inside `venv`: its bin first on PATH."""
+    env = dict(os.environ if base is None else base)
+    env["VIRTUAL_ENV"] = str(venv)
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    env.pop("PYTHONHOME", None)
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    return env
+
+
+def create(venv: Path, requirements: Sequence[str], log: Path, verbose: bool = False) -> Path:
+    """Make a new venv at `venv` (replacing any there) and pip-install `requirements` into it."""
+    if venv.exists():
+        shutil.rmtree(venv)
+    cmd.run([sys.executable, "-m", "venv", venv], log=log, verbose=verbose)
+    if requirements:
+        cmd.run(
+            [python_in(venv), "-m", "pip", "install", *requirements],
+            env=venv_environ(venv),
+            log=log,
+            verbose=verbose,
+            progress=_pip_progress,
+            fix="check the requirement names and versions, and that the package index is reachable",
+        )
+    return venv
+
+
+def cached(root: Path, requirements: Sequence[str], log: Path, verbose: bool = False) -> Path:
+    """A complete venv with `requirements` under `root`, made once and reused."""
+    venv = root / env_key(requirements)
+    if (venv / COMPLETE).is_file():
+        print(f"  reusing environment {venv}", file=sys.stderr)
+        return venv
+    create(venv, requirements, log, verbose)
+    (venv / COMPLETE).write_text("\n".join(requirements) + "\n", encoding="utf-8")
+    return venv
+
+
+def _pip_progress(line: str) -> str | None:
+    return line if line.startswith(("Collecting ", "Successfully installed")) else None

@@ -1,0 +1,57 @@
+"""The few errors the toolkit raises; each carries the fix and its own exit code.
+
+They are caught in one place (`cli.main`), which prints the message and the fix and exits with
+`exit_code`; a traceback is shown only with --debug.
+"""
+
+from __future__ import annotations
+
+
+class BuilderError(Exception):
+    """A problem the user can fix: `message` says what is wrong, `fix` what to do."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, fix: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.fix = fix
+
+    def __str__(self) -> str:
+        return f"{self.message}\n  fix: {self.fix}" if self.fix else self.message
+
+
+class RecipeError(BuilderError):
+    """The recipe is malformed or asks for something that does not exist."""
+
+    exit_code = 2
+
+
+class ToolError(BuilderError):
+    """A program the step needs is missing, or a command it ran failed."""
+
+    exit_code = 3
+
+
+class SourceError(BuilderError):
+    """The DeepSpeed source could not be fetched or failed its hash check."""
+
+    exit_code = 4
+
+
+class BuildError(BuilderError):
+    """The build failed or produced a wheel that does not hold what was asked for."""
+
+    exit_code = 5
+
+
+class SmokeError(BuilderError):
+    """The wheel failed its smoke tests."""
+
+    exit_code = 6
+
+
+class PublishError(BuilderError):
+    """The wheel cannot be published (no passing smoke report, a clash in the wheelhouse)."""
+
+    exit_code = 7

@@ -1,0 +1,158 @@
+"""Recipes: TOML files that say what to build, loaded into frozen dataclasses.
+
+Loading is strict: unknown keys, wrong types and malformed versions are rejected with a message
+that names the file, the key and (for near misses) what was probably meant. Op names are checked
+later, against DeepSpeed's own op list for the chosen accelerator (see `ops.check_requested`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from packaging.version import InvalidVersion, Version
+
+from builder.errors import RecipeError
+
+ACCELERATORS = ("cpu", "cuda")
+_SCHEMA: dict[str, dict[str, type]] = {
+    "": {"name": str, "description": str, "accelerator": str, "ops": list, "deepspeed": dict, "torch": dict},
+    "deepspeed": {"version": str, "sha256": str},
+    "torch": {"version": str},
+}
+_REQUIRED: dict[str, tuple[str, ...]] = {
+    "": ("name", "accelerator", "ops", "deepspeed", "torch"),
+    "deepspeed": ("version", "sha256"),
+    "torch": ("version",),
+}
+_KIND: dict[type, str] = {str: "a string", list: "a list", dict: "a table"}
+_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class DeepSpeedSource:
+    """The DeepSpeed sdist to build, pinned by version and by the sha256 of the file."""
+
+    version: str
+    sha256: str
+
+    @property
+    def requirement(self) -> str:
+        return f"deepspeed=={self.version}"
+
+
+@dataclass(frozen=True)
+class TorchSpec:
+    """The torch the wheel is built against, and therefore the one it must run with."""
+
+    version: str
+
+    @property
+    def requirement(self) -> str:
+        return f"torch=={self.version}"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    accelerator: str
+    ops: tuple[str, ...]
+    deepspeed: DeepSpeedSource
+    torch: TorchSpec
+    description: str = ""
+    path: Path | None = None
+
+
+def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
+    """' (did you mean "x"?)' for a near miss, else ''."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f' (did you mean "{close[0]}"?)' if close else ""
+
+
+def load_recipe(path: Path) -> Recipe:
+    """Read and validate a recipe file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise RecipeError(f"cannot read recipe {path}: {exc.strerror}", "pass an existing file with --recipe") from exc
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise RecipeError(f"recipe {path} is not valid TOML: {exc}", "fix the TOML syntax at that line") from exc
+    return parse_recipe(data, path)
+
+
+def parse_recipe(data: Mapping[str, Any], path: Path | None = None) -> Recipe:
+    """Validate a recipe's parsed TOML; pure, so every rule is unit-tested without files."""
+    where = str(path) if path else "recipe"
+    _check_table(data, "", where)
+    ds = data["deepspeed"]
+    torch = data["torch"]
+    _check_table(ds, "deepspeed", where)
+    _check_table(torch, "torch", where)
+
+    name = data["name"]
+    if not _NAME.match(name):
+        raise RecipeError(
+            f'{where}: name "{name}" is not usable in file and version names',
+            "use lowercase letters, digits, '.', '_' and '-'",
+        )
+    accelerator = data["accelerator"]
+    if accelerator not in ACCELERATORS:
+        raise RecipeError(
+            f'{where}: unknown accelerator "{accelerator}"{did_you_mean(accelerator, ACCELERATORS)}',
+            f"use one of: {', '.join(ACCELERATORS)}",
+        )
+    ops = data["ops"]
+    if not ops or not all(isinstance(op, str) and op for op in ops):
+        raise RecipeError(f"{where}: ops must be a non-empty list of op names", 'e.g. ops = ["cpu_adam"]')
+    dupes = sorted({op for op in ops if ops.count(op) > 1})
+    if dupes:
+        raise RecipeError(f"{where}: ops lists {', '.join(dupes)} more than once", "list each op once")
+    sha = ds["sha256"].lower()
+    if not _SHA256.match(sha):
+        raise RecipeError(
+            f"{where}: deepspeed.sha256 is not a sha256 hex digest", "copy the 64-hex-digit sha256 of the sdist"
+        )
+    return Recipe(
+        name=name,
+        accelerator=accelerator,
+        ops=tuple(ops),
+        deepspeed=DeepSpeedSource(version=_version(ds["version"], "deepspeed.version", where), sha256=sha),
+        torch=TorchSpec(version=_version(torch["version"], "torch.version", where)),
+        description=data.get("description", ""),
+        path=path,
+    )
+
+
+def _check_table(table: Mapping[str, Any], section: str, where: str) -> None:
+    schema = _SCHEMA[section]
+    prefix = f"{section}." if section else ""
+    for key, value in table.items():
+        if key not in schema:
+            raise RecipeError(
+                f'{where}: unknown key "{prefix}{key}"{did_you_mean(key, list(schema))}',
+                f"allowed keys{' in [' + section + ']' if section else ''}: {', '.join(schema)}",
+            )
+        if not isinstance(value, schema[key]):
+            kind = _KIND[schema[key]]
+            raise RecipeError(f"{where}: {prefix}{key} must be {kind}", f"write {prefix}{key} as {kind}")
+    missing = [k for k in _REQUIRED[section] if k not in table]
+    if missing:
+        raise RecipeError(
+            f"{where}: missing {', '.join(prefix + k for k in missing)}", "see recipes/cpu.toml for a complete recipe"
+        )
+
+
+def _version(text: str, key: str, where: str) -> str:
+    try:
+        Version(text)
+    except InvalidVersion as exc:
+        raise RecipeError(f'{where}: {key} "{text}" is not a valid version', 'write it like "2.13.0"') from exc
+    return text

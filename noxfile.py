@@ -1,0 +1,44 @@
+"""Thin sessions: install the builder, call `python -m builder`, pass *session.posargs through."""
+
+import nox
+
+nox.options.sessions = ["lint", "tests"]
+nox.options.reuse_existing_virtualenvs = True
+nox.options.error_on_missing_interpreters = True
+
+
+@nox.session(name="build-wheel", tags=["pipeline"])
+def build_wheel(session: nox.Session) -> None:
+    """Build, verify, smoke-test and publish a recipe (default recipes/cpu.toml): -- --recipe PATH."""
+    session.install(".")
+    session.run("python", "-m", "builder", "build-wheel", *session.posargs)
+
+
+@nox.session(tags=["pipeline"])
+def smoke(session: nox.Session) -> None:
+    """Smoke-test a built wheel in a fresh venv: -- [WHEEL ...]."""
+    session.install(".")
+    session.run("python", "-m", "builder", "smoke", *session.posargs)
+
+
+@nox.session(tags=["pipeline"])
+def publish(session: nox.Session) -> None:
+    """Publish smoke-passed wheels to wheelhouse/ with a PEP 503 index: -- [WHEEL ...]."""
+    session.install(".")
+    session.run("python", "-m", "builder", "publish", *session.posargs)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Unit tests, then the integration tests that build, smoke and publish a real wheel."""
+    session.install(".[test]")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff and mypy (strict) over the package, tests and this file."""
+    session.install(".[lint]", "pytest")
+    session.run("ruff", "check", "builder", "tests", "noxfile.py")
+    session.run("ruff", "format", "--check", "builder", "tests", "noxfile.py")
+    session.run("mypy")

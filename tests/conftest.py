@@ -1,0 +1,51 @@
+"""Unit tests cannot start processes by accident; integration tests share one cached workspace."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(__file__).with_name("data")
+
+
+def pytest_report_header() -> list[str]:
+    try:
+        import torch
+
+        torch_line = f"torch {torch.__version__} (CUDA {torch.version.cuda}, GPU visible: {torch.cuda.is_available()})"
+    except ImportError:
+        torch_line = "torch: not installed in the test environment"
+    nvcc = shutil.which("nvcc") or (os.path.exists("/usr/local/cuda/bin/nvcc") and "/usr/local/cuda/bin/nvcc")
+    return [
+        f"builder tests on Python {sys.version.split()[0]}, {os.cpu_count()} cores",
+        torch_line,
+        f"nvcc: {nvcc or 'absent'}",
+    ]
+
+
+@pytest.fixture(autouse=True)
+def _no_accidental_processes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    if request.node.get_closest_marker("integration") or request.node.get_closest_marker("spawns"):
+        return
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"unit test tried to start a process: {args[0] if args else kwargs}")
+
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+
+
+@pytest.fixture(scope="session")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One work folder for every integration test, so the sdist and build env are fetched once.
+
+    BUILDER_TEST_WORK_DIR reuses a folder across runs (its cache) when set.
+    """
+    fixed = os.environ.get("BUILDER_TEST_WORK_DIR")
+    yield Path(fixed) if fixed else tmp_path_factory.mktemp("work")

@@ -1,0 +1,92 @@
+"""Op checks and build planning, against the op probe captured from DeepSpeed 0.19.8 on this CPU machine."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from builder.errors import BuildError, RecipeError
+from builder.ops import ProbeReport, check_requested, parse_probe
+from builder.plan import local_label, max_jobs, plan_build
+from builder.recipe import load_recipe
+
+DATA = Path(__file__).with_name("data")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def probe() -> ProbeReport:
+    # Real output of builder/ds_probe.py (DeepSpeed 0.19.8, torch 2.13.0+cpu, no libaio installed).
+    return parse_probe((DATA / "probe-cpu-0.19.8.txt").read_text())
+
+
+def test_probe_is_parsed_past_deepspeeds_own_output(probe: ProbeReport) -> None:
+    assert probe.accelerator == "cpu"
+    assert probe.torch.version == "2.13.0+cpu" and probe.torch.cuda is None
+    assert probe.python_tag == "cp311"
+    assert {"cpu_adam", "cpu_adagrad", "cpu_lion", "async_io"} <= set(probe.ops)
+    adam = probe.ops["cpu_adam"]
+    assert adam.build_var == "DS_BUILD_CPU_ADAM" and adam.so_prefix == "deepspeed/ops/adam/cpu_adam_op."
+    assert not probe.ops["async_io"].compatible and "libaio" in probe.ops["async_io"].why
+
+
+def test_probe_without_report_is_an_error() -> None:
+    with pytest.raises(BuildError, match="printed no report"):
+        parse_probe("Traceback ...\nImportError: torch")
+
+
+def test_unknown_op_suggests_the_near_miss(probe: ProbeReport) -> None:
+    with pytest.raises(RecipeError) as err:
+        check_requested(("cpu_adma",), probe)
+    assert 'unknown op "cpu_adma" for the cpu accelerator (did you mean "cpu_adam"?)' in err.value.message
+    assert "cpu_adagrad" in err.value.fix  # lists DeepSpeed's own ops for this accelerator
+
+
+def test_cuda_only_op_is_not_in_the_cpu_list(probe: ProbeReport) -> None:
+    with pytest.raises(RecipeError, match='unknown op "utils" for the cpu accelerator'):
+        check_requested(("cpu_adam", "utils"), probe)
+
+
+def test_incompatible_op_fails_with_deepspeeds_reason(probe: ProbeReport) -> None:
+    with pytest.raises(BuildError) as err:
+        check_requested(("cpu_adam", "async_io"), probe)
+    assert "cannot build async_io" in err.value.message
+    assert "libaio" in err.value.message
+
+
+def test_local_labels() -> None:
+    assert local_label("cpu", "2.13.0+cpu", None) == "cpu.torch2.13"
+    assert local_label("cpu", "2.14.1", "13.0") == "cpu.torch2.14"
+    assert local_label("cuda", "2.14.1+cu130", "13.0") == "cu130.torch2.14"
+    with pytest.raises(BuildError, match="has no CUDA"):
+        local_label("cuda", "2.13.0+cpu", None)
+
+
+def test_plan_for_the_default_recipe(probe: ProbeReport) -> None:
+    plan = plan_build(load_recipe(ROOT / "recipes" / "cpu.toml"), probe, cores=2)
+    assert plan.version == "0.19.8+cpu.torch2.13"
+    assert plan.env["DS_BUILD_STRING"] == "+cpu.torch2.13"
+    assert plan.env["DS_BUILD_OPS"] == "0"
+    assert plan.env["DS_ACCELERATOR"] == "cpu"
+    assert plan.env["DS_ENABLE_NINJA"] == "1"
+    assert plan.env["MAX_JOBS"] == "2"
+    assert {k for k, v in plan.env.items() if k.startswith("DS_BUILD_") and v == "1"} == {
+        "DS_BUILD_CPU_ADAM",
+        "DS_BUILD_CPU_ADAGRAD",
+        "DS_BUILD_CPU_LION",
+    }
+    assert [op.name for op in plan.ops] == ["cpu_adam", "cpu_adagrad", "cpu_lion"]
+
+
+def test_plan_refuses_a_build_env_with_other_torch(probe: ProbeReport) -> None:
+    recipe = load_recipe(ROOT / "recipes" / "cpu.toml")
+    other = dataclasses.replace(recipe, torch=dataclasses.replace(recipe.torch, version="2.14.1"))
+    with pytest.raises(BuildError, match=r"has torch 2\.13\.0\+cpu but the recipe pins 2\.14\.1"):
+        plan_build(other, probe, cores=2)
+
+
+def test_max_jobs() -> None:
+    assert max_jobs(16) == 16
+    assert max_jobs(0) == 1

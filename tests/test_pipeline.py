@@ -1,0 +1,120 @@
+"""The whole pipeline for real: build the default recipe, smoke it, publish it, pip-install it.
+
+Slow (a real DeepSpeed build, about 2 minutes on 2 cores, plus fresh venvs with torch).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import venv
+import zipfile
+from email.parser import Parser
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[1]
+VERSION = "0.19.8+cpu.torch2.13"
+WHEEL = f"deepspeed-{VERSION}-cp311-cp311-linux_x86_64.whl"
+OPS = ("cpu_adam", "cpu_adagrad", "cpu_lion")
+
+
+def builder(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "builder", *args], cwd=ROOT, capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def pipeline(
+    workspace: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """`build-wheel` with no recipe (the default), as a new user runs it, into a fresh wheelhouse."""
+    house = tmp_path_factory.mktemp("wheelhouse")
+    result = builder("build-wheel", "--work-dir", str(workspace), "--wheelhouse", str(house))
+    assert result.returncode == 0, result.stderr[-5000:]
+    return house, result
+
+
+def test_build_wheel_leaves_a_smoke_tested_wheel_in_the_wheelhouse(
+    pipeline: tuple[Path, subprocess.CompletedProcess[str]], workspace: Path
+) -> None:
+    house, result = pipeline
+    assert [p.name for p in house.glob("*.whl")] == [WHEEL]
+    assert f"==> built {WHEEL} in" in result.stderr
+    assert "ops:   cpu_adam, cpu_adagrad, cpu_lion" in result.stderr
+    log = workspace / "logs" / "cpu-build.log"
+    assert "Install Ops=" in log.read_text()
+
+    with zipfile.ZipFile(house / WHEEL) as zf:
+        names = zf.namelist()
+        for op_dir, op in (("adam", "cpu_adam"), ("adagrad", "cpu_adagrad"), ("lion", "cpu_lion")):
+            assert any(n.startswith(f"deepspeed/ops/{op_dir}/{op}_op.") and n.endswith(".so") for n in names)
+        installed = zf.read("deepspeed/git_version_info_installed.py").decode()
+        meta = Parser().parsestr(zf.read(f"deepspeed-{VERSION}.dist-info/METADATA").decode())
+        manifest = json.loads(zf.read(f"deepspeed-{VERSION}.dist-info/ds_builder.json"))
+    assert f"version='{VERSION}'" in installed
+    assert "'cpu_adam': 1" in installed and "'cpu_adagrad': 1" in installed and "'cpu_lion': 1" in installed
+    assert meta["Version"] == VERSION
+    assert "torch==2.13.0" in meta.get_all("Requires-Dist")
+    assert manifest["ops"] == list(OPS) and manifest["torch"]["version"] == "2.13.0+cpu"
+    assert manifest["source"]["sha256"] == "9e491abd0827ea5c389dd702e15e11e13d83d904bac4a20d6c2a4cb37207a9af"
+
+    entry = json.loads((house / "manifest.json").read_text())["wheels"][WHEEL]
+    assert entry["smoke"]["passed"] is True
+    checks = entry["smoke"]["checks"]
+    for op in OPS:
+        assert checks[f"load:{op}"] == "passed"
+        assert checks[f"numerics:{op}"] == "passed"
+    assert checks["import"] == "passed" and checks["no-jit"] == "passed"
+    index = (house / "simple" / "deepspeed" / "index.html").read_text()
+    assert f"#sha256={entry['sha256']}" in index
+
+
+def test_pip_installs_the_published_wheel_from_the_index(
+    pipeline: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path
+) -> None:
+    house, _ = pipeline
+    env_dir = tmp_path / "node"
+    venv.create(env_dir, with_pip=True)
+    python = str(env_dir / "bin" / "python")
+    with zipfile.ZipFile(house / WHEEL) as zf:
+        meta = Parser().parsestr(zf.read(f"deepspeed-{VERSION}.dist-info/METADATA").decode())
+    deps = [r for r in meta.get_all("Requires-Dist") if "extra ==" not in r]
+    # Dependencies come from the normal index; DeepSpeed itself only from the wheelhouse's index.
+    subprocess.run([python, "-m", "pip", "install", "-q", *deps], check=True)
+    url = (house / "simple").as_uri() + "/"
+    done = subprocess.run(
+        [python, "-m", "pip", "install", "--index-url", url, f"deepspeed=={VERSION}"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert WHEEL.replace("+", "%2B") in done.stdout or WHEEL in done.stdout
+    probe = subprocess.run(
+        [
+            python,
+            "-c",
+            "import deepspeed, json; from deepspeed.git_version_info import installed_ops as o; "
+            "print(json.dumps([deepspeed.__version__, o]))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    version, installed = json.loads(probe.stdout.strip().splitlines()[-1])
+    assert version == VERSION
+    assert all(installed[op] for op in OPS)
+
+
+def test_publish_refuses_a_wheel_without_a_smoke_report(
+    pipeline: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path
+) -> None:
+    house, _ = pipeline
+    lone = tmp_path / WHEEL
+    lone.write_bytes((house / WHEEL).read_bytes())
+    result = builder("publish", str(lone), "--wheelhouse", str(tmp_path / "other-house"))
+    assert result.returncode == 7
+    assert f"error: {WHEEL} has no smoke report" in result.stderr
+    assert not (tmp_path / "other-house").exists()

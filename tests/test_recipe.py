@@ -1,0 +1,98 @@
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from builder.errors import RecipeError
+from builder.recipe import load_recipe, parse_recipe
+
+ROOT = Path(__file__).resolve().parents[1]
+GOOD: dict[str, Any] = {
+    "name": "cpu",
+    "accelerator": "cpu",
+    "ops": ["cpu_adam", "cpu_lion"],
+    "deepspeed": {"version": "0.19.8", "sha256": "9e491abd0827ea5c389dd702e15e11e13d83d904bac4a20d6c2a4cb37207a9af"},
+    "torch": {"version": "2.13.0"},
+}
+
+
+def with_change(path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    data = copy.deepcopy(GOOD)
+    table = data
+    for key in path[:-1]:
+        table = table[key]
+    if value is None:
+        del table[path[-1]]
+    else:
+        table[path[-1]] = value
+    return data
+
+
+def test_default_recipe_is_the_issue_recipe() -> None:
+    recipe = load_recipe(ROOT / "recipes" / "cpu.toml")
+    assert recipe.name == "cpu"
+    assert recipe.accelerator == "cpu"
+    assert recipe.ops == ("cpu_adam", "cpu_adagrad", "cpu_lion")
+    assert recipe.deepspeed.version == "0.19.8"
+    assert recipe.deepspeed.sha256 == "9e491abd0827ea5c389dd702e15e11e13d83d904bac4a20d6c2a4cb37207a9af"
+    assert recipe.torch.requirement == "torch==2.13.0"
+
+
+def test_recipe_is_frozen() -> None:
+    recipe = parse_recipe(GOOD)
+    with pytest.raises(AttributeError):
+        recipe.name = "other"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "expected"),
+    [
+        (("opss",), ["cpu_adam"], 'unknown key "opss" (did you mean "ops"?)'),
+        (("torch", "verison"), "2.13.0", 'unknown key "torch.verison" (did you mean "version"?)'),
+        (("deepspeed", "sha265"), "ab", 'unknown key "deepspeed.sha265" (did you mean "sha256"?)'),
+        (("accelerator",), "cdua", 'unknown accelerator "cdua" (did you mean "cuda"?)'),
+        (("ops",), "cpu_adam", "ops must be a list"),
+        (("ops",), [], "ops must be a non-empty list"),
+        (("ops",), ["cpu_adam", "cpu_adam"], "ops lists cpu_adam more than once"),
+        (("name",), "CPU recipe", 'name "CPU recipe" is not usable'),
+        (("deepspeed", "sha256"), "abc", "deepspeed.sha256 is not a sha256 hex digest"),
+        (("deepspeed", "version"), "zero.nineteen", 'deepspeed.version "zero.nineteen" is not a valid version'),
+        (("torch",), None, "missing torch"),
+        (("torch", "version"), None, "missing torch.version"),
+        (("torch",), "2.13.0", "torch must be a table"),
+    ],
+)
+def test_bad_recipes_are_rejected_with_the_reason(path: tuple[str, ...], value: Any, expected: str) -> None:
+    with pytest.raises(RecipeError) as err:
+        parse_recipe(with_change(path, value), Path("r.toml"))
+    assert expected in err.value.message
+    assert err.value.message.startswith("r.toml: ")
+    assert err.value.fix
+
+
+def test_unknown_key_lists_allowed_keys() -> None:
+    with pytest.raises(RecipeError) as err:
+        parse_recipe(with_change(("colour",), "blue"))
+    assert "allowed keys: name, description, accelerator, ops, deepspeed, torch" in err.value.fix
+
+
+def test_sha256_is_normalised_to_lowercase() -> None:
+    recipe = parse_recipe(with_change(("deepspeed", "sha256"), GOOD["deepspeed"]["sha256"].upper()))
+    assert recipe.deepspeed.sha256 == GOOD["deepspeed"]["sha256"]
+
+
+def test_invalid_toml_names_the_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "x"\nops = [\n')
+    with pytest.raises(RecipeError) as err:
+        load_recipe(bad)
+    assert "is not valid TOML" in err.value.message and "bad.toml" in err.value.message
+
+
+def test_missing_recipe_file(tmp_path: Path) -> None:
+    with pytest.raises(RecipeError) as err:
+        load_recipe(tmp_path / "nope.toml")
+    assert "cannot read recipe" in err.value.message

@@ -1,0 +1,51 @@
+"""The smoke verdict, and the numeric comparison the smoke checks run (torch needed, no DeepSpeed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from builder.smoke import Check, SmokeReport, parse_checks, verdict
+
+
+def test_verdict() -> None:
+    assert verdict([Check("import", "passed"), Check("gpu", "skipped", "no GPU")])
+    assert not verdict([Check("import", "passed"), Check("load:cpu_adam", "failed", "boom")])
+    assert not verdict([Check("gpu", "skipped", "no GPU")])  # nothing ran: not a pass
+    assert not verdict([])
+
+
+def test_report_round_trip() -> None:
+    report = SmokeReport("w.whl", "ab" * 32, True, (Check("import", "passed", "ok"),), 1.5, "2026-11-22T00:00:00+00:00")
+    assert SmokeReport.from_json(report.to_json()) == report
+
+
+def test_parse_checks() -> None:
+    out = 'noise\n==== smoke json ====\n[{"name": "import", "status": "passed", "detail": "x"}]\n'
+    assert parse_checks(out) == (Check("import", "passed", "x"),)
+
+
+torch = pytest.importorskip("torch", reason="torch is installed by the tests session; needed for numerics")
+
+
+def test_comparison_catches_a_wrong_optimizer() -> None:
+    from builder import smoke_checks
+
+    same = smoke_checks._compare(
+        lambda ps: torch.optim.Adam(ps, lr=1e-2),
+        lambda ps: torch.optim.Adam(ps, lr=1e-2),
+    )
+    assert "max |difference| 0 after 5 steps" in same
+    with pytest.raises(AssertionError, match="exceeds 1e-05"):
+        smoke_checks._compare(lambda ps: torch.optim.Adam(ps, lr=1.1e-2), lambda ps: torch.optim.Adam(ps, lr=1e-2))
+
+
+def test_reference_lion_matches_its_definition() -> None:
+    from builder import smoke_checks
+
+    p = torch.nn.Parameter(torch.tensor([1.0, -1.0, 0.5]))
+    lion = smoke_checks._ReferenceLion([p], lr=0.1, betas=(0.9, 0.99))
+    p.grad = torch.tensor([2.0, -3.0, 0.0])
+    lion.step()
+    # m=0: update = sign(0.1 * g) = [1, -1, 0]; p -= 0.1 * update; m = 0.01 * g
+    assert torch.allclose(p.detach(), torch.tensor([0.9, -0.9, 0.5]))
+    assert torch.allclose(lion.m[0], torch.tensor([0.02, -0.03, 0.0]))

@@ -1,0 +1,99 @@
+"""Reading wheels back: the checks that catch DeepSpeed's silently skipped ops."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from builder.errors import BuildError
+from builder.ops import OpInfo
+from builder.wheelfile import WheelContents, missing_ops, parse_installed_info, pin_requirement, read, verify
+
+DATA = Path(__file__).with_name("data")
+ADAM = OpInfo("cpu_adam", "DS_BUILD_CPU_ADAM", "deepspeed.ops.adam.cpu_adam_op", True)
+LION = OpInfo("cpu_lion", "DS_BUILD_CPU_LION", "deepspeed.ops.lion.cpu_lion_op", True)
+SO = "deepspeed/ops/adam/cpu_adam_op.cpython-311-x86_64-linux-gnu.so"
+
+
+def test_installed_info_of_a_real_build() -> None:
+    # Written by DeepSpeed 0.19.8's setup.py for cpu_adam+cpu_adagrad+cpu_lion.
+    info = parse_installed_info((DATA / "git_version_info_installed-cpu.py").read_text())
+    assert info["version"] == "0.19.8+cpu.torch2.13"
+    assert info["installed_ops"]["cpu_adam"] == 1
+    assert info["installed_ops"]["async_io"] is False
+    assert info["accelerator_name"] == "cpu"
+
+
+def contents(installed: dict[str, bool], sos: list[str]) -> WheelContents:
+    return WheelContents("0.19.8+cpu.torch2.13", installed, dict.fromkeys(sos, 100), "deepspeed-0.19.8.dist-info")
+
+
+def test_every_way_an_op_can_be_missing() -> None:
+    assert missing_ops(contents({"cpu_adam": True}, [SO]), [ADAM]) == []
+    assert missing_ops(contents({"cpu_adam": False}, []), [ADAM]) == [
+        "cpu_adam: DeepSpeed's setup.py skipped it (not in installed_ops, no .so)"
+    ]
+    assert "would JIT" in missing_ops(contents({}, [SO]), [ADAM])[0]
+    assert "is not in the wheel" in missing_ops(contents({"cpu_adam": True}, []), [ADAM])[0]
+    # A .so of another op with a similar name does not count.
+    assert missing_ops(contents({"cpu_lion": True}, [SO]), [LION])
+
+
+def fake_wheel(path: Path, installed_ops: dict[str, object], sos: list[str], version: str) -> Path:
+    """A zip shaped like a DeepSpeed wheel (fake: only the files the checks read)."""
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr(
+            "deepspeed/git_version_info_installed.py",
+            f"version='{version}'\ngit_hash='unknown'\ninstalled_ops={installed_ops!r}\naccelerator_name='cpu'\n",
+        )
+        zf.writestr("deepspeed-0.19.8+cpu.torch2.13.dist-info/METADATA", "Metadata-Version: 2.1\n")
+        for so in sos:
+            zf.writestr(so, b"\x7fELF")
+    return path
+
+
+def test_verify_passes_a_complete_wheel(tmp_path: Path) -> None:
+    wheel = fake_wheel(tmp_path / "w.whl", {"cpu_adam": 1}, [SO], "0.19.8+cpu.torch2.13")
+    got = verify(wheel, [ADAM], "0.19.8+cpu.torch2.13")
+    assert got.shared_objects == {SO: 4}
+    assert got.dist_info == "deepspeed-0.19.8+cpu.torch2.13.dist-info"
+
+
+def test_verify_names_the_skipped_op(tmp_path: Path) -> None:
+    wheel = fake_wheel(tmp_path / "w.whl", {"cpu_adam": 1, "cpu_lion": False}, [SO], "0.19.8+cpu.torch2.13")
+    with pytest.raises(BuildError) as err:
+        verify(wheel, [ADAM, LION], "0.19.8+cpu.torch2.13")
+    assert (
+        "lacks requested ops" in err.value.message and "cpu_lion: DeepSpeed's setup.py skipped it" in err.value.message
+    )
+    assert "cpu_adam" not in err.value.message.split("lacks requested ops")[1]
+
+
+def test_verify_checks_the_version(tmp_path: Path) -> None:
+    wheel = fake_wheel(tmp_path / "w.whl", {"cpu_adam": 1}, [SO], "0.19.8+abc1234")
+    with pytest.raises(BuildError, match="DS_BUILD_STRING did not reach"):
+        verify(wheel, [ADAM], "0.19.8+cpu.torch2.13")
+
+
+def test_not_a_wheel(tmp_path: Path) -> None:
+    bad = tmp_path / "x.whl"
+    bad.write_bytes(b"not a zip")
+    with pytest.raises(BuildError, match="is not a DeepSpeed wheel"):
+        read(bad)
+
+
+def test_pin_requirement() -> None:
+    meta = (
+        'Metadata-Version: 2.1\nName: deepspeed\nRequires-Dist: torch>=2.0.0; extra == "all"\n'
+        "Requires-Dist: tqdm\nRequires-Dist: torch>=2.0.0\nRequires-Dist: torchvision\n\nREADME"
+    )
+    pinned = pin_requirement(meta, "torch", "==2.13.0")
+    assert "Requires-Dist: torch==2.13.0\n" in pinned
+    assert "Requires-Dist: torch>=2.0.0\n" not in pinned
+    assert 'Requires-Dist: torch>=2.0.0; extra == "all"' in pinned  # extras keep their own specifier
+    assert "Requires-Dist: torchvision\n" in pinned  # a longer name is left alone
+    assert pinned.endswith("\n\nREADME")
+    added = pin_requirement("Metadata-Version: 2.1\nName: x\n\nbody", "torch", "==2.13.0")
+    assert added == "Metadata-Version: 2.1\nName: x\nRequires-Dist: torch==2.13.0\n\nbody"
