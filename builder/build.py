@@ -24,32 +24,11 @@ from builder.errors import BuildError
 from builder.plan import BuildPlan, plan_build
 from builder.recipe import Recipe
 from builder.wheelfile import finish, verify
+from builder.workspace import Workspace
 
 BUILD_TOOLS = ("setuptools", "wheel", "ninja")
 _EXTENSION = re.compile(r"building '([\w.]+)' extension")
 _NINJA_STEP = re.compile(r"^\s*\[(\d+/\d+)\] .* -c (\S+) ")
-
-
-@dataclass(frozen=True)
-class Workspace:
-    """Where the toolkit keeps its files: caches, per-recipe sources and logs, built wheels."""
-
-    root: Path
-
-    @property
-    def cache(self) -> Path:
-        return self.root / "cache"
-
-    @property
-    def dist(self) -> Path:
-        return self.root / "dist"
-
-    @property
-    def logs(self) -> Path:
-        return self.root / "logs"
-
-    def recipe_dir(self, recipe: Recipe) -> Path:
-        return self.root / "recipes" / recipe.name
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from builder import __version__
-from builder.build import Workspace, build_wheel
+from builder.build import build_wheel
 from builder.errors import BuilderError, PublishError, SmokeError
 from builder.recipe import load_recipe
 from builder.smoke import report_path, smoke
 from builder.wheelhouse import passing_report, publish
+from builder.workspace import Workspace
 
 DEFAULT_RECIPE = Path("recipes/cpu.toml")
 
@@ -116,13 +117,13 @@ def _dispatch(args: argparse.Namespace) -> int:
             result = build_wheel(recipe, ws, args.verbose)
             if args.no_smoke:
                 continue
-            smoke(result.wheel, ws.logs, args.verbose)
+            smoke(result.wheel, ws, args.verbose)
             if not args.no_publish:
-                publish([result.wheel], args.wheelhouse)
+                _publish(args.wheelhouse, [result.wheel])
         return 0
     if args.command == "smoke":
         for wheel in args.wheels or [_newest_wheel(ws)]:
-            smoke(wheel, ws.logs, args.verbose, args.keep_env)
+            smoke(wheel, ws, args.verbose, args.keep_env)
         return 0
     if args.command == "publish":
         wheels = args.wheels or _passed_wheels(ws)
@@ -134,6 +135,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         )
         return 0
     raise AssertionError(args.command)
+
+
+def _publish(wheelhouse: Path, wheels: list[Path]) -> None:
+    for path in publish(wheels, wheelhouse):
+        version = path.name.split("-")[1]
+        index = (wheelhouse / "simple").resolve().as_uri()
+        print(f"==> install it with: pip install --index-url {index}/ deepspeed=={version}", file=sys.stderr)
 
 
 def _newest_wheel(ws: Workspace) -> Path:

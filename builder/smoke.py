@@ -22,6 +22,7 @@ from builder import cmd, envs
 from builder.errors import SmokeError
 from builder.source import sha256_of
 from builder.wheelfile import read_manifest
+from builder.workspace import Workspace
 
 CHECKS_SCRIPT = Path(__file__).with_name("smoke_checks.py")
 MARKER = "==== smoke json ===="
@@ -73,18 +74,19 @@ def smoke_spec(manifest: Mapping[str, Any]) -> dict[str, Any]:
     return {"version": manifest["version"], "ops": manifest["ops"], "accelerator": manifest["accelerator"]}
 
 
-def smoke(wheel: Path, logs: Path, verbose: bool = False, keep_env: bool = False) -> SmokeReport:
+def smoke(wheel: Path, ws: Workspace, verbose: bool = False, keep_env: bool = False) -> SmokeReport:
     """Install `wheel` in a fresh venv, run the checks, write and return the report."""
     start = time.monotonic()
     wheel = wheel.resolve()
     if not wheel.is_file():
         raise SmokeError(f"no such wheel: {wheel}", "pass the path of a built wheel, e.g. build/dist/*.whl")
     manifest = read_manifest(wheel)
-    log = logs / f"{wheel.name}.smoke.log"
-    logs.mkdir(parents=True, exist_ok=True)
+    log = ws.logs / f"{wheel.name}.smoke.log"
+    ws.logs.mkdir(parents=True, exist_ok=True)
+    ws.scratch.mkdir(parents=True, exist_ok=True)
     log.unlink(missing_ok=True)
     print(f"==> smoke: {wheel.name}; full log: {log}", file=sys.stderr)
-    tmp = Path(tempfile.mkdtemp(prefix="smoke-", dir=logs))
+    tmp = Path(tempfile.mkdtemp(prefix="smoke-", dir=ws.scratch))
     try:
         venv = envs.create(tmp / "venv", [f"torch=={manifest['torch']['version']}", str(wheel)], log, verbose)
         ext_dir = tmp / "torch_extensions"
