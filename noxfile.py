@@ -28,6 +28,20 @@ def publish(session: nox.Session) -> None:
     session.run("python", "-m", "builder", "publish", *session.posargs)
 
 
+@nox.session(tags=["pipeline"])
+def detect(session: nox.Session) -> None:
+    """Report GPUs, CUDA toolkits, torch, compilers, CPU and libraries: -- [--json] [--python PY | --recipe R]."""
+    session.install(".")
+    session.run("python", "-m", "builder", "detect", *(session.posargs or ["--recipe", "recipes/cpu.toml"]))
+
+
+@nox.session(tags=["pipeline"])
+def toolchain(session: nox.Session) -> None:
+    """Prepare host compiler symlinks and print the build environment: -- [--dry-run] [--python PY]."""
+    session.install(".")
+    session.run("python", "-m", "builder", "toolchain", *session.posargs)
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
     """Unit tests, then the integration tests that build, smoke and publish a real wheel."""

@@ -20,9 +20,11 @@ from pathlib import Path
 from packaging.version import Version
 
 from builder import __version__, cmd, envs, ops, source
+from builder.detect import Report, detect
 from builder.errors import BuildError
 from builder.plan import BuildPlan, plan_build
 from builder.recipe import Recipe
+from builder.toolchain import ToolchainPlan, apply, compose_env, plan_toolchain
 from builder.wheelfile import finish, verify
 from builder.workspace import Workspace
 
@@ -58,6 +60,29 @@ def build_requirements(recipe: Recipe, src: Path) -> list[str]:
     return list(dict.fromkeys(wanted))
 
 
+def prepare(recipe: Recipe, ws: Workspace, log: Path, verbose: bool = False) -> tuple[Path, Path]:
+    """The verified, freshly unpacked source and the (cached) build environment's Python."""
+    sdist = source.fetch(recipe.deepspeed, ws.cache, log, verbose)
+    src = source.unpack(sdist, ws.recipe_dir(recipe) / "src")
+    venv = envs.cached(ws.cache / "envs", build_requirements(recipe, src), log, verbose)
+    return src, envs.python_in(venv)
+
+
+def toolchain_env(
+    recipe: Recipe, python: Path, ws: Workspace, dry_run: bool = False
+) -> tuple[dict[str, str], Report, ToolchainPlan]:
+    """Detect the machine for the build env's torch and compose the environment the build runs in."""
+    report = detect(os.environ, str(python))
+    plan = plan_toolchain(report, ws.root / "toolchain" / "bin", need_cuda=recipe.accelerator == "cuda")
+    for action in apply(plan, dry_run):
+        print(f"  toolchain: {action}", file=sys.stderr)
+    for note in plan.notes:
+        print(f"  toolchain: {note}", file=sys.stderr)
+    env = compose_env(envs.venv_environ(python.parent.parent), plan)
+    env["DS_ACCELERATOR"] = recipe.accelerator
+    return env, report, plan
+
+
 def build_wheel(recipe: Recipe, ws: Workspace, verbose: bool = False) -> BuildResult:
     start = time.monotonic()
     ws.logs.mkdir(parents=True, exist_ok=True)
@@ -65,13 +90,9 @@ def build_wheel(recipe: Recipe, ws: Workspace, verbose: bool = False) -> BuildRe
     log.unlink(missing_ok=True)
     print(f"==> build-wheel: recipe {recipe.name} ({recipe.path}); full log: {log}", file=sys.stderr)
 
-    sdist = source.fetch(recipe.deepspeed, ws.cache, log, verbose)
-    work = ws.recipe_dir(recipe)
-    src = source.unpack(sdist, work / "src")
-    venv = envs.cached(ws.cache / "envs", build_requirements(recipe, src), log, verbose)
-    python = envs.python_in(venv)
-    env = envs.venv_environ(venv)
-    env["DS_ACCELERATOR"] = recipe.accelerator
+    src, python = prepare(recipe, ws, log, verbose)
+    env, machine, toolchain = toolchain_env(recipe, python, ws)
+    (ws.logs / f"{recipe.name}-detect.json").write_text(machine.to_json(), encoding="utf-8")
     report = ops.probe(python, src, env, log)
     plan = plan_build(recipe, report, os.cpu_count() or 1)
     env.update(plan.env)
@@ -80,6 +101,7 @@ def build_wheel(recipe: Recipe, ws: Workspace, verbose: bool = False) -> BuildRe
         file=sys.stderr,
     )
 
+    work = ws.recipe_dir(recipe)
     ws.dist.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=work, prefix="wheel-") as tmp:
         raw_dir = Path(tmp)
@@ -94,7 +116,7 @@ def build_wheel(recipe: Recipe, ws: Workspace, verbose: bool = False) -> BuildRe
         raw = _single_wheel(raw_dir)
         contents = verify(raw, plan.ops, plan.version)
         seconds = time.monotonic() - start
-        manifest = build_manifest(plan, sdist, seconds, dict(contents.shared_objects))
+        manifest = build_manifest(plan, seconds, dict(contents.shared_objects), machine, toolchain)
         wheel = finish(raw, python, manifest, f"=={Version(plan.torch_version).public}", log, ws.dist)
     shutil.rmtree(src, ignore_errors=True)
     seconds = time.monotonic() - start
@@ -102,7 +124,9 @@ def build_wheel(recipe: Recipe, ws: Workspace, verbose: bool = False) -> BuildRe
     return BuildResult(wheel=wheel, plan=plan, seconds=seconds, log=log)
 
 
-def build_manifest(plan: BuildPlan, sdist: Path, seconds: float, so_sizes: dict[str, int]) -> dict[str, object]:
+def build_manifest(
+    plan: BuildPlan, seconds: float, so_sizes: dict[str, int], machine: Report, toolchain: ToolchainPlan
+) -> dict[str, object]:
     recipe = plan.recipe
     return {
         "schema": 1,
@@ -118,7 +142,14 @@ def build_manifest(plan: BuildPlan, sdist: Path, seconds: float, so_sizes: dict[
             "deepspeed": {"version": recipe.deepspeed.version, "sha256": recipe.deepspeed.sha256},
             "torch": recipe.torch.version,
         },
-        "source": {"file": sdist.name, "sha256": recipe.deepspeed.sha256},
+        "source": {"file": f"deepspeed-{recipe.deepspeed.version}.tar.gz", "sha256": recipe.deepspeed.sha256},
+        "toolchain": {
+            "nvcc": toolchain.toolkit.version if toolchain.toolkit else None,
+            "cuda_home": toolchain.toolkit.root if toolchain.toolkit else None,
+            "gcc": machine.default_gcc,
+            "host_compiler": dict(toolchain.links).get("g++"),
+            "cxx11_abi": machine.torch.cxx11_abi,
+        },
         "torch": {"version": plan.torch_version, "cuda": plan.torch_cuda},
         "python_tag": plan.python_tag,
         "accelerator": recipe.accelerator,

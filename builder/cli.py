@@ -7,16 +7,20 @@ traceback only with --debug.
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
 from builder import __version__
-from builder.build import build_wheel
+from builder.build import build_wheel, prepare
+from builder.detect import detect, render_table
 from builder.errors import BuilderError, PublishError, SmokeError
 from builder.recipe import load_recipe
 from builder.smoke import report_path, smoke
+from builder.toolchain import apply, compose_env, plan_toolchain
 from builder.wheelhouse import passing_report, publish
 from builder.workspace import Workspace
 
@@ -92,7 +96,34 @@ def parser() -> argparse.ArgumentParser:
         metavar="WHEEL",
         help="wheels to publish (default: every smoke-passed wheel in WORK_DIR/dist)",
     )
+    d = sub.add_parser(
+        "detect",
+        parents=[common],
+        help="report GPUs, CUDA toolkits, torch, compilers, CPU, libraries",
+        description="Report what this machine has for building DeepSpeed ops, and known bad "
+        "combinations with their fixes. --json prints the versioned schema for scripts.",
+    )
+    _torch_source(d)
+    d.add_argument("--json", action="store_true", help="print JSON (schema version in the 'schema' field)")
+
+    t = sub.add_parser(
+        "toolchain",
+        parents=[common],
+        help="prepare the compilers and environment nvcc needs",
+        description="Choose the CUDA toolkit matching torch, make a private folder of gcc/g++ "
+        "symlinks when the default gcc is outside nvcc's range, and print the environment a "
+        "build gets (PATH, LD_LIBRARY_PATH, CPATH, CUDA_HOME, CC/CXX, NVCC_PREPEND_FLAGS).",
+    )
+    _torch_source(t)
+    t.add_argument("--folder", type=Path, help="where the compiler symlinks go (default: WORK_DIR/toolchain/bin)")
+    t.add_argument("--dry-run", action="store_true", help="print what would be done, change nothing")
     return p
+
+
+def _torch_source(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--python", help="interpreter whose torch to inspect (default: this one)")
+    g.add_argument("--recipe", type=Path, help="inspect the recipe's build environment (made if needed)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -134,7 +165,35 @@ def _dispatch(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 0
+    if args.command in ("detect", "toolchain"):
+        return _detect_or_toolchain(args, ws)
     raise AssertionError(args.command)
+
+
+def _detect_or_toolchain(args: argparse.Namespace, ws: Workspace) -> int:
+    python = args.python or sys.executable
+    need_cuda = None
+    if args.recipe:
+        recipe = load_recipe(args.recipe)
+        ws.logs.mkdir(parents=True, exist_ok=True)
+        python = str(prepare(recipe, ws, ws.logs / f"{recipe.name}-env.log", args.verbose)[1])
+        need_cuda = recipe.accelerator == "cuda"
+    report = detect(os.environ, python)
+    if args.command == "detect":
+        print(report.to_json() if args.json else render_table(report), end="")
+        return 0
+    if need_cuda is None:
+        need_cuda = bool(report.torch.cuda)
+    plan = plan_toolchain(report, args.folder or ws.root / "toolchain" / "bin", need_cuda=need_cuda)
+    for action in apply(plan, args.dry_run):
+        print(f"{'would ' if args.dry_run else ''}{action}")
+    for note in plan.notes:
+        print(f"# {note}")
+    env = compose_env(os.environ, plan)
+    for var in [*plan.prepend, *plan.set_vars]:
+        if env.get(var) != os.environ.get(var):
+            print(f"export {var}={shlex.quote(env[var])}")
+    return 0
 
 
 def _publish(wheelhouse: Path, wheels: list[Path]) -> None:

@@ -94,3 +94,16 @@ def run(
             fix or "read the output above; rerun with --verbose to stream it",
         )
     return "".join(lines)
+
+
+def query(args: Sequence[str]) -> str:
+    """Stdout of a short, quiet query (`nvcc --version`, `gcc -dumpfullversion`); '' if missing or failing.
+
+    Detection asks many such questions where "no answer" is itself the answer, so nothing is
+    printed or raised; a minute's timeout keeps a hung driver query from hanging detection.
+    """
+    try:
+        done = subprocess.run(list(args), capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout if done.returncode == 0 else ""
