@@ -118,7 +118,8 @@ def fake_gcc16(folder: Path) -> Path:
     for name in ("gcc", "g++"):
         script = folder / name
         script.write_text(
-            '#!/bin/sh\ncase "$1" in -dumpfullversion) echo 16.1.0; exit 0;; esac\necho "fake gcc 16: refusing to compile" >&2\nexit 1\n'
+            '#!/bin/sh\ncase "$1" in -dumpfullversion) echo 16.1.0; exit 0;; esac\n'
+            'echo "fake gcc 16: refusing to compile" >&2\nexit 1\n'
         )
         script.chmod(0o755)
     return folder
