@@ -19,13 +19,13 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from builder import __version__, cmd, envs, ops, source
+from builder import __version__, archs, cmd, envs, ops, source, wheelfile
 from builder.detect import Report, detect
 from builder.errors import BuildError
-from builder.plan import BuildPlan, plan_build
+from builder.plan import BuildPlan, plan_build, resolve_archs
 from builder.recipe import Recipe
 from builder.toolchain import ToolchainPlan, apply, compose_env, plan_toolchain
-from builder.wheelfile import finish, verify
+from builder.wheelfile import verify
 from builder.workspace import Workspace
 
 BUILD_TOOLS = ("setuptools", "wheel", "ninja")
@@ -93,18 +93,22 @@ def build_wheel(recipe: Recipe, ws: Workspace, verbose: bool = False) -> BuildRe
     src, python = prepare(recipe, ws, log, verbose)
     env, machine, toolchain = toolchain_env(recipe, python, ws)
     (ws.logs / f"{recipe.name}-detect.json").write_text(machine.to_json(), encoding="utf-8")
+    source.patch_cpu_target(src)
     report = ops.probe(python, src, env, log)
-    plan = plan_build(recipe, report, os.cpu_count() or 1)
+    kit = next((t for t in machine.toolkits if t.root == machine.chosen_toolkit), None)
+    archs = resolve_archs(recipe, machine.arch_list, kit.archs if kit else (), kit.version if kit else "-")
+    plan = plan_build(recipe, report, os.cpu_count() or 1, archs)
     env.update(plan.env)
     print(
-        f"  version {plan.version}; ops {', '.join(o.name for o in plan.ops)}; MAX_JOBS={plan.env['MAX_JOBS']}",
+        f"  version {plan.version}; ops {', '.join(o.name for o in plan.ops)}; "
+        f"archs {';'.join(archs) or '-'}; CPU target {recipe.cpu_target}; MAX_JOBS={plan.env['MAX_JOBS']}",
         file=sys.stderr,
     )
 
     work = ws.recipe_dir(recipe)
     ws.dist.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=work, prefix="wheel-") as tmp:
-        raw_dir = Path(tmp)
+        raw_dir = Path(tmp) / "raw"
         cmd.run(
             [python, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-v", "-w", raw_dir, src],
             env=env,
@@ -114,18 +118,65 @@ def build_wheel(recipe: Recipe, ws: Workspace, verbose: bool = False) -> BuildRe
             fix=f"read the log {log}",
         )
         raw = _single_wheel(raw_dir)
-        contents = verify(raw, plan.ops, plan.version)
-        seconds = time.monotonic() - start
-        manifest = build_manifest(plan, seconds, dict(contents.shared_objects), machine, toolchain)
-        wheel = finish(raw, python, manifest, f"=={Version(plan.torch_version).public}", log, ws.dist)
+        verify(raw, plan.ops, plan.version)
+        tree = wheelfile.unpack(raw, python, Path(tmp) / "tree", log)
+        op_archs = verify_archs(tree, plan)
+        sizes = strip_debug(tree, log) if recipe.strip else so_sizes(tree)
+        manifest = build_manifest(plan, time.monotonic() - start, sizes, op_archs, machine, toolchain)
+        wheelfile.finish_tree(tree, manifest, f"=={Version(plan.torch_version).public}")
+        wheel = wheelfile.pack(tree, python, ws.dist, log)
     shutil.rmtree(src, ignore_errors=True)
     seconds = time.monotonic() - start
-    _summary(wheel, plan, seconds, log)
+    _summary(wheel, plan, seconds, log, sizes)
     return BuildResult(wheel=wheel, plan=plan, seconds=seconds, log=log)
 
 
+def so_sizes(tree: Path) -> dict[str, dict[str, int]]:
+    return {str(p.relative_to(tree)): {"bytes": p.stat().st_size} for p in sorted(tree.rglob("*.so"))}
+
+
+def strip_debug(tree: Path, log: Path) -> dict[str, dict[str, int]]:
+    """Strip debug info from every .so (DeepSpeed builds with -g); sizes before and after."""
+    before = so_sizes(tree)
+    files = sorted(tree.rglob("*.so"))
+    if files:
+        cmd.run(["strip", "--strip-debug", *files], log=log, fix="install binutils (strip), or set strip = false")
+    after = so_sizes(tree)
+    return {k: {"before": v["bytes"], "bytes": after[k]["bytes"]} for k, v in before.items()}
+
+
+def verify_archs(tree: Path, plan: BuildPlan) -> dict[str, list[str]]:
+    """Every op with device code must carry SASS (and PTX where asked) for every requested arch.
+
+    DeepSpeed narrows TORCH_CUDA_ARCH_LIST for later ops once one op filters archs (its issues
+    7972/7974), so this is read back from each .so rather than trusted.
+    """
+    found: dict[str, list[str]] = {}
+    problems = []
+    for op in plan.ops:
+        sos = sorted(tree.glob(op.so_prefix + "*.so"))
+        codes = set().union(*(archs.so_archs(p) for p in sos)) if sos else set()
+        found[op.name] = sorted(f"{c.kind}_{c.sm}" for c in codes)
+        if op.device_code and plan.archs:
+            missing = archs.missing_archs(codes, plan.archs)
+            if missing:
+                have = ", ".join(found[op.name]) or "no device code"
+                problems.append(f"{op.name}: no code for {', '.join(missing)} (has {have})")
+    if problems:
+        raise BuildError(
+            "CUDA ops lack requested archs:\n    " + "\n    ".join(problems),
+            "DeepSpeed narrowed TORCH_CUDA_ARCH_LIST while building; build the affected ops in a separate recipe",
+        )
+    return found
+
+
 def build_manifest(
-    plan: BuildPlan, seconds: float, so_sizes: dict[str, int], machine: Report, toolchain: ToolchainPlan
+    plan: BuildPlan,
+    seconds: float,
+    sizes: dict[str, dict[str, int]],
+    op_archs: dict[str, list[str]],
+    machine: Report,
+    toolchain: ToolchainPlan,
 ) -> dict[str, object]:
     recipe = plan.recipe
     return {
@@ -153,10 +204,13 @@ def build_manifest(
         "torch": {"version": plan.torch_version, "cuda": plan.torch_cuda},
         "python_tag": plan.python_tag,
         "accelerator": recipe.accelerator,
-        "archs": [],
+        "archs": list(plan.archs),
+        "op_archs": op_archs,
+        "cpu_target": recipe.cpu_target,
+        "flags": {k: v for k, v in plan.env.items() if k.startswith(("DS_BUILDER_", "TORCH_CUDA_ARCH_LIST"))},
         "ops": [op.name for op in plan.ops],
         "env": dict(plan.env),
-        "shared_objects": so_sizes,
+        "shared_objects": sizes,
     }
 
 
@@ -167,12 +221,16 @@ def _single_wheel(folder: Path) -> Path:
     return wheels[0]
 
 
-def _summary(wheel: Path, plan: BuildPlan, seconds: float, log: Path) -> None:
+def _summary(wheel: Path, plan: BuildPlan, seconds: float, log: Path, sizes: dict[str, dict[str, int]]) -> None:
     size = wheel.stat().st_size / 1e6
+    so_after = sum(v["bytes"] for v in sizes.values()) / 1e6
+    so_before = sum(v.get("before", v["bytes"]) for v in sizes.values()) / 1e6
+    stripped = f", stripped from {so_before:.1f} MB" if so_before != so_after else ""
     print(
         f"==> built {wheel.name} in {seconds:.0f}s\n"
-        f"    wheel: {wheel} ({size:.1f} MB)\n"
+        f"    wheel: {wheel} ({size:.1f} MB; .so files {so_after:.1f} MB{stripped})\n"
         f"    ops:   {', '.join(op.name for op in plan.ops)}\n"
+        f"    archs: {';'.join(plan.archs) or '-'}\n"
         f"    log:   {log}",
         file=sys.stderr,
     )

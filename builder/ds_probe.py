@@ -14,6 +14,13 @@ import sys
 MARKER = "==== ds_probe json ===="
 
 
+def _sources(builder):
+    try:
+        return builder.sources()
+    except Exception:  # some builders compute sources from the accelerator; no .cu then
+        return []
+
+
 def main() -> None:
     sys.path.insert(0, ".")
     import torch
@@ -38,6 +45,7 @@ def main() -> None:
             "module": builder.absolute_name(),
             "compatible": compatible,
             "why": "" if compatible else why,
+            "device_code": any(str(src).endswith(".cu") for src in _sources(builder)),
         }
     report = {
         "accelerator": accelerator_name,

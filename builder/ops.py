@@ -25,6 +25,7 @@ class OpInfo:
     module: str  # dotted name of the extension module, e.g. deepspeed.ops.adam.cpu_adam_op
     compatible: bool
     why: str = ""
+    device_code: bool = False  # has .cu sources, so its .so must hold code for every requested arch
 
     @property
     def so_prefix(self) -> str:

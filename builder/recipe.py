@@ -17,11 +17,23 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
+from builder.archs import normalize_all
 from builder.errors import RecipeError
 
 ACCELERATORS = ("cpu", "cuda")
-_SCHEMA: dict[str, dict[str, type]] = {
-    "": {"name": str, "description": str, "accelerator": str, "ops": list, "deepspeed": dict, "torch": dict},
+CPU_TARGETS = ("x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4", "native")
+_SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "": {
+        "name": str,
+        "description": str,
+        "accelerator": str,
+        "ops": list,
+        "arch": (str, list),
+        "cpu_target": str,
+        "strip": bool,
+        "deepspeed": dict,
+        "torch": dict,
+    },
     "deepspeed": {"version": str, "sha256": str},
     "torch": {"version": str},
 }
@@ -30,7 +42,13 @@ _REQUIRED: dict[str, tuple[str, ...]] = {
     "deepspeed": ("version", "sha256"),
     "torch": ("version",),
 }
-_KIND: dict[type, str] = {str: "a string", list: "a list", dict: "a table"}
+_KIND: dict[type | tuple[type, ...], str] = {
+    str: "a string",
+    list: "a list",
+    dict: "a table",
+    bool: "true or false",
+    (str, list): "a string or a list",
+}
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -65,6 +83,10 @@ class Recipe:
     ops: tuple[str, ...]
     deepspeed: DeepSpeedSource
     torch: TorchSpec
+    archs: tuple[str, ...] = ()  # torch spelling ("9.0", "9.0+PTX"); empty for CPU recipes
+    auto_arch: bool = False  # arch = "auto": the archs of this machine's GPUs, from detect
+    cpu_target: str = "x86-64-v3"
+    strip: bool = True
     description: str = ""
     path: Path | None = None
 
@@ -120,8 +142,19 @@ def parse_recipe(data: Mapping[str, Any], path: Path | None = None) -> Recipe:
         raise RecipeError(
             f"{where}: deepspeed.sha256 is not a sha256 hex digest", "copy the 64-hex-digit sha256 of the sdist"
         )
+    archs, auto_arch = _archs(data.get("arch"), accelerator, where)
+    cpu_target = data.get("cpu_target", "x86-64-v3")
+    if cpu_target not in CPU_TARGETS:
+        raise RecipeError(
+            f'{where}: unknown cpu_target "{cpu_target}"{did_you_mean(cpu_target, CPU_TARGETS)}',
+            f"use one of: {', '.join(CPU_TARGETS)} (x86-64-v3 = AVX2, v4 = AVX-512; native ties the wheel to this CPU)",
+        )
     return Recipe(
         name=name,
+        archs=archs,
+        auto_arch=auto_arch,
+        cpu_target=cpu_target,
+        strip=data.get("strip", True),
         accelerator=accelerator,
         ops=tuple(ops),
         deepspeed=DeepSpeedSource(version=_version(ds["version"], "deepspeed.version", where), sha256=sha),
@@ -129,6 +162,24 @@ def parse_recipe(data: Mapping[str, Any], path: Path | None = None) -> Recipe:
         description=data.get("description", ""),
         path=path,
     )
+
+
+def _archs(value: str | list[str] | None, accelerator: str, where: str) -> tuple[tuple[str, ...], bool]:
+    if accelerator != "cuda":
+        if value is not None:
+            raise RecipeError(f"{where}: arch is only for cuda recipes", 'remove arch, or set accelerator = "cuda"')
+        return (), False
+    if value is None:
+        raise RecipeError(f"{where}: a cuda recipe needs arch", 'e.g. arch = ["9.0"], or arch = "auto" on a GPU node')
+    if value == "auto":
+        return (), True
+    items = [value] if isinstance(value, str) else value
+    if not items or not all(isinstance(a, str) for a in items):
+        raise RecipeError(f'{where}: arch must be "auto" or a non-empty list of strings', 'e.g. arch = ["8.0", "9.0"]')
+    try:
+        return normalize_all(items), False
+    except RecipeError as exc:
+        raise RecipeError(f"{where}: arch {exc.message}", exc.fix) from exc
 
 
 def _check_table(table: Mapping[str, Any], section: str, where: str) -> None:

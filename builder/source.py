@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 import sys
 import tarfile
@@ -80,3 +81,33 @@ def unpack(sdist: Path, dest: Path) -> Path:
     if len(roots) != 1:
         raise SourceError(f"{sdist.name} does not hold one DeepSpeed source tree", "check the sdist")
     return roots[0]
+
+
+# Inserted at the top of DeepSpeed's OpBuilder.cpu_arch/simd_width in the build tree's op_builder
+# (the copy setup.py imports; the package's own deepspeed/ops/op_builder is left as shipped).
+_CPU_HOOKS = {
+    "    def cpu_arch(self):\n": "DS_BUILDER_CPU_ARCH",
+    "    def simd_width(self):\n": "DS_BUILDER_SIMD_WIDTH",
+}
+
+
+def patch_cpu_target(src: Path) -> None:
+    """Let DS_BUILDER_CPU_ARCH / DS_BUILDER_SIMD_WIDTH replace -march=native and the host SIMD macro.
+
+    DeepSpeed offers no setting for this, and a wheel compiled with -march=native on an AVX-512
+    build host crashes on older nodes (DeepSpeed issues 1886, 7556). Without the variables the
+    patched functions behave exactly as before.
+    """
+    path = src / "op_builder" / "builder.py"
+    text = path.read_text(encoding="utf-8")
+    for line, var in _CPU_HOOKS.items():
+        if text.count(line) != 1 or not re.search(r"^import os$", text, re.MULTILINE):
+            raise SourceError(
+                f"cannot find {line.strip()!r} in {path}: this DeepSpeed version builds CPU ops differently",
+                'set cpu_target = "native" in the recipe to build without the portable-CPU patch',
+            )
+        hook = f"        if os.environ.get({var!r}):  # ds-wheel-builder: portable CPU target\n"
+        hook += f"            return os.environ[{var!r}]\n"
+        if hook not in text:
+            text = text.replace(line, line + hook)
+    path.write_text(text, encoding="utf-8")

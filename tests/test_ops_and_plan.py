@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from builder.errors import BuildError, RecipeError
+from builder.errors import BuildError, RecipeError, SourceError
 from builder.ops import ProbeReport, check_requested, parse_probe
-from builder.plan import local_label, max_jobs, plan_build
+from builder.plan import cpu_target_env, local_label, max_jobs, plan_build, resolve_archs
 from builder.recipe import load_recipe
+from builder.source import patch_cpu_target
 
 DATA = Path(__file__).with_name("data")
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,7 +60,8 @@ def test_incompatible_op_fails_with_deepspeeds_reason(probe: ProbeReport) -> Non
 def test_local_labels() -> None:
     assert local_label("cpu", "2.13.0+cpu", None) == "cpu.torch2.13"
     assert local_label("cpu", "2.14.1", "13.0") == "cpu.torch2.14"
-    assert local_label("cuda", "2.14.1+cu130", "13.0") == "cu130.torch2.14"
+    assert local_label("cuda", "2.14.1+cu130", "13.0", ("9.0",)) == "cu130.torch2.14.sm90"
+    assert local_label("cuda", "2.11.0+cu130", "13.0", ("8.0", "9.0+PTX")) == "cu130.torch2.11.sm80.sm90ptx"
     with pytest.raises(BuildError, match="has no CUDA"):
         local_label("cuda", "2.13.0+cpu", None)
 
@@ -90,3 +92,51 @@ def test_plan_refuses_a_build_env_with_other_torch(probe: ProbeReport) -> None:
 def test_max_jobs() -> None:
     assert max_jobs(16) == 16
     assert max_jobs(0) == 1
+
+
+def test_cpu_target_reaches_the_build_env(probe: ProbeReport) -> None:
+    recipe = load_recipe(ROOT / "recipes" / "cpu.toml")
+    env = plan_build(recipe, probe, cores=2).env
+    assert env["DS_BUILDER_CPU_ARCH"] == "-march=x86-64-v3" and env["DS_BUILDER_SIMD_WIDTH"] == "-D__AVX256__"
+    assert "TORCH_CUDA_ARCH_LIST" not in env
+    native = plan_build(dataclasses.replace(recipe, cpu_target="native"), probe, cores=2).env
+    assert "DS_BUILDER_CPU_ARCH" not in native
+    assert cpu_target_env("x86-64-v4") == {
+        "DS_BUILDER_CPU_ARCH": "-march=x86-64-v4",
+        "DS_BUILDER_SIMD_WIDTH": "-D__AVX512__",
+    }
+
+
+def test_resolve_archs() -> None:
+    cuda = dataclasses.replace(load_recipe(ROOT / "recipes" / "cu130-hopper.toml"))
+    nvcc13 = ("7.5", "8.0", "8.6", "8.9", "9.0", "10.0", "12.0")
+    assert resolve_archs(cuda, [], nvcc13, "13.0") == ("9.0",)
+    auto = dataclasses.replace(cuda, archs=(), auto_arch=True)
+    assert resolve_archs(auto, ["8.0", "9.0"], nvcc13, "13.0") == ("8.0", "9.0")
+    with pytest.raises(BuildError, match='arch = "auto" but no GPU is visible'):
+        resolve_archs(auto, [], nvcc13, "13.0")
+    volta = dataclasses.replace(cuda, archs=("7.0", "9.0a"))
+    with pytest.raises(BuildError, match="nvcc 13.0 cannot target 7.0 "):
+        resolve_archs(volta, [], nvcc13, "13.0")
+    assert resolve_archs(load_recipe(ROOT / "recipes" / "cpu.toml"), ["9.0"], nvcc13, "13.0") == ()
+
+
+def test_patch_cpu_target(tmp_path: Path) -> None:
+    ob = tmp_path / "op_builder"
+    ob.mkdir()
+    original = (
+        "import os\n\nclass OpBuilder:\n    def cpu_arch(self):\n        return '-march=native'\n\n"
+        "    def simd_width(self):\n        return '-D__AVX512__'\n"
+    )
+    (ob / "builder.py").write_text(original)
+    patch_cpu_target(tmp_path)
+    patch_cpu_target(tmp_path)  # idempotent
+    text = (ob / "builder.py").read_text()
+    assert text.count("DS_BUILDER_CPU_ARCH") == 2 and text.count("DS_BUILDER_SIMD_WIDTH") == 2
+    scope: dict[str, object] = {}
+    exec(text, scope)
+    builder = scope["OpBuilder"]()  # type: ignore[operator]
+    assert builder.cpu_arch() == "-march=native"  # unchanged without the variable
+    (ob / "builder.py").write_text("import os\n")
+    with pytest.raises(SourceError, match="builds CPU ops differently"):
+        patch_cpu_target(tmp_path)

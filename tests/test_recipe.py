@@ -76,7 +76,50 @@ def test_bad_recipes_are_rejected_with_the_reason(path: tuple[str, ...], value: 
 def test_unknown_key_lists_allowed_keys() -> None:
     with pytest.raises(RecipeError) as err:
         parse_recipe(with_change(("colour",), "blue"))
-    assert "allowed keys: name, description, accelerator, ops, deepspeed, torch" in err.value.fix
+    assert (
+        "allowed keys: name, description, accelerator, ops, arch, cpu_target, strip, deepspeed, torch" in err.value.fix
+    )
+
+
+CUDA = {**GOOD, "accelerator": "cuda", "arch": ["sm_90", "8.0"]}
+
+
+def test_cuda_recipe_archs_are_normalised() -> None:
+    recipe = parse_recipe(CUDA)
+    assert recipe.archs == ("8.0", "9.0") and not recipe.auto_arch
+    assert parse_recipe({**CUDA, "arch": "Hopper"}).archs == ("9.0+PTX",)
+    auto = parse_recipe({**CUDA, "arch": "auto"})
+    assert auto.auto_arch and auto.archs == ()
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ({**CUDA, "arch": ["9.0", "sm_99x"]}, 'r.toml: arch "sm_99x" is not a CUDA architecture'),
+        ({**CUDA, "arch": []}, 'arch must be "auto" or a non-empty list'),
+        ({k: v for k, v in CUDA.items() if k != "arch"}, "a cuda recipe needs arch"),
+        ({**GOOD, "arch": ["9.0"]}, "arch is only for cuda recipes"),
+        ({**GOOD, "cpu_target": "x86-64-v5"}, 'unknown cpu_target "x86-64-v5" (did you mean "x86-64-v4"?)'),
+        ({**GOOD, "strip": "yes"}, "strip must be true or false"),
+    ],
+)
+def test_bad_arch_and_targets(data: dict[str, Any], expected: str) -> None:
+    with pytest.raises(RecipeError) as err:
+        parse_recipe(data, Path("r.toml"))
+    assert expected in err.value.message
+
+
+def test_defaults_are_portable_and_stripped() -> None:
+    recipe = parse_recipe(GOOD)
+    assert recipe.cpu_target == "x86-64-v3" and recipe.strip is True
+
+
+def test_shipped_recipes_load() -> None:
+    for path in sorted((ROOT / "recipes").glob("*.toml")):
+        recipe = load_recipe(path)
+        assert recipe.name == path.stem
+        if recipe.accelerator == "cuda":
+            assert recipe.archs or recipe.auto_arch
 
 
 def test_sha256_is_normalised_to_lowercase() -> None:
