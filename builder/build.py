@@ -56,7 +56,8 @@ def build_requirements(recipe: Recipe, src: Path) -> list[str]:
     """What the build environment needs: the recipe's torch, build tools, DeepSpeed's requirements."""
     reqs_file = src / "requirements" / "requirements.txt"
     ds_reqs = [r.strip() for r in reqs_file.read_text().splitlines() if r.strip() and not r.startswith("#")]
-    wanted = [recipe.torch.requirement, *BUILD_TOOLS, *(r for r in ds_reqs if not r.startswith("torch"))]
+    torch = [] if recipe.torch.system else [recipe.torch.requirement]
+    wanted = [*torch, *BUILD_TOOLS, *(r for r in ds_reqs if not r.startswith("torch"))]
     return list(dict.fromkeys(wanted))
 
 
@@ -64,7 +65,10 @@ def prepare(recipe: Recipe, ws: Workspace, log: Path, verbose: bool = False) -> 
     """The verified, freshly unpacked source and the (cached) build environment's Python."""
     sdist = source.fetch(recipe.deepspeed, ws.cache, log, verbose)
     src = source.unpack(sdist, ws.recipe_dir(recipe) / "src")
-    venv = envs.cached(ws.cache / "envs", build_requirements(recipe, src), log, verbose)
+    if recipe.torch.system:
+        print(f'  torch = "system": building against the torch installed for {sys.executable}', file=sys.stderr)
+    reqs = build_requirements(recipe, src)
+    venv = envs.cached(ws.cache / "envs", reqs, log, verbose, system_site_packages=recipe.torch.system)
     return src, envs.python_in(venv)
 
 

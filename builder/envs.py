@@ -10,6 +10,7 @@ import hashlib
 import os
 import shutil
 import sys
+import sysconfig
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -22,9 +23,11 @@ def python_in(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
-def env_key(requirements: Sequence[str]) -> str:
+def env_key(requirements: Sequence[str], system_site_packages: bool = False) -> str:
     """A folder name for an environment with these requirements on this interpreter."""
-    text = "\n".join([sys.version, *sorted(requirements)])
+    text = "\n".join(
+        [sys.executable, sys.version, f"system-site-packages={system_site_packages}", *sorted(requirements)]
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -38,11 +41,20 @@ def venv_environ(venv: Path, base: Mapping[str, str] | None = None) -> dict[str,
     return env
 
 
-def create(venv: Path, requirements: Sequence[str], log: Path, verbose: bool = False) -> Path:
-    """Make a new venv at `venv` (replacing any there) and pip-install `requirements` into it."""
+def create(
+    venv: Path, requirements: Sequence[str], log: Path, verbose: bool = False, system_site_packages: bool = False
+) -> Path:
+    """Make a new venv at `venv` (replacing any there) and pip-install `requirements` into it.
+
+    With system_site_packages the venv sees this interpreter's packages (its torch) and pip
+    installs only what is missing, leaving the system torch untouched.
+    """
     if venv.exists():
         shutil.rmtree(venv)
-    cmd.run([sys.executable, "-m", "venv", venv], log=log, verbose=verbose)
+    flags = ["--system-site-packages"] if system_site_packages else []
+    cmd.run([sys.executable, "-m", "venv", *flags, venv], log=log, verbose=verbose)
+    if system_site_packages and sys.prefix != sys.base_prefix:
+        _see_parent_venv(venv)
     if requirements:
         cmd.run(
             [python_in(venv), "-m", "pip", "install", *requirements],
@@ -55,13 +67,27 @@ def create(venv: Path, requirements: Sequence[str], log: Path, verbose: bool = F
     return venv
 
 
-def cached(root: Path, requirements: Sequence[str], log: Path, verbose: bool = False) -> Path:
+def _see_parent_venv(venv: Path) -> None:
+    """Make `venv` see the packages of the venv this interpreter runs in.
+
+    --system-site-packages exposes the *base* interpreter's packages, so a torch installed in a
+    venv (as in many images, e.g. /opt/torch/.venv) would stay invisible; a .pth file appends the
+    parent's site-packages after the child's own.
+    """
+    parents = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
+    child = Path(sysconfig.get_paths(vars={"base": str(venv), "platbase": str(venv)})["purelib"])
+    (child / "_builder_parent_site.pth").write_text("\n".join(parents) + "\n", encoding="utf-8")
+
+
+def cached(
+    root: Path, requirements: Sequence[str], log: Path, verbose: bool = False, system_site_packages: bool = False
+) -> Path:
     """A complete venv with `requirements` under `root`, made once and reused."""
-    venv = root / env_key(requirements)
+    venv = root / env_key(requirements, system_site_packages)
     if (venv / COMPLETE).is_file():
         print(f"  reusing environment {venv}", file=sys.stderr)
         return venv
-    create(venv, requirements, log, verbose)
+    create(venv, requirements, log, verbose, system_site_packages)
     (venv / COMPLETE).write_text("\n".join(requirements) + "\n", encoding="utf-8")
     return venv
 

@@ -94,9 +94,8 @@ def resolve_archs(recipe: Recipe, gpu_archs: list[str], nvcc_archs: tuple[str, .
 
 def plan_build(recipe: Recipe, probe: ProbeReport, cores: int, archs: tuple[str, ...] = ()) -> BuildPlan:
     """Decide the build environment and expected result from the recipe and DeepSpeed's op probe."""
-    want = Version(recipe.torch.version)
     have = Version(probe.torch.version)
-    if Version(have.public) != want:
+    if not recipe.torch.system and Version(have.public) != Version(recipe.torch.version):
         raise BuildError(
             f"the build environment has torch {probe.torch.version} but the recipe pins {recipe.torch.version}",
             "delete the build environment folder so it is made again, or fix [torch] version",

@@ -21,6 +21,7 @@ from builder.archs import normalize_all
 from builder.errors import RecipeError
 
 ACCELERATORS = ("cpu", "cuda")
+SYSTEM = "system"
 CPU_TARGETS = ("x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4", "native")
 _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
     "": {
@@ -67,9 +68,17 @@ class DeepSpeedSource:
 
 @dataclass(frozen=True)
 class TorchSpec:
-    """The torch the wheel is built against, and therefore the one it must run with."""
+    """The torch the wheel is built against, and therefore the one it must run with.
+
+    version = "system" means the torch already installed for this interpreter (an NGC container,
+    a site build): build and smoke environments then see it through system site-packages.
+    """
 
     version: str
+
+    @property
+    def system(self) -> bool:
+        return self.version == SYSTEM
 
     @property
     def requirement(self) -> str:
@@ -158,7 +167,9 @@ def parse_recipe(data: Mapping[str, Any], path: Path | None = None) -> Recipe:
         accelerator=accelerator,
         ops=tuple(ops),
         deepspeed=DeepSpeedSource(version=_version(ds["version"], "deepspeed.version", where), sha256=sha),
-        torch=TorchSpec(version=_version(torch["version"], "torch.version", where)),
+        torch=TorchSpec(
+            version=SYSTEM if torch["version"] == SYSTEM else _version(torch["version"], "torch.version", where)
+        ),
         description=data.get("description", ""),
         path=path,
     )

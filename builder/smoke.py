@@ -88,7 +88,9 @@ def smoke(wheel: Path, ws: Workspace, verbose: bool = False, keep_env: bool = Fa
     print(f"==> smoke: {wheel.name}; full log: {log}", file=sys.stderr)
     tmp = Path(tempfile.mkdtemp(prefix="smoke-", dir=ws.scratch))
     try:
-        venv = envs.create(tmp / "venv", [f"torch=={manifest['torch']['version']}", str(wheel)], log, verbose)
+        system = manifest["recipe"]["torch"] == "system"
+        torch_req = f"torch=={manifest['torch']['version']}"
+        venv = envs.create(tmp / "venv", [torch_req, str(wheel)], log, verbose, system_site_packages=system)
         ext_dir = tmp / "torch_extensions"
         ext_dir.mkdir()
         env = envs.venv_environ(venv)

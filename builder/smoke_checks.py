@@ -62,12 +62,12 @@ def check_op_loads(op):
     return f"{op} loaded from {os.path.relpath(where, os.path.dirname(package))}, no JIT"
 
 
-def _compare(make_ours, make_reference):
+def _compare(make_ours, make_reference, device="cpu"):
     import torch
 
     torch.manual_seed(0)
-    init = torch.randn(4097)  # not a multiple of the SIMD width, so the scalar tail runs too
-    grads = [torch.randn(4097) for _ in range(STEPS)]
+    init = torch.randn(4097).to(device)  # not a multiple of the SIMD width, so the scalar tail runs too
+    grads = [torch.randn(4097).to(device) for _ in range(STEPS)]
     params = []
     for make in (make_ours, make_reference):
         p = torch.nn.Parameter(init.clone())
@@ -78,11 +78,12 @@ def _compare(make_ours, make_reference):
         params.append(p.detach())
     diff = (params[0] - params[1]).abs().max().item()
     moved = (params[1] - init).abs().max().item()
+    where = f" on {torch.cuda.get_device_name()}" if device == "cuda" else ""
     if not moved > 0:
         raise AssertionError("the reference optimizer did not move the parameters")
     if not diff <= TOLERANCE:
         raise AssertionError(f"max |difference| {diff:.3g} after {STEPS} steps exceeds {TOLERANCE}")
-    return f"max |difference| {diff:.2g} after {STEPS} steps (tolerance {TOLERANCE})"
+    return f"max |difference| {diff:.2g} after {STEPS} steps{where} (tolerance {TOLERANCE})"
 
 
 def check_cpu_adam():
@@ -134,7 +135,26 @@ def check_cpu_lion():
     )
 
 
-NUMERICS = {"cpu_adam": check_cpu_adam, "cpu_adagrad": check_cpu_adagrad, "cpu_lion": check_cpu_lion}
+def check_fused_adam():
+    import torch
+
+    if not torch.cuda.is_available():
+        raise _Skip("no GPU visible: FusedAdam runs only on CUDA tensors")
+    from deepspeed.ops.adam import FusedAdam
+
+    return _compare(
+        lambda ps: FusedAdam(ps, lr=1e-2, adam_w_mode=False, weight_decay=0.0),
+        lambda ps: torch.optim.Adam(ps, lr=1e-2, weight_decay=0.0),
+        device="cuda",
+    )
+
+
+NUMERICS = {
+    "cpu_adam": check_cpu_adam,
+    "cpu_adagrad": check_cpu_adagrad,
+    "cpu_lion": check_cpu_lion,
+    "fused_adam": check_fused_adam,
+}
 
 
 def main():
