@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from packaging.version import Version
+
 from builder import cmd, envs
 from builder.errors import SmokeError
 from builder.source import sha256_of
@@ -71,7 +73,12 @@ def verdict(checks: Sequence[Check]) -> bool:
 
 
 def smoke_spec(manifest: Mapping[str, Any]) -> dict[str, Any]:
-    return {"version": manifest["version"], "ops": manifest["ops"], "accelerator": manifest["accelerator"]}
+    return {
+        "version": manifest["version"],
+        "ops": manifest["ops"],
+        "accelerator": manifest["accelerator"],
+        "torch": manifest["torch"],
+    }
 
 
 def smoke(wheel: Path, ws: Workspace, verbose: bool = False, keep_env: bool = False) -> SmokeReport:
@@ -89,7 +96,8 @@ def smoke(wheel: Path, ws: Workspace, verbose: bool = False, keep_env: bool = Fa
     tmp = Path(tempfile.mkdtemp(prefix="smoke-", dir=ws.scratch))
     try:
         system = manifest["recipe"]["torch"] == "system"
-        torch_req = f"torch=={manifest['torch']['version']}"
+        # The public version: pip's files may be named 2.14.1 while torch reports 2.14.1+cu130.
+        torch_req = f"torch=={Version(manifest['torch']['version']).public}"
         venv = envs.create(tmp / "venv", [torch_req, str(wheel)], log, verbose, system_site_packages=system)
         ext_dir = tmp / "torch_extensions"
         ext_dir.mkdir()

@@ -47,6 +47,19 @@ def check_import(expected_version):
     return f"deepspeed {deepspeed.__version__} from {os.path.dirname(deepspeed.__file__)}"
 
 
+def check_torch(expected):
+    """The installed torch is the one the wheel was built against, CUDA build included."""
+    import torch
+
+    want_cuda = expected["cuda"]
+    if torch.__version__.split("+")[0] != expected["version"].split("+")[0]:
+        raise AssertionError(f"torch {torch.__version__} is installed, the wheel was built for {expected['version']}")
+    if (torch.version.cuda or None) != (want_cuda or None) and want_cuda:
+        raise AssertionError(f"torch has CUDA {torch.version.cuda}, the wheel was built for CUDA {want_cuda}")
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU visible"
+    return f"torch {torch.__version__} (CUDA {torch.version.cuda}); {gpu}"
+
+
 def check_op_loads(op):
     import deepspeed
     from deepspeed.ops.op_builder.all_ops import ALL_OPS
@@ -162,6 +175,7 @@ def main():
     results = []
     if _ext_dir_files():
         raise SystemExit("TORCH_EXTENSIONS_DIR is not empty at the start")
+    _check(results, "torch", lambda: check_torch(spec["torch"]))
     _check(results, "import", lambda: check_import(spec["version"]))
     for op in spec["ops"]:
         _check(results, f"load:{op}", lambda op=op: check_op_loads(op))

@@ -60,6 +60,8 @@ def test_build_wheel_leaves_a_smoke_tested_wheel_in_the_wheelhouse(
     assert "torch==2.13.0" in meta.get_all("Requires-Dist")
     assert manifest["ops"] == list(OPS) and manifest["torch"]["version"] == "2.13.0+cpu"
     assert manifest["source"]["sha256"] == "9e491abd0827ea5c389dd702e15e11e13d83d904bac4a20d6c2a4cb37207a9af"
+    assert manifest["cpu_target"] == "x86-64-v3" and manifest["flags"]["DS_BUILDER_CPU_ARCH"] == "-march=x86-64-v3"
+    assert "-march=native" not in log.read_text()
 
     entry = json.loads((house / "manifest.json").read_text())["wheels"][WHEEL]
     assert entry["smoke"]["passed"] is True

@@ -97,3 +97,30 @@ def test_pin_requirement() -> None:
     assert pinned.endswith("\n\nREADME")
     added = pin_requirement("Metadata-Version: 2.1\nName: x\n\nbody", "torch", "==2.13.0")
     assert added == "Metadata-Version: 2.1\nName: x\nRequires-Dist: torch==2.13.0\n\nbody"
+
+
+def test_arch_leak_is_caught_per_op(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """verify_archs with a stubbed fatbin reader (FAKE .so contents; the real reader is tested in test_archs)."""
+    import dataclasses
+
+    from builder import archs, build
+    from builder.archs import FatbinCode
+    from builder.plan import BuildPlan
+    from builder.recipe import load_recipe
+
+    ops_dir = tmp_path / "deepspeed" / "ops" / "adam"
+    ops_dir.mkdir(parents=True)
+    tag = ".cpython-311-x86_64-linux-gnu.so"
+    for name in ("fused_adam_op", "cpu_adam_op"):
+        (ops_dir / (name + tag)).write_bytes(b"")
+    held = {"fused_adam_op": {FatbinCode("sass", 80)}, "cpu_adam_op": set()}
+    monkeypatch.setattr(archs, "so_archs", lambda p: held[p.name.split(".")[0]])
+    fused = OpInfo("fused_adam", "DS_BUILD_FUSED_ADAM", "deepspeed.ops.adam.fused_adam_op", True, device_code=True)
+    recipe = load_recipe(Path(__file__).resolve().parents[1] / "recipes" / "cu130-hopper-min.toml")
+    plan = BuildPlan(recipe, "v", (fused, ADAM), {}, "2.14.1", "13.0", "cp311", archs=("8.0", "9.0"))
+    with pytest.raises(BuildError) as err:
+        build.verify_archs(tmp_path, plan)
+    assert "fused_adam: no code for 9.0 (has sass_80)" in err.value.message
+    assert "cpu_adam" not in err.value.message  # host-only ops carry no device code
+    held["fused_adam_op"] = {FatbinCode("sass", 80), FatbinCode("sass", 90)}
+    assert build.verify_archs(tmp_path, dataclasses.replace(plan))["fused_adam"] == ["sass_80", "sass_90"]

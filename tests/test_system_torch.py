@@ -1,0 +1,45 @@
+"""torch = "system": build from inside a venv that already has the CPU torch, as on a cluster image."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import venv
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.integration
+
+
+def test_system_torch_recipe_builds_and_smokes_against_the_installed_torch(tmp_path: Path) -> None:
+    image = tmp_path / "image"  # stands in for a cluster image's Python with its own torch
+    venv.create(image, with_pip=True)
+    python = str(image / "bin" / "python")
+    subprocess.run([python, "-m", "pip", "install", "-q", "torch==2.13.0", str(ROOT)], check=True)
+    torch_version = subprocess.run(
+        [python, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    house = tmp_path / "wheelhouse"
+    result = subprocess.run(
+        [python, "-m", "builder", "build-wheel", "--recipe", "recipes/system-cpu.toml",
+         "--work-dir", str(tmp_path / "work"), "--wheelhouse", str(house)],
+        cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-5000:]
+    assert 'torch = "system": building against the torch installed for' in result.stderr
+    # The image's torch was used, not a fresh download: only DeepSpeed's own needs were installed.
+    env_log = (tmp_path / "work" / "logs" / "system-cpu-build.log").read_text()
+    assert (
+        "Successfully installed" in env_log
+        and "torch-2" not in env_log.split("Successfully installed")[1].split("\n")[0]
+    )
+    entry = next(iter(json.loads((house / "manifest.json").read_text())["wheels"].values()))
+    assert entry["torch"] == torch_version
+    assert entry["version"] == "0.19.8+cpu.torch2.13"
+    assert entry["smoke"]["passed"] and entry["smoke"]["checks"]["numerics:cpu_adam"] == "passed"
+    unchanged = subprocess.run(
+        [python, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert unchanged == torch_version  # the image's torch was not touched
