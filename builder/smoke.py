@@ -27,6 +27,10 @@ from builder.wheelfile import read_manifest
 from builder.workspace import Workspace
 
 CHECKS_SCRIPT = Path(__file__).with_name("smoke_checks.py")
+DIST_WORKER = Path(__file__).with_name("smoke_dist.py")
+# What the quantized-load checks need besides the wheel; bitsandbytes pinned to the version
+# whose CPU backend was measured here (0.50.2).
+SMOKE_EXTRAS = ("transformers>=5,<6", "accelerate>=1.10", "bitsandbytes==0.50.2", "safetensors>=0.4")
 MARKER = "==== smoke json ===="
 
 
@@ -78,6 +82,7 @@ def smoke_spec(manifest: Mapping[str, Any]) -> dict[str, Any]:
         "ops": manifest["ops"],
         "accelerator": manifest["accelerator"],
         "torch": manifest["torch"],
+        "dist_worker": str(DIST_WORKER),
     }
 
 
@@ -98,7 +103,9 @@ def smoke(wheel: Path, ws: Workspace, verbose: bool = False, keep_env: bool = Fa
         system = manifest["recipe"]["torch"] == "system"
         # The public version: pip's files may be named 2.14.1 while torch reports 2.14.1+cu130.
         torch_req = f"torch=={Version(manifest['torch']['version']).public}"
-        venv = envs.create(tmp / "venv", [torch_req, str(wheel)], log, verbose, system_site_packages=system)
+        venv = envs.create(
+            tmp / "venv", [torch_req, str(wheel), *SMOKE_EXTRAS], log, verbose, system_site_packages=system
+        )
         ext_dir = tmp / "torch_extensions"
         ext_dir.mkdir()
         env = envs.venv_environ(venv)

@@ -81,7 +81,10 @@ def manifest_entry(build: Mapping[str, Any], report: SmokeReport) -> dict[str, A
         "smoke": {
             "passed": report.passed,
             "finished_at": report.finished_at,
-            "checks": {c.name: c.status for c in report.checks},
+            "checks": {
+                c.name: {"status": c.status, "detail": c.detail.splitlines()[0] if c.detail else ""}
+                for c in report.checks
+            },
         },
     }
 

@@ -82,7 +82,7 @@ def test_cuda_wheel_holds_every_op_for_sm90(cuda_build: tuple[Path, str], tmp_pa
 def test_cuda_wheel_smoke_report(cuda_build: tuple[Path, str]) -> None:
     house, _ = cuda_build
     entry = json.loads((house / "manifest.json").read_text())["wheels"][WHEEL]
-    checks = entry["smoke"]["checks"]
+    checks = {name: check["status"] for name, check in entry["smoke"]["checks"].items()}
     assert entry["smoke"]["passed"] and entry["archs"] == ["9.0"] and entry["cuda"] == "13.0"
     for op in ("fused_adam", "cpu_adam", "utils"):
         assert checks[f"load:{op}"] == "passed"

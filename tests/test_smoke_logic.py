@@ -49,3 +49,32 @@ def test_reference_lion_matches_its_definition() -> None:
     # m=0: update = sign(0.1 * g) = [1, -1, 0]; p -= 0.1 * update; m = 0.01 * g
     assert torch.allclose(p.detach(), torch.tensor([0.9, -0.9, 0.5]))
     assert torch.allclose(lion.m[0], torch.tensor([0.02, -0.03, 0.0]))
+
+
+DS_REPORT = (
+    "op name ................ installed .. compatible\n"
+    "deepspeed_not_implemented  \x1b[93m[NO]\x1b[0m ....... \x1b[92m[OKAY]\x1b[0m\n"
+    "async_io ............... \x1b[93m[NO]\x1b[0m ....... \x1b[93m[NO]\x1b[0m\n"
+    "cpu_adagrad ............ \x1b[92m[YES]\x1b[0m ...... \x1b[92m[OKAY]\x1b[0m\n"
+    "cpu_adam ............... \x1b[92m[YES]\x1b[0m ...... \x1b[92m[OKAY]\x1b[0m\n"
+    "fused_adam ............. \x1b[93m[NO]\x1b[0m ....... \x1b[92m[OKAY]\x1b[0m\n"
+)  # captured from DeepSpeed 0.19.8's ds_report (trimmed)
+
+
+def test_parse_ds_report() -> None:
+    from builder.smoke_checks import parse_ds_report
+
+    assert parse_ds_report(DS_REPORT) == {"cpu_adagrad", "cpu_adam"}
+
+
+def test_parse_dist_output_checks_every_rank_and_the_backend() -> None:
+    from builder.smoke_checks import parse_dist_output
+
+    good = "noise\nSMOKE_DIST rank=1 world=2 backend=gloo OK\nSMOKE_DIST rank=0 world=2 backend=gloo OK\n"
+    assert parse_dist_output(good, 2, "gloo") == set()
+    nccl = "SMOKE_DIST rank=0 world=1 backend=nccl nccl=2.28.9 OK\n"
+    assert parse_dist_output(nccl, 1, "nccl") == {"2.28.9"}
+    with pytest.raises(AssertionError, match="expected ranks 0..1 OK with gloo"):
+        parse_dist_output("SMOKE_DIST rank=0 world=2 backend=gloo OK\n", 2, "gloo")
+    with pytest.raises(AssertionError, match="OK with nccl"):
+        parse_dist_output(good.replace("world=2", "world=1"), 1, "nccl")

@@ -38,7 +38,7 @@ def test_system_torch_recipe_builds_and_smokes_against_the_installed_torch(tmp_p
     entry = next(iter(json.loads((house / "manifest.json").read_text())["wheels"].values()))
     assert entry["torch"] == torch_version
     assert entry["version"] == "0.19.8+cpu.torch2.13"
-    assert entry["smoke"]["passed"] and entry["smoke"]["checks"]["numerics:cpu_adam"] == "passed"
+    assert entry["smoke"]["passed"] and entry["smoke"]["checks"]["numerics:cpu_adam"]["status"] == "passed"
     unchanged = subprocess.run(
         [python, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True, check=True
     ).stdout.strip()

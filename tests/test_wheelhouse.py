@@ -84,7 +84,9 @@ def test_publish_writes_wheel_index_and_manifest(tmp_path: Path) -> None:
     assert entry["sha256"] == sha256_of(wheel)
     assert entry["recipe"] == "cpu" and entry["ops"] == ["cpu_adam"] and entry["torch"] == "2.13.0+cpu"
     assert entry["cuda"] is None and entry["archs"] == []
-    assert entry["smoke"]["passed"] is True and entry["smoke"]["checks"] == {"import": "passed"}
+    assert entry["smoke"]["passed"] is True and entry["smoke"]["checks"] == {
+        "import": {"status": "passed", "detail": ""}
+    }
     assert not list(house.rglob("*.tmp"))
     # Publishing the same bytes again is a no-op.
     publish([wheel], house)
