@@ -42,6 +42,20 @@ def toolchain(session: nox.Session) -> None:
     session.run("python", "-m", "builder", "toolchain", *session.posargs)
 
 
+@nox.session(tags=["wheelhouse"])
+def verify(session: nox.Session) -> None:
+    """Recheck every wheel's hash, the index and the manifest of wheelhouse/: -- [--wheelhouse PATH]."""
+    session.install(".")
+    session.run("python", "-m", "builder", "verify", *session.posargs)
+
+
+@nox.session(tags=["wheelhouse"])
+def serve(session: nox.Session) -> None:
+    """Serve wheelhouse/ over HTTP for nodes: -- [--bind ADDR] [--port N]."""
+    session.install(".")
+    session.run("python", "-m", "builder", "serve", *session.posargs)
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
     """Unit tests, then the integration tests that build, smoke and publish a real wheel."""

@@ -13,16 +13,16 @@ import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from builder import __version__
-from builder.build import build_wheel, prepare
-from builder.detect import detect, render_table
-from builder.errors import BuilderError, PublishError, SmokeError
-from builder.recipe import load_recipe
-from builder.smoke import report_path, smoke
-from builder.toolchain import apply, compose_env, plan_toolchain
-from builder.wheelhouse import passing_report, publish
-from builder.workspace import Workspace
+from builder.errors import BuilderError, PublishError
+
+if TYPE_CHECKING:
+    from builder.workspace import Workspace
+
+# Only the standard library is imported at the top: `install` runs on nodes that have nothing
+# else, so each command imports what it needs when it runs.
 
 DEFAULT_RECIPE = Path("recipes/cpu.toml")
 
@@ -117,6 +117,43 @@ def parser() -> argparse.ArgumentParser:
     _torch_source(t)
     t.add_argument("--folder", type=Path, help="where the compiler symlinks go (default: WORK_DIR/toolchain/bin)")
     t.add_argument("--dry-run", action="store_true", help="print what would be done, change nothing")
+    v = sub.add_parser(
+        "verify",
+        parents=[common],
+        help="recheck a wheelhouse's hashes, index and manifest",
+        description="Recheck every wheel's and metadata file's sha256 against manifest.json, and "
+        "that the PEP 503 index links exactly the listed wheels with the right hashes.",
+    )
+    v.set_defaults()
+
+    i = sub.add_parser(
+        "install",
+        help="on a node: install the wheel built for it (standard library + pip only)",
+        description="Detect this node (Python, torch, CUDA, GPU archs, CPU features), pick the "
+        "wheel built for it from the wheelhouse's manifest, check its sha256 and pip-install it.",
+    )
+    i.add_argument(
+        "--wheelhouse",
+        dest="wheelhouse_source",
+        required=True,
+        metavar="PATH_OR_URL",
+        help="a wheelhouse folder or its http(s) URL (see serve)",
+    )
+    i.add_argument("--python", help="the node's Python (default: this one)")
+    i.add_argument("--dry-run", action="store_true", help="only say which wheel fits")
+    i.add_argument("--pip-arg", dest="pip_args", action="append", metavar="ARG", help="extra argument for pip")
+    i.add_argument("--debug", action="store_true", help="show a traceback on errors")
+
+    w = sub.add_parser(
+        "serve",
+        help="serve a wheelhouse over HTTP for many nodes",
+        description="Serve the wheelhouse folder (wheels, simple/ index, metadata, manifest) with "
+        "a static HTTP server; pip never falls back to PyPI through it.",
+    )
+    w.add_argument("--wheelhouse", type=Path, default=Path("wheelhouse"), help="folder to serve")
+    w.add_argument("--bind", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    w.add_argument("--port", type=int, default=8765, help="port (default: %(default)s)")
+    w.add_argument("--debug", action="store_true", help="show a traceback on errors")
     return p
 
 
@@ -141,8 +178,27 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "install":
+        from builder.node import install
+
+        install(args.wheelhouse_source, args.python or sys.executable, args.dry_run, args.pip_args or [])
+        return 0
+    if args.command == "serve":
+        from builder.serve import serve
+
+        serve(args.wheelhouse, args.bind, args.port)
+        return 0
+    if args.command == "verify":
+        return _verify(args.wheelhouse)
+
+    from builder.workspace import Workspace
+
     ws = Workspace(args.work_dir.resolve())
     if args.command == "build-wheel":
+        from builder.build import build_wheel
+        from builder.recipe import load_recipe
+        from builder.smoke import smoke
+
         recipes = [load_recipe(p) for p in (args.recipes or [DEFAULT_RECIPE])]  # all validated first
         for recipe in recipes:
             result = build_wheel(recipe, ws, args.verbose)
@@ -153,17 +209,13 @@ def _dispatch(args: argparse.Namespace) -> int:
                 _publish(args.wheelhouse, [result.wheel])
         return 0
     if args.command == "smoke":
-        for wheel in args.wheels or [_newest_wheel(ws)]:
+        from builder.smoke import smoke
+
+        for wheel in args.wheels or [_newest_wheel(ws.dist)]:
             smoke(wheel, ws, args.verbose, args.keep_env)
         return 0
     if args.command == "publish":
-        wheels = args.wheels or _passed_wheels(ws)
-        publish(wheels, args.wheelhouse)
-        print(
-            f"==> wheelhouse {args.wheelhouse.resolve()}: install with\n"
-            f"    pip install --index-url {(args.wheelhouse / 'simple').resolve().as_uri()}/ deepspeed==<version>",
-            file=sys.stderr,
-        )
+        _publish(args.wheelhouse, args.wheels or _passed_wheels(ws.dist))
         return 0
     if args.command in ("detect", "toolchain"):
         return _detect_or_toolchain(args, ws)
@@ -171,6 +223,11 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def _detect_or_toolchain(args: argparse.Namespace, ws: Workspace) -> int:
+    from builder.build import prepare
+    from builder.detect import detect, render_table
+    from builder.recipe import load_recipe
+    from builder.toolchain import apply, compose_env, plan_toolchain
+
     python = args.python or sys.executable
     need_cuda = None
     if args.recipe:
@@ -196,29 +253,52 @@ def _detect_or_toolchain(args: argparse.Namespace, ws: Workspace) -> int:
     return 0
 
 
+def _verify(wheelhouse: Path) -> int:
+    from builder.errors import WheelhouseError
+    from builder.wheelhouse import load_manifest, verify
+
+    problems = verify(wheelhouse)
+    if problems:
+        raise WheelhouseError(
+            f"{wheelhouse} failed verification:\n    " + "\n    ".join(problems),
+            "re-publish the affected wheels from their builds, or prune what the manifest no longer lists",
+        )
+    count = len(load_manifest(wheelhouse)["wheels"])
+    print(f"==> {wheelhouse}: {count} wheels, hashes, metadata, index and manifest agree", file=sys.stderr)
+    return 0
+
+
 def _publish(wheelhouse: Path, wheels: list[Path]) -> None:
+    from builder.wheelhouse import publish
+
     for path in publish(wheels, wheelhouse):
         version = path.name.split("-")[1]
         index = (wheelhouse / "simple").resolve().as_uri()
         print(f"==> install it with: pip install --index-url {index}/ deepspeed=={version}", file=sys.stderr)
 
 
-def _newest_wheel(ws: Workspace) -> Path:
-    wheels = sorted(ws.dist.glob("*.whl"), key=lambda p: p.stat().st_mtime)
+def _newest_wheel(dist: Path) -> Path:
+    from builder.errors import SmokeError
+
+    wheels = sorted(dist.glob("*.whl"), key=lambda p: p.stat().st_mtime)
     if not wheels:
-        raise SmokeError(f"no wheels in {ws.dist}", "build one first: python -m builder build-wheel")
+        raise SmokeError(f"no wheels in {dist}", "build one first: python -m builder build-wheel")
     return wheels[-1]
 
 
-def _passed_wheels(ws: Workspace) -> list[Path]:
-    found = [w for w in sorted(ws.dist.glob("*.whl")) if report_path(w).is_file()]
+def _passed_wheels(dist: Path) -> list[Path]:
+    from builder.smoke import report_path
+    from builder.wheelhouse import passing_report
+
     passed = []
-    for wheel in found:
+    for wheel in sorted(dist.glob("*.whl")):
+        if not report_path(wheel).is_file():
+            continue
         try:
             passing_report(wheel)
             passed.append(wheel)
         except PublishError as exc:
             print(f"  skipping {wheel.name}: {exc.message}", file=sys.stderr)
     if not passed:
-        raise PublishError(f"no smoke-passed wheels in {ws.dist}", "run build-wheel, or smoke on a built wheel")
+        raise PublishError(f"no smoke-passed wheels in {dist}", "run build-wheel, or smoke on a built wheel")
     return passed

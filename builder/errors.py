@@ -55,3 +55,9 @@ class PublishError(BuilderError):
     """The wheel cannot be published (no passing smoke report, a clash in the wheelhouse)."""
 
     exit_code = 7
+
+
+class WheelhouseError(BuilderError):
+    """A wheelhouse failed verification (tampered or missing files, index drift)."""
+
+    exit_code = 8

@@ -6,6 +6,7 @@ Slow (a real DeepSpeed build, about 2 minutes on 2 cores, plus fresh venvs with 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import venv
@@ -140,3 +141,89 @@ def test_publish_refuses_a_wheel_without_a_smoke_report(
     assert result.returncode == 7
     assert f"error: {WHEEL} has no smoke report" in result.stderr
     assert not (tmp_path / "other-house").exists()
+
+
+def test_verify_passes_on_the_published_wheelhouse(pipeline: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    house, _ = pipeline
+    result = builder("verify", "--wheelhouse", str(house))
+    assert result.returncode == 0, result.stderr
+    assert "1 wheels, hashes, metadata, index and manifest agree" in result.stderr
+
+
+def test_pip_finds_the_wheel_with_no_index_and_find_links(
+    pipeline: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path
+) -> None:
+    house, _ = pipeline
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--no-index", "--find-links", str(house),
+         "-d", str(tmp_path), f"deepspeed=={VERSION}"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / WHEEL).read_bytes() == (house / WHEEL).read_bytes()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_node_installs_its_wheel_from_the_served_wheelhouse(
+    pipeline: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path
+) -> None:
+    """A node with only Python, pip and its torch: `builder install` over HTTP from `builder serve`."""
+    import time
+    import urllib.request
+
+    house, _ = pipeline
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "builder", "serve", "--wheelhouse", str(house), "--port", str(port)],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}/"
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(url + "simple/", timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        node = tmp_path / "node"
+        venv.create(node, with_pip=True)
+        python = str(node / "bin" / "python")
+        subprocess.run([python, "-m", "pip", "install", "-q", "torch==2.13.0"], check=True)
+        no_packaging = subprocess.run([python, "-c", "import packaging"], capture_output=True)
+        assert no_packaging.returncode != 0  # the node has nothing of the builder's dependencies
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        done = subprocess.run(
+            [python, "-m", "builder", "install", "--wheelhouse", url], env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"==> chosen: {WHEEL}" in done.stderr and "verified" in done.stderr
+        version = (
+            subprocess.run(
+                [python, "-c", "import deepspeed; print(deepspeed.__version__)"],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            .stdout.strip()
+            .splitlines()[-1]
+        )
+        assert version == VERSION
+        # And plain pip through the same server.
+        other = tmp_path / "plain"
+        venv.create(other, with_pip=True)
+        done = subprocess.run(
+            [str(other / "bin" / "python"), "-m", "pip", "download", "--no-deps", "-d", str(tmp_path / "dl"),
+             "--index-url", url + "simple/", f"deepspeed=={VERSION}"],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+    finally:
+        server.terminate()
+        server.wait(10)

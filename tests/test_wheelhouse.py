@@ -12,7 +12,7 @@ import pytest
 from builder.errors import PublishError
 from builder.smoke import Check, SmokeReport, report_path
 from builder.source import sha256_of
-from builder.wheelhouse import IndexEntry, normalize, project_page, publish, root_page
+from builder.wheelhouse import IndexEntry, normalize, project_page, publish, root_page, verify
 
 NAME = "deepspeed-0.19.8+cpu.torch2.13-cp311-cp311-linux_x86_64.whl"
 BUILD = {
@@ -24,6 +24,9 @@ BUILD = {
     "archs": [],
     "ops": ["cpu_adam"],
 }
+
+
+METADATA = "Metadata-Version: 2.1\nName: deepspeed\nVersion: 0.19.8+cpu.torch2.13\nRequires-Dist: torch==2.13.0\n"
 
 
 class Links(HTMLParser):
@@ -47,6 +50,7 @@ def fake_wheel(folder: Path, name: str = NAME, payload: bytes = b"x", passed: bo
     wheel = folder / name
     with zipfile.ZipFile(wheel, "w") as zf:
         zf.writestr("deepspeed-0.19.8+cpu.torch2.13.dist-info/ds_builder.json", json.dumps(BUILD))
+        zf.writestr("deepspeed-0.19.8+cpu.torch2.13.dist-info/METADATA", METADATA)
         zf.writestr("deepspeed/payload", payload)
     if passed is not None:
         status = "passed" if passed else "failed"
@@ -117,3 +121,93 @@ def test_publish_refuses_a_different_wheel_under_a_published_name(tmp_path: Path
     publish([fake_wheel(tmp_path / "a", payload=b"one")], house)
     with pytest.raises(PublishError, match="already has a different"):
         publish([fake_wheel(tmp_path / "b", payload=b"two")], house)
+
+
+def test_verify_finds_tampering_missing_files_and_drift(tmp_path: Path) -> None:
+    house = tmp_path / "house"
+    (tmp_path / "a").mkdir()
+    wheel = fake_wheel(tmp_path / "a")
+    publish([wheel], house)
+    assert verify(house) == []
+    assert links((house / "simple" / "deepspeed" / "index.html").read_text())  # PEP 658 attribute present:
+    assert 'data-dist-info-metadata="sha256=' in (house / "simple" / "deepspeed" / "index.html").read_text()
+    assert (house / f"{NAME}.metadata").read_text() == METADATA
+
+    (house / NAME).write_bytes((house / NAME).read_bytes() + b"x")
+    (house / f"{NAME}.metadata").unlink()
+    stray = house / "deepspeed-0.0.1-py3-none-any.whl"
+    stray.write_bytes(b"")
+    problems = verify(house)
+    assert f"{NAME}: sha256 differs from manifest.json (tampered or replaced)" in problems
+    assert f"{NAME}.metadata: missing" in problems
+    assert f"{stray.name}: in the wheelhouse but not in manifest.json" in problems
+    (house / NAME).unlink()
+    assert f"{NAME}: listed in manifest.json but missing" in verify(house)
+
+
+def test_verify_catches_an_edited_index(tmp_path: Path) -> None:
+    house = tmp_path / "house"
+    publish([fake_wheel(tmp_path)], house)
+    page = house / "simple" / "deepspeed" / "index.html"
+    page.write_text(page.read_text().replace("#sha256=", "#sha256=0"))
+    assert verify(house) == [f"simple/deepspeed/index.html: wrong hash for {NAME}"]
+
+
+def _publish_one(folder: str, house: str) -> None:
+    publish([Path(folder) / NAME], Path(house))
+
+
+@pytest.mark.spawns
+def test_eight_concurrent_publishers_lose_nothing(tmp_path: Path) -> None:
+    import multiprocessing
+
+    folders = []
+    for i in range(8):
+        folder = tmp_path / f"w{i}"
+        folder.mkdir()
+        fake_wheel(folder, name=NAME.replace("0.19.8+", f"0.19.{i}+"), payload=bytes([i]))
+        folders.append(folder)
+    house = tmp_path / "house"
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=publish, args=([next(f.glob("*.whl"))], house)) for f in folders]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    manifest = json.loads((house / "manifest.json").read_text())
+    assert len(manifest["wheels"]) == 8
+    assert len(links((house / "simple" / "deepspeed" / "index.html").read_text())) == 8
+    assert verify(house) == []
+
+
+@pytest.mark.spawns
+def test_a_killed_publish_leaves_the_previous_index_whole(tmp_path: Path) -> None:
+    import multiprocessing
+    import random
+    import time
+
+    house = tmp_path / "house"
+    (tmp_path / "first").mkdir()
+    publish([fake_wheel(tmp_path / "first")], house)
+    ctx = multiprocessing.get_context("fork")
+    rng = random.Random(7)
+    killed = []
+    for i in range(12):
+        folder = tmp_path / f"k{i}"
+        folder.mkdir()
+        wheel = fake_wheel(folder, name=NAME.replace("0.19.8+", f"0.20.{i}+"), payload=bytes([i]) * 200_000)
+        killed.append(wheel)
+        proc = ctx.Process(target=publish, args=([wheel], house))
+        proc.start()
+        time.sleep(rng.uniform(0.0, 0.03))
+        proc.kill()
+        proc.join()
+        # Whatever moment it died at, the index and manifest parse, every wheel published before is
+        # still listed and linked with its hash, and only killed wheels may be half-known
+        # (landed but unlisted, or linked before the manifest caught up).
+        problems = verify(house)
+        assert [p for p in problems if not any(k.name in p for k in killed)] == [], (i, problems)
+        assert json.loads((house / "manifest.json").read_text())["wheels"][NAME]["smoke"]["passed"]
+    publish(killed, house)  # publishing again completes whatever was cut short
+    assert verify(house) == []

@@ -1,0 +1,27 @@
+"""serve: the wheelhouse over HTTP, with the standard library's static file server.
+
+The wheelhouse is already a static PEP 503 tree (index pages, wheels, PEP 658 .metadata files),
+so a static server is all pip needs, and unlike pypiserver it has no fallback to PyPI to turn
+off: nodes can only ever get what was published. Standard library only, like `install`.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import sys
+from pathlib import Path
+
+from builder.errors import BuilderError
+
+
+def serve(wheelhouse: Path, bind: str, port: int) -> None:
+    if not (wheelhouse / "simple" / "index.html").is_file():
+        raise BuilderError(f"{wheelhouse} has no simple/index.html", "publish a wheel into it first")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(wheelhouse))
+    with http.server.ThreadingHTTPServer((bind, port), handler) as server:
+        host, real_port = str(server.server_address[0]), int(server.server_address[1])
+        print(f"==> serving {wheelhouse.resolve()} at http://{host}:{real_port}/", file=sys.stderr)
+        print(f"    pip install --index-url http://{host}:{real_port}/simple/ deepspeed==<version>", file=sys.stderr)
+        print(f"    python -m builder install --wheelhouse http://{host}:{real_port}/", file=sys.stderr, flush=True)
+        server.serve_forever()
