@@ -7,6 +7,7 @@ traceback only with --debug.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
 import sys
@@ -223,8 +224,9 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def _detect_or_toolchain(args: argparse.Namespace, ws: Workspace) -> int:
-    from builder.build import prepare
+    from builder.build import prepare, toolchain_env
     from builder.detect import detect, render_table
+    from builder.ops import probe
     from builder.recipe import load_recipe
     from builder.toolchain import apply, compose_env, plan_toolchain
 
@@ -233,8 +235,17 @@ def _detect_or_toolchain(args: argparse.Namespace, ws: Workspace) -> int:
     if args.recipe:
         recipe = load_recipe(args.recipe)
         ws.logs.mkdir(parents=True, exist_ok=True)
-        python = str(prepare(recipe, ws, ws.logs / f"{recipe.name}-env.log", args.verbose)[1])
-        need_cuda = recipe.accelerator == "cuda"
+        log = ws.logs / f"{recipe.name}-env.log"
+        src, built_python = prepare(recipe, ws, log, args.verbose)
+        python, need_cuda = str(built_python), recipe.accelerator == "cuda"
+        if args.command == "detect":  # also ask DeepSpeed which of its ops it can build here
+            env, report, _ = toolchain_env(recipe, built_python, ws, dry_run=True)
+            ds_ops = {
+                n: {"compatible": o.compatible, "why": o.why} for n, o in probe(built_python, src, env, log).ops.items()
+            }
+            report = dataclasses.replace(report, deepspeed_ops=ds_ops)
+            print(report.to_json() if args.json else render_table(report), end="")
+            return 0
     report = detect(os.environ, python)
     if args.command == "detect":
         print(report.to_json() if args.json else render_table(report), end="")

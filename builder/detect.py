@@ -122,6 +122,8 @@ class Report:
     cpu: Mapping[str, Any]
     libraries: Mapping[str, Any]
     problems: tuple[Problem, ...] = field(default=())
+    # With a recipe: DeepSpeed's own answer, per op of its accelerator, {"compatible", "why"}.
+    deepspeed_ops: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     schema: int = SCHEMA_VERSION
 
     @property
@@ -578,6 +580,12 @@ def render_table(report: Report) -> str:
     libs = report.libraries
     rows.append(("libraries", f"libaio {'yes' if libs.get('libaio') else 'no'}, cufile {libs.get('cufile') or 'no'}, "
                               f"NCCL {libs.get('nccl') or 'no'}"))  # fmt: skip
+    if report.deepspeed_ops:
+        good = [n for n, o in sorted(report.deepspeed_ops.items()) if o["compatible"]]
+        rows.append(("DeepSpeed ops", f"buildable here: {', '.join(good)}"))
+        for name, op in sorted(report.deepspeed_ops.items()):
+            if not op["compatible"]:
+                rows.append((f"  {name}", f"not buildable: {op['why'][:160] or 'DeepSpeed says incompatible'}"))
     width = max(len(k) for k, _ in rows)
     lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
     for p in report.problems:

@@ -7,6 +7,7 @@ build and smoke environments; about 4 to 5 minutes on 2 cores.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -37,13 +38,34 @@ def zmm_instructions(so: Path) -> int:
     return dump.count("%zmm")
 
 
+def supported_gcc() -> str | None:
+    """A gcc-N (N <= 15, what nvcc 13 accepts) with its g++-N, to stand behind the fake gcc 16."""
+    for n in range(15, 8, -1):
+        if shutil.which(f"gcc-{n}") and shutil.which(f"g++-{n}"):
+            return f"gcc-{n}"
+    return None
+
+
 @pytest.fixture(scope="module")
 def cuda_build(workspace: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """Build with a FAKE gcc/g++ 16 first on PATH (nvcc 13 rejects gcc 16, and the fake compiles
+    nothing): the build only succeeds if build-wheel really uses the repaired toolchain."""
     house = tmp_path_factory.mktemp("cuda-wheelhouse")
+    env = dict(os.environ)
+    if supported_gcc():
+        fake = tmp_path_factory.mktemp("fake-gcc16")
+        for name in ("gcc", "g++", "cc", "c++"):
+            script = fake / name
+            script.write_text(
+                '#!/bin/sh\ncase "$1" in -dumpfullversion) echo 16.1.0; exit 0;; esac\n'
+                'echo "fake gcc 16: refusing to compile" >&2\nexit 1\n'
+            )
+            script.chmod(0o755)
+        env["PATH"] = f"{fake}{os.pathsep}{env['PATH']}"
     result = subprocess.run(
         [sys.executable, "-m", "builder", "build-wheel", "--recipe", "recipes/cu130-hopper-min.toml",
          "--work-dir", str(workspace), "--wheelhouse", str(house)],
-        cwd=ROOT, capture_output=True, text=True,
+        cwd=ROOT, capture_output=True, text=True, env=env,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-5000:]
     return house, result.stderr
@@ -54,6 +76,9 @@ def test_cuda_wheel_holds_every_op_for_sm90(cuda_build: tuple[Path, str], tmp_pa
     wheel = house / WHEEL
     assert wheel.is_file(), sorted(p.name for p in house.iterdir())
     assert "toolchain: headers" in stderr and "nvidia/cu13/include" in stderr  # pip headers on CPATH
+    gcc = supported_gcc()
+    if gcc:
+        assert f"toolchain: default gcc 16.1.0 is outside nvcc's range; using {gcc}" in stderr
     with zipfile.ZipFile(wheel) as zf:
         manifest = json.loads(zf.read(f"deepspeed-{VERSION}.dist-info/ds_builder.json"))
         meta = Parser().parsestr(zf.read(f"deepspeed-{VERSION}.dist-info/METADATA").decode())
@@ -66,6 +91,9 @@ def test_cuda_wheel_holds_every_op_for_sm90(cuda_build: tuple[Path, str], tmp_pa
     assert manifest["archs"] == ["9.0"] and manifest["flags"]["TORCH_CUDA_ARCH_LIST"] == "9.0"
     assert manifest["op_archs"]["fused_adam"] == ["sass_90"]  # read back from the .so's fatbin
     assert manifest["toolchain"]["nvcc"] == "13.0" and manifest["torch"]["cuda"] == "13.0"
+    if gcc:
+        assert manifest["toolchain"]["gcc"] == "16.1.0"  # the default it had to work around
+        assert manifest["toolchain"]["host_compiler"] == shutil.which(gcc.replace("gcc", "g++"))
 
     # Stripped: each .so at most a tenth of its unstripped size, the wheel well under the plain one.
     for path, size in manifest["shared_objects"].items():
