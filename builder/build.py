@@ -19,7 +19,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from builder import __version__, archs, cmd, envs, ops, source, wheelfile
+from builder import __version__, archs, buildkey, cmd, envs, ops, source, wheelfile
 from builder.detect import Report, detect
 from builder.errors import BuildError
 from builder.plan import BuildPlan, plan_build, resolve_archs
@@ -36,9 +36,10 @@ _NINJA_STEP = re.compile(r"^\s*\[(\d+/\d+)\] .* -c (\S+) ")
 @dataclass(frozen=True)
 class BuildResult:
     wheel: Path
-    plan: BuildPlan
     seconds: float
     log: Path
+    key: str
+    reused: bool = False  # an up-to-date wheel with the same build key was found; nothing was built
 
 
 def build_progress(line: str) -> str | None:
@@ -87,12 +88,18 @@ def toolchain_env(
     return env, report, plan
 
 
-def build_wheel(recipe: Recipe, ws: Workspace, verbose: bool = False) -> BuildResult:
+def build_wheel(recipe: Recipe, ws: Workspace, verbose: bool = False, force: bool = False) -> BuildResult:
     start = time.monotonic()
     ws.logs.mkdir(parents=True, exist_ok=True)
     log = ws.logs / f"{recipe.name}-build.log"
+    inputs = buildkey.key_inputs(recipe, buildkey.gather(recipe, os.environ), os.environ)
+    key = buildkey.build_key(inputs)
+    if not force and (built := buildkey.find_built(ws.dist, key)):
+        seconds = time.monotonic() - start
+        print(f"==> up to date: {built.name} (build key {key}, checked in {seconds:.1f}s)", file=sys.stderr)
+        return BuildResult(wheel=built, seconds=seconds, log=log, key=key, reused=True)
     log.unlink(missing_ok=True)
-    print(f"==> build-wheel: recipe {recipe.name} ({recipe.path}); full log: {log}", file=sys.stderr)
+    print(f"==> build-wheel: recipe {recipe.name} ({recipe.path}), build key {key}; full log: {log}", file=sys.stderr)
 
     src, python = prepare(recipe, ws, log, verbose)
     env, machine, toolchain = toolchain_env(recipe, python, ws)
@@ -127,12 +134,13 @@ def build_wheel(recipe: Recipe, ws: Workspace, verbose: bool = False) -> BuildRe
         op_archs = verify_archs(tree, plan)
         sizes = strip_debug(tree, log) if recipe.strip else so_sizes(tree)
         manifest = build_manifest(plan, time.monotonic() - start, sizes, op_archs, machine, toolchain)
+        manifest.update({"build_key": key, "build_key_inputs": inputs})
         wheelfile.finish_tree(tree, manifest, f"=={Version(plan.torch_version).public}")
         wheel = wheelfile.pack(tree, python, ws.dist, log)
     shutil.rmtree(src, ignore_errors=True)
     seconds = time.monotonic() - start
     _summary(wheel, plan, seconds, log, sizes)
-    return BuildResult(wheel=wheel, plan=plan, seconds=seconds, log=log)
+    return BuildResult(wheel=wheel, seconds=seconds, log=log, key=key)
 
 
 def so_sizes(tree: Path) -> dict[str, dict[str, int]]:

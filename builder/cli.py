@@ -70,6 +70,7 @@ def parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--no-smoke", action="store_true", help="only build and verify (implies --no-publish)")
     b.add_argument("--no-publish", action="store_true", help="build and smoke-test, do not publish")
+    b.add_argument("--force", action="store_true", help="build even if a wheel with the same build key exists")
 
     s = sub.add_parser(
         "smoke",
@@ -202,10 +203,13 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         recipes = [load_recipe(p) for p in (args.recipes or [DEFAULT_RECIPE])]  # all validated first
         for recipe in recipes:
-            result = build_wheel(recipe, ws, args.verbose)
+            result = build_wheel(recipe, ws, args.verbose, args.force)
             if args.no_smoke:
                 continue
-            smoke(result.wheel, ws, args.verbose)
+            if result.reused and _smoke_passed(result.wheel):
+                print(f"  {result.wheel.name} already passed its smoke tests", file=sys.stderr)
+            else:
+                smoke(result.wheel, ws, args.verbose)
             if not args.no_publish:
                 _publish(args.wheelhouse, [result.wheel])
         return 0
@@ -286,6 +290,16 @@ def _publish(wheelhouse: Path, wheels: list[Path]) -> None:
         version = path.name.split("-")[1]
         index = (wheelhouse / "simple").resolve().as_uri()
         print(f"==> install it with: pip install --index-url {index}/ deepspeed=={version}", file=sys.stderr)
+
+
+def _smoke_passed(wheel: Path) -> bool:
+    from builder.wheelhouse import passing_report
+
+    try:
+        passing_report(wheel)
+        return True
+    except PublishError:
+        return False
 
 
 def _newest_wheel(dist: Path) -> Path:

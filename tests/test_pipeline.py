@@ -227,3 +227,15 @@ def test_node_installs_its_wheel_from_the_served_wheelhouse(
     finally:
         server.terminate()
         server.wait(10)
+
+
+def test_unchanged_recipe_is_up_to_date(
+    pipeline: tuple[Path, subprocess.CompletedProcess[str]], workspace: Path
+) -> None:
+    house, _ = pipeline
+    before = (house / WHEEL).read_bytes()
+    again = builder("build-wheel", "--work-dir", str(workspace), "--wheelhouse", str(house))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"==> up to date: {WHEEL} (build key" in again.stderr
+    assert "pip wheel" not in again.stderr and "already passed its smoke tests" in again.stderr
+    assert (house / WHEEL).read_bytes() == before

@@ -1,0 +1,83 @@
+"""The build key: a hash of everything that determines a wheel, so an unchanged recipe is not rebuilt.
+
+`key_inputs` and `build_key` are pure. `gather` asks the machine only cheap questions (toolkit
+and compiler versions, the installed torch's version for "system" recipes, the GPUs for
+arch = "auto"), so deciding "up to date" takes well under the time of any build step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from builder import __version__
+from builder.cmd import query
+from builder.detect import arch_list, probe_compilers, probe_gpus, probe_toolkits
+from builder.recipe import Recipe
+
+# Variables that change what the compilers produce (MAX_JOBS and friends only change how fast).
+RELEVANT_ENV = (
+    "CC", "CXX", "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "CPATH", "NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS",
+    "CUDA_HOME", "CUDA_PATH", "DS_BUILD_OPS", "DS_ACCELERATOR", "SOURCE_DATE_EPOCH",
+)  # fmt: skip
+
+
+def key_inputs(recipe: Recipe, machine: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    """Everything the wheel depends on, as plain data (recorded in the wheel's manifest too)."""
+    return {
+        "builder": __version__,
+        "python": machine["python"],
+        "deepspeed_sdist_sha256": recipe.deepspeed.sha256,
+        "accelerator": recipe.accelerator,
+        "ops": sorted(recipe.ops),
+        "archs": list(recipe.archs) if not recipe.auto_arch else ["auto:" + ";".join(machine["gpu_archs"])],
+        "cpu_target": recipe.cpu_target,
+        "strip": recipe.strip,
+        "torch": recipe.torch.version if not recipe.torch.system else "system:" + str(machine["system_torch"]),
+        "toolkits": machine["toolkits"],
+        "compilers": machine["compilers"],
+        "env": {k: env[k] for k in RELEVANT_ENV if env.get(k)},
+    }
+
+
+def build_key(inputs: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def gather(recipe: Recipe, env: Mapping[str, str]) -> dict[str, Any]:
+    """The machine facts the key needs, each from a quick query."""
+    toolkits = (
+        probe_toolkits(env, query, [Path("/usr/local"), Path("/opt")], None) if recipe.accelerator == "cuda" else []
+    )
+    compilers, _ = probe_compilers(env, query)
+    system_torch = None
+    if recipe.torch.system:
+        system_torch = query(
+            [sys.executable, "-c", "import importlib.metadata as m; print(m.version('torch'))"]
+        ).strip()
+    gpu_archs = arch_list(probe_gpus(query)[0]) if recipe.auto_arch else []
+    return {
+        "python": sys.version.split()[0],
+        "toolkits": sorted(f"{t.version}@{t.root}" for t in toolkits),
+        "compilers": sorted(f"{c.name}={c.version}" for c in compilers),
+        "system_torch": system_torch,
+        "gpu_archs": gpu_archs,
+    }
+
+
+def find_built(dist: Path, key: str) -> Path | None:
+    """A finished wheel in `dist` whose embedded manifest carries this build key."""
+    for wheel in sorted(dist.glob("*.whl"), key=lambda p: p.stat().st_mtime, reverse=True):
+        try:
+            with zipfile.ZipFile(wheel) as zf:
+                name = next((n for n in zf.namelist() if n.endswith(".dist-info/ds_builder.json")), None)
+                if name and json.loads(zf.read(name)).get("build_key") == key:
+                    return wheel
+        except (zipfile.BadZipFile, OSError, ValueError):
+            continue
+    return None
