@@ -56,6 +56,20 @@ def serve(session: nox.Session) -> None:
     session.run("python", "-m", "builder", "serve", *session.posargs)
 
 
+@nox.session(tags=["wheelhouse"])
+def lock(session: nox.Session) -> None:
+    """Write wheelhouse/locks/<recipe>.lock (sha256-pinned) and a Containerfile: -- [--wheel NAME]."""
+    session.install(".")
+    session.run("python", "-m", "builder", "lock", *session.posargs)
+
+
+@nox.session(tags=["wheelhouse"])
+def prune(session: nox.Session) -> None:
+    """Remove wheels no recipe or lock refers to: -- [--dry-run]."""
+    session.install(".")
+    session.run("python", "-m", "builder", "prune", *session.posargs)
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
     """Unit tests, then the integration tests that build, smoke and publish a real wheel."""

@@ -128,6 +128,26 @@ def parser() -> argparse.ArgumentParser:
     )
     v.set_defaults()
 
+    lk = sub.add_parser(
+        "lock",
+        parents=[common],
+        help="hash-pinned requirements and a Containerfile for a wheel",
+        description="Resolve a published wheel with everything it needs (its torch included) and write "
+        "WHEELHOUSE/locks/<recipe>.lock (every file pinned by sha256, for pip --require-hashes) and "
+        "WHEELHOUSE/locks/<recipe>.Containerfile.",
+    )
+    lk.add_argument("--wheel", help="wheel file name in the wheelhouse (default: the newest for this Python)")
+
+    pr = sub.add_parser(
+        "prune",
+        parents=[common],
+        help="remove wheels no recipe or lock refers to",
+        description="Remove published wheels built from recipes that no longer exist and pinned by no lock, "
+        "keeping the index and manifest consistent.",
+    )
+    pr.add_argument("--recipes-dir", type=Path, default=Path("recipes"), help="current recipes (default: %(default)s)")
+    pr.add_argument("--dry-run", action="store_true", help="only list what would be removed")
+
     i = sub.add_parser(
         "install",
         help="on a node: install the wheel built for it (standard library + pip only)",
@@ -224,7 +244,29 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.command in ("detect", "toolchain"):
         return _detect_or_toolchain(args, ws)
+    if args.command == "lock":
+        from builder.lock import lock
+
+        ws.logs.mkdir(parents=True, exist_ok=True)
+        lock(args.wheelhouse, args.wheel, ws.logs / "lock.log")
+        return 0
+    if args.command == "prune":
+        return _prune(args)
     raise AssertionError(args.command)
+
+
+def _prune(args: argparse.Namespace) -> int:
+    from builder.lock import locked_wheels
+    from builder.recipe import load_recipe
+    from builder.wheelhouse import prune
+
+    names = [load_recipe(p).name for p in sorted(args.recipes_dir.glob("*.toml"))]
+    gone = prune(args.wheelhouse, names, locked_wheels(args.wheelhouse), args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    for name in gone:
+        print(f"{verb} {name}")
+    print(f"==> {verb} {len(gone)} wheels; kept those of recipes {', '.join(names)} and of locks", file=sys.stderr)
+    return 0
 
 
 def _detect_or_toolchain(args: argparse.Namespace, ws: Workspace) -> int:

@@ -195,6 +195,9 @@ def write_index(wheelhouse: Path, manifest: Mapping[str, Any]) -> None:
     for project, entries in by_project.items():
         _write(simple / project / "index.html", project_page(project, entries))
     _write(simple / "index.html", root_page(by_project))
+    for stale in simple.iterdir():  # projects whose last wheel was pruned
+        if stale.is_dir() and stale.name not in by_project:
+            shutil.rmtree(stale)
 
 
 def _write(path: Path, text: str) -> None:
@@ -283,3 +286,25 @@ def verify(wheelhouse: Path) -> list[str]:
                 problems.append(f"simple/{project}/index.html: wrong metadata hash for {name}")
         problems.extend(f"simple/{project}/index.html: links {name}, which {MANIFEST} does not list" for name in seen)
     return problems
+
+
+def prune(wheelhouse: Path, recipe_names: Iterable[str], keep: Iterable[str], dry_run: bool = False) -> list[str]:
+    """Remove wheels built from no current recipe and pinned by no lock; returns their names."""
+    recipes, pinned = set(recipe_names), set(keep)
+    with FileLock(str(wheelhouse / LOCK)):
+        manifest = load_manifest(wheelhouse)
+        doomed = [
+            name for name, entry in sorted(manifest["wheels"].items())
+            if entry["recipe"] not in recipes and name not in pinned
+        ]  # fmt: skip
+        if dry_run or not doomed:
+            return doomed
+        for name in doomed:
+            del manifest["wheels"][name]
+        # Index and manifest first, files after: a wheel is never linked while it is missing.
+        write_index(wheelhouse, manifest)
+        _write(wheelhouse / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        for name in doomed:
+            (wheelhouse / name).unlink(missing_ok=True)
+            (wheelhouse / f"{name}.metadata").unlink(missing_ok=True)
+    return doomed

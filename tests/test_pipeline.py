@@ -239,3 +239,40 @@ def test_unchanged_recipe_is_up_to_date(
     assert f"==> up to date: {WHEEL} (build key" in again.stderr
     assert "pip wheel" not in again.stderr and "already passed its smoke tests" in again.stderr
     assert (house / WHEEL).read_bytes() == before
+
+
+def test_lock_installs_with_hashes_required(
+    pipeline: tuple[Path, subprocess.CompletedProcess[str]], workspace: Path, tmp_path: Path
+) -> None:
+    house, _ = pipeline
+    done = builder("lock", "--wheelhouse", str(house), "--work-dir", str(workspace))
+    assert done.returncode == 0, done.stderr[-3000:]
+    lock_file = house / "locks" / "cpu.lock"
+    text = lock_file.read_text()
+    assert f"deepspeed=={VERSION} \\" in text and "torch==2.13.0" in text and "--hash=sha256:" in text
+    assert (house / "locks" / "cpu.Containerfile").is_file()
+    image = tmp_path / "image"
+    venv.create(image, with_pip=True)
+    python = str(image / "bin" / "python")
+    installed = subprocess.run(
+        [python, "-m", "pip", "install", "--require-hashes", "--find-links", str(house), "-r", str(lock_file)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
+    version = (
+        subprocess.run(
+            [python, "-c", "import deepspeed; print(deepspeed.__version__)"], capture_output=True, text=True, check=True
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
+    assert version == VERSION
+    # A lock that names a different hash is refused by pip.
+    tampered = tmp_path / "tampered.lock"
+    tampered.write_text(text.replace("--hash=sha256:", "--hash=sha256:0", 1))
+    refused = subprocess.run(
+        [python, "-m", "pip", "install", "--force-reinstall", "--no-deps", "--require-hashes", "--find-links",
+         str(house), "-r", str(tampered)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert refused.returncode != 0 and "HASHES" in (refused.stdout + refused.stderr).upper()

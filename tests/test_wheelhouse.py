@@ -211,3 +211,43 @@ def test_a_killed_publish_leaves_the_previous_index_whole(tmp_path: Path) -> Non
         assert json.loads((house / "manifest.json").read_text())["wheels"][NAME]["smoke"]["passed"]
     publish(killed, house)  # publishing again completes whatever was cut short
     assert verify(house) == []
+
+
+def test_prune_keeps_current_recipes_and_locked_wheels(tmp_path: Path) -> None:
+    from builder.wheelhouse import prune
+
+    house = tmp_path / "house"
+    names = []
+    for i, recipe in enumerate(["cpu", "old-recipe", "older-recipe"]):
+        folder = tmp_path / recipe
+        folder.mkdir()
+        BUILD["recipe"] = {"name": recipe}
+        try:
+            wheel = fake_wheel(folder, name=NAME.replace("0.19.8+", f"0.19.{i}+"), payload=bytes([i]))
+        finally:
+            BUILD["recipe"] = {"name": "cpu"}
+        publish([wheel], house)
+        names.append(wheel.name)
+    assert prune(house, ["cpu"], keep=[names[2]], dry_run=True) == [names[1]]
+    assert (house / names[1]).exists()
+    assert prune(house, ["cpu"], keep=[names[2]]) == [names[1]]
+    assert not (house / names[1]).exists() and not (house / f"{names[1]}.metadata").exists()
+    assert verify(house) == []
+    assert sorted(json.loads((house / "manifest.json").read_text())["wheels"]) == sorted([names[0], names[2]])
+    assert prune(house, [], keep=[]) == sorted([names[0], names[2]])
+    assert not (house / "simple" / "deepspeed").exists()  # no stale page links deleted wheels
+    assert links((house / "simple" / "index.html").read_text()) == []
+
+
+def test_lock_rendering() -> None:
+    from builder.lock import render_containerfile, render_lock, requirement_of
+
+    assert requirement_of(NAME) == "deepspeed==0.19.8+cpu.torch2.13"
+    assert requirement_of("py_cpuinfo-9.0.0.tar.gz") == "py-cpuinfo==9.0.0"
+    text = render_lock(NAME, {NAME: "a" * 64, "torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl": "b" * 64})
+    assert text.splitlines()[0] == f"# Lock for {NAME}, written by ds-wheel-builder. Install exactly these files with:"
+    assert f"deepspeed==0.19.8+cpu.torch2.13 \\\n    --hash=sha256:{'a' * 64}" in text
+    assert f"torch==2.13.0+cpu \\\n    --hash=sha256:{'b' * 64}" in text
+    container = render_containerfile("cpu", "cp311")
+    assert "FROM docker.io/library/python:3.11-slim" in container
+    assert "--require-hashes --find-links /wheelhouse" in container and "/wheelhouse/locks/cpu.lock" in container

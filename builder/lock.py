@@ -1,0 +1,99 @@
+"""lock: a hash-pinned requirements file and a Containerfile for reproducible CI images.
+
+pip resolves the published wheel with everything it needs (its pinned torch included) and
+downloads them; the lock pins each file by name, version and sha256, so
+`pip install --require-hashes` installs exactly these bytes or nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from packaging.utils import parse_sdist_filename, parse_wheel_filename
+
+from builder import cmd
+from builder.errors import WheelhouseError
+from builder.source import sha256_of
+from builder.wheelhouse import load_manifest
+
+LOCKS = "locks"
+
+
+def requirement_of(filename: str) -> str:
+    """'name==version' of a downloaded wheel or sdist file."""
+    if filename.endswith(".whl"):
+        name, version, _, _ = parse_wheel_filename(filename)
+    else:
+        name, version = parse_sdist_filename(filename)
+    return f"{name}=={version}"
+
+
+def render_lock(wheel: str, files: Mapping[str, str]) -> str:
+    """The lock text: one requirement per downloaded file, with its sha256, sorted by name."""
+    lines = [
+        f"# Lock for {wheel}, written by ds-wheel-builder. Install exactly these files with:",
+        "#   pip install --require-hashes --find-links <wheelhouse> -r <this file>",
+    ]
+    for filename, digest in sorted(files.items(), key=lambda item: requirement_of(item[0]).lower()):
+        lines.append(f"{requirement_of(filename)} \\\n    --hash=sha256:{digest}")
+    return "\n".join(lines) + "\n"
+
+
+def render_containerfile(lock_name: str, python_tag: str) -> str:
+    version = f"{python_tag[2]}.{python_tag[3:]}"
+    return (
+        f"# Reproducible image: build with the wheelhouse folder as context, e.g.\n"
+        f"#   podman build -f {LOCKS}/{lock_name}.Containerfile -t deepspeed-{lock_name} wheelhouse/\n"
+        f"FROM docker.io/library/python:{version}-slim\n"
+        "COPY . /wheelhouse\n"
+        "RUN python -m pip install --no-cache-dir --require-hashes --find-links /wheelhouse \\\n"
+        f"        -r /wheelhouse/{LOCKS}/{lock_name}.lock\n"
+    )
+
+
+def lock(wheelhouse: Path, wheel: str | None, log: Path) -> Path:
+    """Write locks/<recipe>.lock and locks/<recipe>.Containerfile for one published wheel."""
+    wheels: dict[str, Any] = load_manifest(wheelhouse)["wheels"]
+    if not wheels:
+        raise WheelhouseError(f"{wheelhouse} has no published wheels", "publish one first (nox -s build-wheel)")
+    if wheel is None:
+        tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
+        mine = [n for n, e in wheels.items() if e["python_tag"] == tag]
+        if not mine:
+            raise WheelhouseError(f"no wheel for this Python ({tag}) in {wheelhouse}", "pass --wheel NAME")
+        wheel = max(mine, key=lambda n: wheels[n].get("published_at", ""))
+    if wheel not in wheels:
+        raise WheelhouseError(f"{wheel} is not in {wheelhouse}/manifest.json", f"choose one of: {', '.join(wheels)}")
+    entry = wheels[wheel]
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd.run(
+            [sys.executable, "-m", "pip", "download", "--prefer-binary", "--find-links", wheelhouse, "-d", tmp,
+             f"deepspeed=={entry['version']}"],
+            log=log,
+            fix="the lock is resolved for this Python; run it with the Python the wheel was built for",
+        )  # fmt: skip
+        files = {p.name: sha256_of(p) for p in Path(tmp).iterdir() if p.is_file()}
+    if files.get(wheel) != entry["sha256"]:
+        raise WheelhouseError(f"pip did not resolve {wheel} from {wheelhouse}", "run verify on the wheelhouse")
+    out = wheelhouse / LOCKS
+    out.mkdir(parents=True, exist_ok=True)
+    name = entry["recipe"]
+    target = out / f"{name}.lock"
+    target.write_text(render_lock(wheel, files), encoding="utf-8")
+    (out / f"{name}.Containerfile").write_text(render_containerfile(name, entry["python_tag"]), encoding="utf-8")
+    print(f"==> {target}: {len(files)} files pinned by sha256; {out / (name + '.Containerfile')}", file=sys.stderr)
+    return target
+
+
+def locked_wheels(wheelhouse: Path) -> set[str]:
+    """Wheel files of the wheelhouse that some lock pins (prune keeps them)."""
+    names = set()
+    for lock_file in (wheelhouse / LOCKS).glob("*.lock"):
+        first = lock_file.read_text(encoding="utf-8").splitlines()[0]
+        if first.startswith("# Lock for "):
+            names.add(first.removeprefix("# Lock for ").split(",")[0])
+    return names
