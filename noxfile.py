@@ -70,6 +70,13 @@ def prune(session: nox.Session) -> None:
     session.run("python", "-m", "builder", "prune", *session.posargs)
 
 
+@nox.session(tags=["wheelhouse"])
+def provision(session: nox.Session) -> None:
+    """Install the right wheel on every host through pdsh: -- --hostfile FILE [--url URL] [--run]."""
+    session.install(".")
+    session.run("python", "-m", "builder", "provision", *session.posargs)
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
     """Unit tests, then the integration tests that build, smoke and publish a real wheel."""

@@ -148,6 +148,24 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--recipes-dir", type=Path, default=Path("recipes"), help="current recipes (default: %(default)s)")
     pr.add_argument("--dry-run", action="store_true", help="only list what would be removed")
 
+    pv = sub.add_parser(
+        "provision",
+        parents=[common],
+        help="install the right wheel on every host of a hostfile, through pdsh",
+        description="Write provision/<host>.sh for every host of a DeepSpeed hostfile (and the standalone "
+        "node installer into WHEELHOUSE/tools/); with --run, execute them on all hosts at once with pdsh.",
+    )
+    pv.add_argument("--hostfile", type=Path, required=True, help="DeepSpeed hostfile: `host slots=N [python=PY]`")
+    pv.add_argument("--url", help="the wheelhouse as the hosts reach it (default: WHEELHOUSE's absolute path)")
+    pv.add_argument("--out", type=Path, default=Path("provision"), help="where the scripts go (default: %(default)s)")
+    pv.add_argument("--run", action="store_true", help="execute the scripts on the hosts with pdsh")
+    pv.add_argument(
+        "--launcher",
+        choices=("ssh", "local"),
+        default="ssh",
+        help="how pdsh reaches a host: ssh, or a local shell per host (default: %(default)s)",
+    )
+
     i = sub.add_parser(
         "install",
         help="on a node: install the wheel built for it (standard library + pip only)",
@@ -252,7 +270,31 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.command == "prune":
         return _prune(args)
+    if args.command == "provision":
+        return _provision(args, ws)
     raise AssertionError(args.command)
+
+
+def _provision(args: argparse.Namespace, ws: Workspace) -> int:
+    from builder import provision
+
+    hosts = provision.parse_hostfile(args.hostfile.read_text(), str(args.hostfile))
+    url = args.url or str(args.wheelhouse.resolve())
+    scripts = provision.write(hosts, url, args.out, args.wheelhouse)
+    print(f"==> wrote {len(scripts)} host scripts in {args.out}/ for wheelhouse {url}", file=sys.stderr)
+    if args.run:
+        ws.logs.mkdir(parents=True, exist_ok=True)
+        output = provision.run(hosts, args.out, args.launcher, ws.logs / "provision.log")
+        done = [h.name for h in hosts if f"{h.name}: ==> installed" in output]
+        print(f"==> installed on {len(done)}/{len(hosts)} hosts: {', '.join(done)}", file=sys.stderr)
+        if len(done) != len(hosts):
+            from builder.errors import ToolError
+
+            raise ToolError(
+                f"provisioning did not finish on every host (log {ws.logs / 'provision.log'})",
+                "read the log for the hosts missing above",
+            )
+    return 0
 
 
 def _prune(args: argparse.Namespace) -> int:
