@@ -8,6 +8,7 @@ the wheel, then pin torch and embed the build manifest. A failed step leaves no 
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import re
 import shutil
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from builder import __version__, archs, buildkey, cmd, envs, ops, source, wheelfile
+from builder import __version__, archs, buildkey, ccache, cmd, envs, ops, source, wheelfile
 from builder.detect import Report, detect
 from builder.errors import BuildError
 from builder.plan import BuildPlan, plan_build, resolve_archs
@@ -88,7 +89,9 @@ def toolchain_env(
     return env, report, plan
 
 
-def build_wheel(recipe: Recipe, ws: Workspace, verbose: bool = False, force: bool = False) -> BuildResult:
+def build_wheel(
+    recipe: Recipe, ws: Workspace, verbose: bool = False, force: bool = False, use_ccache: bool = True
+) -> BuildResult:
     start = time.monotonic()
     ws.logs.mkdir(parents=True, exist_ok=True)
     log = ws.logs / f"{recipe.name}-build.log"
@@ -110,6 +113,9 @@ def build_wheel(recipe: Recipe, ws: Workspace, verbose: bool = False, force: boo
     archs = resolve_archs(recipe, machine.arch_list, kit.archs if kit else (), kit.version if kit else "-")
     plan = plan_build(recipe, report, os.cpu_count() or 1, archs)
     env.update(plan.env)
+    env.update(reproducible_env(env, src, python.parent.parent))
+    env.update(ccache.environment(ws.cache / "ccache", ws.root, use_ccache, env))
+    ccache.zero(env)
     print(
         f"  version {plan.version}; ops {', '.join(o.name for o in plan.ops)}; "
         f"archs {';'.join(archs) or '-'}; CPU target {recipe.cpu_target}; MAX_JOBS={plan.env['MAX_JOBS']}",
@@ -128,17 +134,24 @@ def build_wheel(recipe: Recipe, ws: Workspace, verbose: bool = False, force: boo
             progress=build_progress,
             fix=f"read the log {log}",
         )
+        cache_stats = ccache.stats(env)
+        if cache_stats:
+            print(f"  {cache_stats.describe()}", file=sys.stderr)
         raw = _single_wheel(raw_dir)
         verify(raw, plan.ops, plan.version)
         tree = wheelfile.unpack(raw, python, Path(tmp) / "tree", log)
         op_archs = verify_archs(tree, plan)
         sizes = strip_debug(tree, log) if recipe.strip else so_sizes(tree)
-        manifest = build_manifest(plan, time.monotonic() - start, sizes, op_archs, machine, toolchain)
+        manifest = build_manifest(plan, sizes, op_archs, machine, toolchain)
         manifest.update({"build_key": key, "build_key_inputs": inputs})
         wheelfile.finish_tree(tree, manifest, f"=={Version(plan.torch_version).public}")
-        wheel = wheelfile.pack(tree, python, ws.dist, log)
+        wheel = wheelfile.pack(tree, python, ws.dist, log, env)
     shutil.rmtree(src, ignore_errors=True)
     seconds = time.monotonic() - start
+    record = {"built_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+              "build_seconds": round(seconds, 1), "build_key": key, "log": str(log),
+              "ccache": {"hits": cache_stats.hits, "misses": cache_stats.misses} if cache_stats else None}  # fmt: skip
+    wheel.with_name(wheel.name + ".build.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     _summary(wheel, plan, seconds, log, sizes)
     return BuildResult(wheel=wheel, seconds=seconds, log=log, key=key)
 
@@ -182,9 +195,31 @@ def verify_archs(tree: Path, plan: BuildPlan) -> dict[str, list[str]]:
     return found
 
 
+# Zip timestamps of every wheel (wheel pack honours it) when the caller sets none: 1980-01-01,
+# the earliest date a zip can hold, so two builds of the same inputs give the same bytes.
+DEFAULT_SOURCE_DATE_EPOCH = "315532800"
+
+
+def reproducible_env(env: dict[str, str], src: Path, venv: Path) -> dict[str, str]:
+    """Flags that keep build paths out of the binaries and fix the archive timestamps.
+
+    __FILE__ in DeepSpeed's and torch's headers would otherwise embed the work folder and the
+    build env's path into the .so files; the prefix maps rewrite both to fixed names.
+    """
+    maps = f"-ffile-prefix-map={src}=/deepspeed -ffile-prefix-map={venv}=/buildenv"
+    out = {
+        "SOURCE_DATE_EPOCH": env.get("SOURCE_DATE_EPOCH", DEFAULT_SOURCE_DATE_EPOCH),
+        "NVCC_APPEND_FLAGS": " ".join(
+            filter(None, [env.get("NVCC_APPEND_FLAGS"), f"-Xcompiler={maps.replace(' ', ',')}"])
+        ),
+    }
+    for var in ("CFLAGS", "CXXFLAGS"):
+        out[var] = " ".join(filter(None, [maps, env.get(var)]))
+    return out
+
+
 def build_manifest(
     plan: BuildPlan,
-    seconds: float,
     sizes: dict[str, dict[str, int]],
     op_archs: dict[str, list[str]],
     machine: Report,
@@ -194,12 +229,10 @@ def build_manifest(
     return {
         "schema": 1,
         "builder_version": __version__,
-        "built_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "build_seconds": round(seconds, 1),
         "version": plan.version,
         "recipe": {
             "name": recipe.name,
-            "path": str(recipe.path) if recipe.path else None,
+            "file": recipe.path.name if recipe.path else None,
             "accelerator": recipe.accelerator,
             "ops": list(recipe.ops),
             "deepspeed": {"version": recipe.deepspeed.version, "sha256": recipe.deepspeed.sha256},
@@ -221,7 +254,7 @@ def build_manifest(
         "cpu_target": recipe.cpu_target,
         "flags": {k: v for k, v in plan.env.items() if k.startswith(("DS_BUILDER_", "TORCH_CUDA_ARCH_LIST"))},
         "ops": [op.name for op in plan.ops],
-        "env": dict(plan.env),
+        "env": {k: v for k, v in plan.env.items() if k != "MAX_JOBS"},  # MAX_JOBS changes speed, not output
         "shared_objects": sizes,
     }
 

@@ -71,6 +71,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--no-smoke", action="store_true", help="only build and verify (implies --no-publish)")
     b.add_argument("--no-publish", action="store_true", help="build and smoke-test, do not publish")
     b.add_argument("--force", action="store_true", help="build even if a wheel with the same build key exists")
+    b.add_argument("--no-ccache", action="store_true", help="compile without ccache even where it is installed")
 
     s = sub.add_parser(
         "smoke",
@@ -241,7 +242,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         recipes = [load_recipe(p) for p in (args.recipes or [DEFAULT_RECIPE])]  # all validated first
         for recipe in recipes:
-            result = build_wheel(recipe, ws, args.verbose, args.force)
+            result = build_wheel(recipe, ws, args.verbose, args.force, use_ccache=not args.no_ccache)
             if args.no_smoke:
                 continue
             if result.reused and _smoke_passed(result.wheel):

@@ -116,10 +116,10 @@ def finish_tree(tree: Path, manifest: Mapping[str, Any], torch_pin: str) -> None
     (dist_info / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def pack(tree: Path, python: Path, out: Path, log: Path) -> Path:
+def pack(tree: Path, python: Path, out: Path, log: Path, env: Mapping[str, str] | None = None) -> Path:
     """Pack with the `wheel` tool (which rewrites RECORD) into a temporary name, then rename into `out`."""
     with tempfile.TemporaryDirectory(dir=out, prefix=".pack-") as tmp:
-        cmd.run([python, "-m", "wheel", "pack", "-d", tmp, tree], log=log)
+        cmd.run([python, "-m", "wheel", "pack", "-d", tmp, tree], log=log, env=env)  # env: SOURCE_DATE_EPOCH
         (result,) = Path(tmp).glob("*.whl")
         final = out / result.name
         result.replace(final)

@@ -1,0 +1,58 @@
+"""ccache in front of g++ and nvcc, in a cache folder the toolkit owns.
+
+torch's extension builder already prefixes its compilers with ccache when it is on PATH
+(`_wrap_compiler`, torch >= 2.x), so the toolkit only points ccache at its own folder, makes
+paths under the work folder relative (hits survive a fresh unpack of the sources), and reads
+the hit rate back after the build. Without ccache, or with it turned off, torch's wrapper is
+disabled so the build is plain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from builder.cmd import query, which
+
+
+@dataclass(frozen=True)
+class Stats:
+    hits: int
+    misses: int
+
+    @property
+    def rate(self) -> float:
+        total = self.hits + self.misses
+        return self.hits / total if total else 0.0
+
+    def describe(self) -> str:
+        return f"ccache: {self.hits} hits, {self.misses} misses ({self.rate:.0%} hit rate)"
+
+
+def environment(cache_dir: Path, work_root: Path, enabled: bool, env: Mapping[str, str]) -> dict[str, str]:
+    if not enabled or which("ccache", env) is None:
+        return {"TORCH_NO_COMPILER_WRAPPER": "1"}
+    return {"CCACHE_DIR": str(cache_dir), "CCACHE_BASEDIR": str(work_root), "CCACHE_NOHASHDIR": "1"}
+
+
+def parse_stats(text: str) -> Stats:
+    """`ccache --print-stats` (tab-separated counters)."""
+    values: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition("\t")
+        if value.strip().isdigit():
+            values[key] = int(value)
+    hits = values.get("direct_cache_hit", 0) + values.get("preprocessed_cache_hit", 0)
+    return Stats(hits=hits, misses=values.get("cache_miss", 0))
+
+
+def zero(env: Mapping[str, str]) -> None:
+    if "CCACHE_DIR" in env:
+        query(["env", f"CCACHE_DIR={env['CCACHE_DIR']}", "ccache", "--zero-stats"])
+
+
+def stats(env: Mapping[str, str]) -> Stats | None:
+    if "CCACHE_DIR" not in env:
+        return None
+    return parse_stats(query(["env", f"CCACHE_DIR={env['CCACHE_DIR']}", "ccache", "--print-stats"]))

@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from builder.ccache import Stats, environment, parse_stats
+
+# Captured from ccache 4.7.5's --print-stats (trimmed).
+STATS = (
+    "cache_miss\t3\ndirect_cache_hit\t4\ndirect_cache_miss\t3\npreprocessed_cache_hit\t1\nstats_updated_timestamp\t0\n"
+)
+
+
+def test_parse_stats() -> None:
+    got = parse_stats(STATS)
+    assert got == Stats(hits=5, misses=3)
+    assert got.describe() == "ccache: 5 hits, 3 misses (62% hit rate)"
+    assert Stats(0, 0).rate == 0.0
+
+
+def test_environment(tmp_path: Path) -> None:
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "ccache").write_text("#!/bin/sh\n")  # FAKE ccache: only its presence on PATH matters here
+    (fake_bin / "ccache").chmod(0o755)
+    env = {"PATH": f"{fake_bin}{os.pathsep}/usr/bin"}
+    on = environment(tmp_path / "cc", tmp_path, True, env)
+    assert on == {"CCACHE_DIR": str(tmp_path / "cc"), "CCACHE_BASEDIR": str(tmp_path), "CCACHE_NOHASHDIR": "1"}
+    assert environment(tmp_path / "cc", tmp_path, False, env) == {"TORCH_NO_COMPILER_WRAPPER": "1"}
+    assert environment(tmp_path / "cc", tmp_path, True, {"PATH": str(tmp_path / "empty")}) == {
+        "TORCH_NO_COMPILER_WRAPPER": "1"
+    }
