@@ -77,6 +77,13 @@ def provision(session: nox.Session) -> None:
     session.run("python", "-m", "builder", "provision", *session.posargs)
 
 
+@nox.session(default=False, tags=["slow"])
+def bench(session: nox.Session) -> None:
+    """Toolkit vs plain DeepSpeed, as ratios (about 6 minutes a run): -- [--recipe R] [--runs N]."""
+    session.install(".")
+    session.run("python", "-m", "builder", "bench", *session.posargs)
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
     """Unit tests, then the integration tests that build, smoke and publish a real wheel."""

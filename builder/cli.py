@@ -167,6 +167,17 @@ def parser() -> argparse.ArgumentParser:
         help="how pdsh reaches a host: ssh, or a local shell per host (default: %(default)s)",
     )
 
+    bn = sub.add_parser(
+        "bench",
+        parents=[common],
+        help="time this toolkit against the plain DeepSpeed command, as ratios",
+        description="Cold build, unchanged rebuild, one-op rebuild, wheel size and time to a usable op on a "
+        "fresh node, each against the plain DeepSpeed path, in one run; writes OUT/bench.md and OUT/bench.json.",
+    )
+    bn.add_argument("--recipe", type=Path, default=DEFAULT_RECIPE, help="recipe to measure (default: %(default)s)")
+    bn.add_argument("--runs", type=int, default=3, help="runs to take the median of (default: %(default)s)")
+    bn.add_argument("--out", type=Path, default=Path("build/bench"), help="results folder (default: %(default)s)")
+
     i = sub.add_parser(
         "install",
         help="on a node: install the wheel built for it (standard library + pip only)",
@@ -273,6 +284,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _prune(args)
     if args.command == "provision":
         return _provision(args, ws)
+    if args.command == "bench":
+        from builder.bench import bench
+        from builder.recipe import load_recipe
+
+        bench(load_recipe(args.recipe), args.out.resolve(), args.runs)
+        return 0
     raise AssertionError(args.command)
 
 

@@ -1,0 +1,20 @@
+from __future__ import annotations
+
+from builder.bench import render_table
+
+
+def test_table_shows_ratios_against_the_plain_command() -> None:
+    result = {
+        "recipe": "cpu", "runs": 3, "cores": 2, "extra_op": "deepspeed_shm_comm",
+        "median_s": {"plain": 110.0, "cold": 88.0, "unchanged": 0.9, "one_op": 30.0, "node_wheel": 6.0,
+                     "node_jit": 60.0},
+        "wheel_bytes": {"plain": 15_900_000, "toolkit": 2_400_000},
+        "ratios": {"cold_vs_plain": 0.8, "unchanged_vs_cold": 0.0102, "one_op_vs_cold": 0.341,
+                   "wheel_vs_plain": 0.151, "node_vs_jit": 0.1},
+    }  # fmt: skip
+    table = render_table(result)
+    assert "Recipe `cpu`, 2 cores, median of 3 run(s):" in table
+    assert "| cold build vs plain `setup.py build_ext -j bdist_wheel` | 88 s vs 110 s | 0.80 | <= 0.8 |" in table
+    assert "| unchanged rebuild (build key hit) vs cold | 0.9 s vs 88 s | 0.01 | < 2 s for the build step |" in table
+    assert "(+deepspeed_shm_comm) | 0.34 | <= 0.4 |" in table
+    assert "| wheel size vs plain wheel | 2.4 MB vs 15.9 MB | 0.15 | <= 0.3 |" in table
