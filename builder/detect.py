@@ -455,6 +455,17 @@ def find_problems(
                 f"install the CUDA {cuda_major_minor(torch.cuda)} toolkit (nvcc) and set CUDA_HOME",
             )
         )
+    if chosen and chosen.missing_headers and torch.cuda:
+        provided = {h for d in torch.pip_cuda_include for h in chosen.missing_headers if (Path(d) / h).is_file()}
+        lacking = [h for h in chosen.missing_headers if h not in provided]
+        if lacking:
+            out.append(Problem(
+                "error",
+                f"CUDA {chosen.version} at {chosen.root} lacks {', '.join(lacking)} and torch's pip nvidia "
+                "packages do not provide them: CUDA ops cannot compile",
+                "install the CUDA math libraries' headers (e.g. the toolkit's cublas/cusparse dev packages), "
+                "or use a torch whose pip nvidia-* packages carry include/ folders",
+            ))  # fmt: skip
     if chosen and chosen.archs:
         for arch in wanted_archs:
             if arch.split("+")[0].rstrip("af") not in chosen.archs:

@@ -209,3 +209,14 @@ def test_detect_on_this_machine_sees_the_real_nvcc_and_compilers() -> None:
     assert any(c.name == "g++" for c in report.compilers)
     assert report.torch.version is None and report.torch.error  # that python does not exist
     assert report.cpu["simd"]
+
+
+def test_missing_headers_without_a_pip_provider_is_an_error(tmp_path: Path) -> None:
+    kit = Toolkit("/usr/local/cuda-13.0", "nvcc", "13.0", ("PATH",), None, ("cusparse.h",), ("9.0",))
+    bare = find_problems([], [kit], kit, torch_facts("13.0"), [], "12.2.0", None)
+    assert bare[0].severity == "error" and "lacks cusparse.h" in bare[0].message
+    inc = tmp_path / "nvidia" / "cu13" / "include"
+    inc.mkdir(parents=True)
+    (inc / "cusparse.h").write_text("")
+    facts = TorchFacts("python", "2.14.1", "13.0", True, pip_cuda_include=(str(inc),))
+    assert find_problems([], [kit], kit, facts, [], "12.2.0", None) == []
