@@ -119,3 +119,6 @@ def test_cuda_wheel_smoke_report(cuda_build: tuple[Path, str]) -> None:
     # FusedAdam needs a GPU; here it must be reported as skipped, never as passed.
     expected = "passed" if Path("/dev/nvidiactl").exists() else "skipped"
     assert checks["numerics:fused_adam"] == expected
+    assert checks["engine:zero2-offload"] == expected  # the CUDA accelerator's engine needs NCCL, so GPUs
+    for name in ("quantized:int8:auto", "quantized:nf4:auto", "dist:gloo:1x2", "dist:gloo:2-nodes", "ds_report"):
+        assert checks[name] == "passed", name
