@@ -68,7 +68,13 @@ def parse_checks(output: str) -> tuple[Check, ...]:
     _, sep, payload = output.rpartition(MARKER)
     if not sep:
         raise SmokeError("the smoke checks printed no report", "read the smoke log")
-    return tuple(Check(**c) for c in json.loads(payload))
+    # The report is one JSON line; what follows it (warnings printed at interpreter exit, such as
+    # torch's "destroy_process_group() was not called") is not part of it.
+    try:
+        data, _ = json.JSONDecoder().raw_decode(payload.lstrip())
+    except json.JSONDecodeError as exc:
+        raise SmokeError(f"the smoke report is not valid JSON ({exc})", "read the smoke log") from exc
+    return tuple(Check(**c) for c in data)
 
 
 def verdict(checks: Sequence[Check]) -> bool:

@@ -248,6 +248,8 @@ def check_engine(accelerator):
             f"ZeRO-2 + CPU offload with {type(inner).__name__}: mean loss {first:.3f} -> {last:.3f} over 20 steps{note}"
         )
     finally:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
         os.environ.clear()
         os.environ.update(env_before)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from builder.errors import SmokeError
 from builder.smoke import Check, SmokeReport, parse_checks, verdict
 
 
@@ -22,6 +23,13 @@ def test_report_round_trip() -> None:
 def test_parse_checks() -> None:
     out = 'noise\n==== smoke json ====\n[{"name": "import", "status": "passed", "detail": "x"}]\n'
     assert parse_checks(out) == (Check("import", "passed", "x"),)
+    # As seen on the GPU machine: torch warns at exit, after the report.
+    warned = out + "[rank0]:[W1122 ProcessGroupNCCL.cpp:1575] Warning: destroy_process_group() was not called\n"
+    assert parse_checks(warned) == (Check("import", "passed", "x"),)
+    with pytest.raises(SmokeError, match="not valid JSON"):
+        parse_checks("==== smoke json ====\n[{broken\n")
+    with pytest.raises(SmokeError, match="no report"):
+        parse_checks("crashed before the report\n")
 
 
 torch = pytest.importorskip("torch", reason="torch is installed by the tests session; needed for numerics")
