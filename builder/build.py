@@ -20,7 +20,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from builder import __version__, archs, buildkey, ccache, cmd, envs, ops, source, wheelfile
+from builder import __version__, archs, buildid, buildkey, ccache, cmd, envs, ops, source, wheelfile
 from builder.detect import Report, detect
 from builder.errors import BuildError
 from builder.plan import BuildPlan, plan_build, resolve_archs
@@ -114,7 +114,7 @@ def build_wheel(
     plan = plan_build(recipe, report, os.cpu_count() or 1, archs)
     env.update(plan.env)
     env.update(reproducible_env(env, src, python.parent.parent))
-    env.update(ccache.environment(ws.cache / "ccache", ws.root, use_ccache, env))
+    env.update(ccache.environment(ws.cache / "ccache", use_ccache, env))
     ccache.zero(env)
     print(
         f"  version {plan.version}; ops {', '.join(o.name for o in plan.ops)}; "
@@ -150,7 +150,8 @@ def build_wheel(
     seconds = time.monotonic() - start
     record = {"built_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
               "build_seconds": round(seconds, 1), "build_key": key, "log": str(log),
-              "ccache": {"hits": cache_stats.hits, "misses": cache_stats.misses} if cache_stats else None}  # fmt: skip
+              "ccache": {"hits": cache_stats.hits, "misses": cache_stats.misses} if cache_stats else None,
+              "shared_objects": sizes}  # fmt: skip
     wheel.with_name(wheel.name + ".build.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     _summary(wheel, plan, seconds, log, sizes)
     return BuildResult(wheel=wheel, seconds=seconds, log=log, key=key)
@@ -161,11 +162,16 @@ def so_sizes(tree: Path) -> dict[str, dict[str, int]]:
 
 
 def strip_debug(tree: Path, log: Path) -> dict[str, dict[str, int]]:
-    """Strip debug info from every .so (DeepSpeed builds with -g); sizes before and after."""
+    """Strip debug info from every .so (DeepSpeed builds with -g); sizes before and after.
+
+    The build-id is then recomputed over what is left, so stripped wheels are reproducible.
+    """
     before = so_sizes(tree)
     files = sorted(tree.rglob("*.so"))
     if files:
         cmd.run(["strip", "--strip-debug", *files], log=log, fix="install binutils (strip), or set strip = false")
+    for so in files:
+        buildid.rehash(so)
     after = so_sizes(tree)
     return {k: {"before": v["bytes"], "bytes": after[k]["bytes"]} for k, v in before.items()}
 
@@ -209,6 +215,9 @@ def reproducible_env(env: dict[str, str], src: Path, venv: Path) -> dict[str, st
     maps = f"-ffile-prefix-map={src}=/deepspeed -ffile-prefix-map={venv}=/buildenv"
     out = {
         "SOURCE_DATE_EPOCH": env.get("SOURCE_DATE_EPOCH", DEFAULT_SOURCE_DATE_EPOCH),
+        # DeepSpeed's setup.py builds extras_require["all"] from a set: without a fixed hash seed
+        # the Requires-Dist lines in METADATA come out in a different order on every build.
+        "PYTHONHASHSEED": "0",
         "NVCC_APPEND_FLAGS": " ".join(
             filter(None, [env.get("NVCC_APPEND_FLAGS"), f"-Xcompiler={maps.replace(' ', ',')}"])
         ),
@@ -255,7 +264,10 @@ def build_manifest(
         "flags": {k: v for k, v in plan.env.items() if k.startswith(("DS_BUILDER_", "TORCH_CUDA_ARCH_LIST"))},
         "ops": [op.name for op in plan.ops],
         "env": {k: v for k, v in plan.env.items() if k != "MAX_JOBS"},  # MAX_JOBS changes speed, not output
-        "shared_objects": sizes,
+        # Sizes after stripping only: unstripped sizes vary by a few bytes between clean builds
+        # and would break reproducibility; they go in the build record next to the wheel.
+        "shared_objects": {k: {"bytes": v["bytes"]} for k, v in sizes.items()},
+        "stripped": recipe.strip,
     }
 
 

@@ -1,9 +1,11 @@
 """ccache in front of g++ and nvcc, in a cache folder the toolkit owns.
 
 torch's extension builder already prefixes its compilers with ccache when it is on PATH
-(`_wrap_compiler`, torch >= 2.x), so the toolkit only points ccache at its own folder, makes
-paths under the work folder relative (hits survive a fresh unpack of the sources), and reads
-the hit rate back after the build. Without ccache, or with it turned off, torch's wrapper is
+(`_wrap_compiler`, torch >= 2.x), so the toolkit only points ccache at its own folder and reads
+the hit rate back after the build. No CCACHE_BASEDIR: it rewrites absolute include paths to
+relative ones, which then reach the .so through __FILE__ past the -ffile-prefix-map rewrites and
+make a ccache build differ from a plain one. Sources unpack to the same path in a work folder on
+every build, so hits need no rewriting. Without ccache, or with it turned off, torch's wrapper is
 disabled so the build is plain.
 """
 
@@ -30,10 +32,10 @@ class Stats:
         return f"ccache: {self.hits} hits, {self.misses} misses ({self.rate:.0%} hit rate)"
 
 
-def environment(cache_dir: Path, work_root: Path, enabled: bool, env: Mapping[str, str]) -> dict[str, str]:
+def environment(cache_dir: Path, enabled: bool, env: Mapping[str, str]) -> dict[str, str]:
     if not enabled or which("ccache", env) is None:
         return {"TORCH_NO_COMPILER_WRAPPER": "1"}
-    return {"CCACHE_DIR": str(cache_dir), "CCACHE_BASEDIR": str(work_root), "CCACHE_NOHASHDIR": "1"}
+    return {"CCACHE_DIR": str(cache_dir), "CCACHE_NOHASHDIR": "1"}
 
 
 def parse_stats(text: str) -> Stats:

@@ -24,9 +24,7 @@ def test_environment(tmp_path: Path) -> None:
     (fake_bin / "ccache").write_text("#!/bin/sh\n")  # FAKE ccache: only its presence on PATH matters here
     (fake_bin / "ccache").chmod(0o755)
     env = {"PATH": f"{fake_bin}{os.pathsep}/usr/bin"}
-    on = environment(tmp_path / "cc", tmp_path, True, env)
-    assert on == {"CCACHE_DIR": str(tmp_path / "cc"), "CCACHE_BASEDIR": str(tmp_path), "CCACHE_NOHASHDIR": "1"}
-    assert environment(tmp_path / "cc", tmp_path, False, env) == {"TORCH_NO_COMPILER_WRAPPER": "1"}
-    assert environment(tmp_path / "cc", tmp_path, True, {"PATH": str(tmp_path / "empty")}) == {
-        "TORCH_NO_COMPILER_WRAPPER": "1"
-    }
+    on = environment(tmp_path / "cc", True, env)
+    assert on == {"CCACHE_DIR": str(tmp_path / "cc"), "CCACHE_NOHASHDIR": "1"}
+    assert environment(tmp_path / "cc", False, env) == {"TORCH_NO_COMPILER_WRAPPER": "1"}
+    assert environment(tmp_path / "cc", True, {"PATH": str(tmp_path / "empty")}) == {"TORCH_NO_COMPILER_WRAPPER": "1"}

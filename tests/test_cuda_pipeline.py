@@ -79,7 +79,7 @@ def cuda_build(workspace: Path, tmp_path_factory: pytest.TempPathFactory) -> tup
     return house, result.stderr
 
 
-def test_cuda_wheel_holds_every_op_for_sm90(cuda_build: tuple[Path, str], tmp_path: Path) -> None:
+def test_cuda_wheel_holds_every_op_for_sm90(cuda_build: tuple[Path, str], workspace: Path, tmp_path: Path) -> None:
     house, stderr = cuda_build
     wheel = house / WHEEL
     assert wheel.is_file(), sorted(p.name for p in house.iterdir())
@@ -105,7 +105,12 @@ def test_cuda_wheel_holds_every_op_for_sm90(cuda_build: tuple[Path, str], tmp_pa
 
     # Stripped: no .so keeps a debug section; the ops DeepSpeed compiles with -g (all but utils)
     # shrink at least tenfold; the wheel stays well under the plain one.
-    sizes = manifest["shared_objects"]
+    # The build record next to the wheel keeps the sizes before stripping (the wheel cannot: they
+    # vary between clean builds).
+    assert manifest["stripped"] is True
+    record = json.loads((workspace / "dist" / f"{WHEEL}.build.json").read_text())
+    sizes = record["shared_objects"]
+    assert {p: s["bytes"] for p, s in manifest["shared_objects"].items()} == {p: s["bytes"] for p, s in sizes.items()}
     for path, size in sizes.items():
         assert debug_sections(tmp_path / path) == [], path
         assert (tmp_path / path).stat().st_size == size["bytes"] <= size["before"]

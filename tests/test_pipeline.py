@@ -242,6 +242,24 @@ def test_unchanged_recipe_is_up_to_date(
     assert (house / WHEEL).read_bytes() == before
 
 
+def test_a_clean_build_in_another_folder_gives_the_identical_wheel(
+    pipeline: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path
+) -> None:
+    """Reproducible wheels: a second clean build of the default recipe, in a folder of another
+    name and with its own cold ccache, gives the same bytes as the published one."""
+    house, _ = pipeline
+    other = tmp_path / "another-work-folder"
+    done = builder("build-wheel", "--work-dir", str(other), "--no-smoke")
+    assert done.returncode == 0, done.stderr[-5000:]
+    assert f"==> built {WHEEL} in" in done.stderr  # really built, not found by key
+    rebuilt = (other / "dist" / WHEEL).read_bytes()
+    published = (house / WHEEL).read_bytes()
+    if rebuilt != published:
+        with zipfile.ZipFile(house / WHEEL) as a, zipfile.ZipFile(other / "dist" / WHEEL) as b:
+            differ = [i.filename for i in a.infolist() if i.CRC != b.getinfo(i.filename).CRC]
+        pytest.fail(f"the two builds differ in {differ or 'the zip layout'}")
+
+
 def test_lock_installs_with_hashes_required(
     pipeline: tuple[Path, subprocess.CompletedProcess[str]], workspace: Path, tmp_path: Path
 ) -> None:
