@@ -21,7 +21,7 @@ from pathlib import Path
 from packaging.version import Version
 
 from builder import __version__, archs, buildid, buildkey, ccache, cmd, envs, ops, source, wheelfile
-from builder.detect import Report, detect
+from builder.detect import Report, available_memory_gb, detect
 from builder.errors import BuildError
 from builder.plan import BuildPlan, plan_build, resolve_archs
 from builder.recipe import Recipe
@@ -107,18 +107,21 @@ def build_wheel(
     src, python = prepare(recipe, ws, log, verbose)
     env, machine, toolchain = toolchain_env(recipe, python, ws)
     (ws.logs / f"{recipe.name}-detect.json").write_text(machine.to_json(), encoding="utf-8")
-    source.patch_cpu_target(src)
+    source.patch_op_builder(src)
     report = ops.probe(python, src, env, log)
     kit = next((t for t in machine.toolkits if t.root == machine.chosen_toolkit), None)
     archs = resolve_archs(recipe, machine.arch_list, kit.archs if kit else (), kit.version if kit else "-")
-    plan = plan_build(recipe, report, os.cpu_count() or 1, archs)
+    plan = plan_build(recipe, report, os.cpu_count() or 1, archs, available_memory_gb())
+    if plan.parallel > 1:
+        source.set_parallel_extensions(src, plan.parallel)
     env.update(plan.env)
     env.update(reproducible_env(env, src, python.parent.parent))
     env.update(ccache.environment(ws.cache / "ccache", use_ccache, env))
     ccache.zero(env)
     print(
         f"  version {plan.version}; ops {', '.join(o.name for o in plan.ops)}; "
-        f"archs {';'.join(archs) or '-'}; CPU target {recipe.cpu_target}; MAX_JOBS={plan.env['MAX_JOBS']}",
+        f"archs {';'.join(archs) or '-'}; CPU target {recipe.cpu_target}; "
+        f"{plan.parallel} extension(s) at once, MAX_JOBS={plan.env['MAX_JOBS']} each",
         file=sys.stderr,
     )
 

@@ -602,3 +602,19 @@ def render_table(report: Report) -> str:
     for p in report.problems:
         lines.append(f"{p.severity.upper()}: {p.message}\n  fix: {p.fix}")
     return "\n".join(lines) + "\n"
+
+
+def parse_meminfo(text: str) -> float | None:
+    """MemAvailable from /proc/meminfo, in GB (None when absent)."""
+    for line in text.splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 1024**2
+    return None
+
+
+def available_memory_gb() -> float | None:
+    """Memory free for compile jobs now; None where /proc/meminfo cannot be read."""
+    try:
+        return parse_meminfo(Path("/proc/meminfo").read_text(encoding="utf-8"))
+    except OSError:
+        return None

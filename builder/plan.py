@@ -27,6 +27,7 @@ class BuildPlan:
     torch_cuda: str | None
     python_tag: str
     archs: tuple[str, ...] = ()
+    parallel: int = 1  # extensions built at once (setuptools build_ext --parallel)
 
     @property
     def local_label(self) -> str:
@@ -34,7 +35,7 @@ class BuildPlan:
 
 
 # DeepSpeed compiles CPU ops with -march=native and a SIMD macro from the build host's flags;
-# the source patch (source.patch_cpu_target) lets these variables pin both to a portable level.
+# the source patch (source.patch_op_builder) lets these variables pin both to a portable level.
 CPU_TARGET_FLAGS = {
     "x86-64": ("-march=x86-64", "-D__SCALAR__"),
     "x86-64-v2": ("-march=x86-64-v2", "-D__SCALAR__"),
@@ -65,9 +66,31 @@ def local_label(accelerator: str, torch_version: str, torch_cuda: str | None, ar
     return f"cu{major}{minor}.{torch_part}.{arch_label(archs)}"
 
 
-def max_jobs(cores: int) -> int:
-    """Parallel compile jobs for ninja: one per core, at least one."""
-    return max(1, cores)
+# Peak memory of one compile job, GB, with headroom: g++ on cpu_adam.cpp with torch's headers
+# peaked at 1.6 GB here; for nvcc (cicc and ptxas on DeepSpeed's kernels) 3 GB is an estimate.
+JOB_GB = {"cpu": 2.0, "cuda": 3.0}
+
+
+def max_jobs(cores: int, mem_gb: float | None = None, job_gb: float = JOB_GB["cpu"]) -> int:
+    """Parallel compile jobs for ninja: one per core, fewer where free memory cannot hold them."""
+    jobs = max(1, cores)
+    if mem_gb is not None:
+        jobs = min(jobs, int(mem_gb // job_gb))
+    return max(1, jobs)
+
+
+def schedule(n_ops: int, cores: int, mem_gb: float | None, job_gb: float) -> tuple[int, int]:
+    """(extensions built at once, ninja jobs in each).
+
+    DeepSpeed builds one extension after another, and an op with one source file leaves every
+    other core idle (cpu_adagrad: 21 s on one of two cores). Two extensions at once keep the
+    cores busy through single-file ops and link steps, as DeepSpeed's `build_ext -j` does; the
+    per-extension jobs are halved where memory, not cores, is the limit, so the processes alive
+    at once never need more than the free memory.
+    """
+    parallel = 2 if n_ops >= 2 and max_jobs(cores, mem_gb, job_gb) >= 2 else 1
+    mem_jobs = None if mem_gb is None else mem_gb / parallel
+    return parallel, max_jobs(cores, mem_jobs, job_gb)
 
 
 def resolve_archs(recipe: Recipe, gpu_archs: list[str], nvcc_archs: tuple[str, ...], nvcc: str) -> tuple[str, ...]:
@@ -92,7 +115,9 @@ def resolve_archs(recipe: Recipe, gpu_archs: list[str], nvcc_archs: tuple[str, .
     return archs
 
 
-def plan_build(recipe: Recipe, probe: ProbeReport, cores: int, archs: tuple[str, ...] = ()) -> BuildPlan:
+def plan_build(
+    recipe: Recipe, probe: ProbeReport, cores: int, archs: tuple[str, ...] = (), mem_gb: float | None = None
+) -> BuildPlan:
     """Decide the build environment and expected result from the recipe and DeepSpeed's op probe."""
     have = Version(probe.torch.version)
     if not recipe.torch.system and Version(have.public) != Version(recipe.torch.version):
@@ -107,13 +132,15 @@ def plan_build(recipe: Recipe, probe: ProbeReport, cores: int, archs: tuple[str,
         )
     ops = check_requested(recipe.ops, probe)
     label = local_label(recipe.accelerator, probe.torch.version, probe.torch.cuda, archs)
+    parallel, jobs = schedule(len(ops), cores, mem_gb, JOB_GB["cuda" if archs else "cpu"])
     env = {
         "DS_ACCELERATOR": recipe.accelerator,
         "DS_BUILD_OPS": "0",  # only what the recipe names; every other op stays JIT
         "DS_BUILD_STRING": f"+{label}",
         "DS_ENABLE_NINJA": "1",
-        "MAX_JOBS": str(max_jobs(cores)),
+        "MAX_JOBS": str(jobs),
         **cpu_target_env(recipe.cpu_target),
+        **({"DS_BUILDER_NO_DEBUG": "1"} if recipe.strip else {}),  # no -g: it would be stripped
         **{op.build_var: "1" for op in ops},
     }
     if archs:
@@ -127,4 +154,5 @@ def plan_build(recipe: Recipe, probe: ProbeReport, cores: int, archs: tuple[str,
         torch_cuda=probe.torch.cuda,
         python_tag=probe.python_tag,
         archs=archs,
+        parallel=parallel,
     )

@@ -27,6 +27,7 @@ from builder.detect import (
     parse_compiler_version,
     parse_gpu_archs,
     parse_host_config,
+    parse_meminfo,
     parse_nvcc_version,
     parse_smi,
     parse_smi_cuda,
@@ -220,3 +221,9 @@ def test_missing_headers_without_a_pip_provider_is_an_error(tmp_path: Path) -> N
     (inc / "cusparse.h").write_text("")
     facts = TorchFacts("python", "2.14.1", "13.0", True, pip_cuda_include=(str(inc),))
     assert find_problems([], [kit], kit, facts, [], "12.2.0", None) == []
+
+
+def test_parse_meminfo() -> None:
+    text = "MemTotal:       24000000 kB\nMemFree:         1000000 kB\nMemAvailable:   23068672 kB\n"
+    assert parse_meminfo(text) == 22.0
+    assert parse_meminfo("MemTotal: 1 kB\n") is None

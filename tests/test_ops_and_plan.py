@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import configparser
 import dataclasses
 from pathlib import Path
 
@@ -9,9 +10,9 @@ import pytest
 
 from builder.errors import BuildError, RecipeError, SourceError
 from builder.ops import ProbeReport, check_requested, parse_probe
-from builder.plan import cpu_target_env, local_label, max_jobs, plan_build, resolve_archs
+from builder.plan import cpu_target_env, local_label, max_jobs, plan_build, resolve_archs, schedule
 from builder.recipe import load_recipe
-from builder.source import patch_cpu_target
+from builder.source import patch_op_builder, set_parallel_extensions
 
 DATA = Path(__file__).with_name("data")
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,6 +93,35 @@ def test_plan_refuses_a_build_env_with_other_torch(probe: ProbeReport) -> None:
 def test_max_jobs() -> None:
     assert max_jobs(16) == 16
     assert max_jobs(0) == 1
+    assert max_jobs(16, mem_gb=20.0, job_gb=3.0) == 6  # memory, not cores, is the limit
+    assert max_jobs(16, mem_gb=1.0, job_gb=3.0) == 1  # always at least one
+
+
+def test_schedule() -> None:
+    assert schedule(3, 2, 22.0, 2.0) == (2, 2)  # this machine: two extensions, two jobs each
+    assert schedule(1, 16, 100.0, 3.0) == (1, 16)  # one op: nothing to overlap
+    assert schedule(9, 16, 128.0, 3.0) == (2, 16)
+    assert schedule(9, 16, 48.0, 3.0) == (2, 8)  # memory for 16 jobs in all, split between two
+    assert schedule(9, 1, 64.0, 2.0) == (1, 1)
+    assert schedule(3, 8, 3.0, 2.0) == (1, 1)  # memory for one job only
+
+
+def test_plan_schedules_from_memory(probe: ProbeReport) -> None:
+    plan = plan_build(load_recipe(ROOT / "recipes" / "cpu.toml"), probe, cores=2, mem_gb=22.0)
+    assert plan.parallel == 2 and plan.env["MAX_JOBS"] == "2"
+    assert plan.env["DS_BUILDER_NO_DEBUG"] == "1"  # the recipe strips, so nothing compiles with -g
+
+
+def test_set_parallel_extensions(tmp_path: Path) -> None:
+    cfg = tmp_path / "setup.cfg"
+    cfg.write_text("[egg_info]\ntag_build = \ntag_date = 0\n")
+    set_parallel_extensions(tmp_path, 2)
+    set_parallel_extensions(tmp_path, 2)  # idempotent
+    parser = configparser.ConfigParser()
+    parser.read(cfg)
+    assert parser.get("build_ext", "parallel") == "2" and parser.get("egg_info", "tag_date") == "0"
+    with pytest.raises(SourceError, match="already has a \\[build_ext\\] section"):
+        set_parallel_extensions(tmp_path, 4)
 
 
 def test_cpu_target_reaches_the_build_env(probe: ProbeReport) -> None:
@@ -121,22 +151,27 @@ def test_resolve_archs() -> None:
     assert resolve_archs(load_recipe(ROOT / "recipes" / "cpu.toml"), ["9.0"], nvcc13, "13.0") == ()
 
 
-def test_patch_cpu_target(tmp_path: Path) -> None:
+def test_patch_op_builder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ob = tmp_path / "op_builder"
     ob.mkdir()
     original = (
         "import os\n\nclass OpBuilder:\n    def cpu_arch(self):\n        return '-march=native'\n\n"
-        "    def simd_width(self):\n        return '-D__AVX512__'\n"
+        "    def simd_width(self):\n        return '-D__AVX512__'\n\n"
+        "    def strip_empty_entries(self, args):\n        return [x for x in args if len(x) > 0]\n"
     )
     (ob / "builder.py").write_text(original)
-    patch_cpu_target(tmp_path)
-    patch_cpu_target(tmp_path)  # idempotent
+    patch_op_builder(tmp_path)
+    patch_op_builder(tmp_path)  # idempotent
     text = (ob / "builder.py").read_text()
     assert text.count("DS_BUILDER_CPU_ARCH") == 2 and text.count("DS_BUILDER_SIMD_WIDTH") == 2
     scope: dict[str, object] = {}
     exec(text, scope)
     builder = scope["OpBuilder"]()  # type: ignore[operator]
     assert builder.cpu_arch() == "-march=native"  # unchanged without the variable
+    flags = ["-O3", "", "-g", "-Wno-reorder"]
+    assert builder.strip_empty_entries(flags) == ["-O3", "-g", "-Wno-reorder"]
+    monkeypatch.setenv("DS_BUILDER_NO_DEBUG", "1")
+    assert builder.strip_empty_entries(flags) == ["-O3", "-Wno-reorder"]
     (ob / "builder.py").write_text("import os\n")
-    with pytest.raises(SourceError, match="builds CPU ops differently"):
-        patch_cpu_target(tmp_path)
+    with pytest.raises(SourceError, match="op_builder differs"):
+        patch_op_builder(tmp_path)
