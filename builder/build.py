@@ -113,6 +113,7 @@ def build_wheel(
     archs = resolve_archs(recipe, machine.arch_list, kit.archs if kit else (), kit.version if kit else "-")
     plan = plan_build(recipe, report, os.cpu_count() or 1, archs, available_memory_gb())
     if plan.parallel > 1:
+        source.patch_setup_py(src)
         source.set_parallel_extensions(src, plan.parallel)
     env.update(plan.env)
     env.update(reproducible_env(env, src, python.parent.parent))

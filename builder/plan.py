@@ -139,6 +139,7 @@ def plan_build(
         "DS_BUILD_STRING": f"+{label}",
         "DS_ENABLE_NINJA": "1",
         "MAX_JOBS": str(jobs),
+        **({"DS_BUILDER_OWN_TEMP": "1"} if parallel > 1 else {}),  # see source.patch_setup_py
         **cpu_target_env(recipe.cpu_target),
         **({"DS_BUILDER_NO_DEBUG": "1"} if recipe.strip else {}),  # no -g: it would be stripped
         **{op.build_var: "1" for op in ops},

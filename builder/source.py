@@ -128,6 +128,52 @@ def patch_op_builder(src: Path) -> None:
     path.write_text(text, encoding="utf-8")
 
 
+_SETUP_LINE = "    cmdclass['build_ext'] = get_accelerator().build_extension().with_options(use_ninja=use_ninja)\n"
+# torch's BuildExtension writes every extension's ninja file to the one build_temp/build.ninja, so
+# extensions built at once overwrite each other's (seen on the GPU machine: "ninja: premature end
+# of file", then ld missing cpu_adam.o). This gives each extension its own folder under
+# build_temp, named from its sources so that it is the same on every build.
+_SETUP_HOOK = """\
+    if os.environ.get('DS_BUILDER_OWN_TEMP'):  # ds-wheel-builder: safe parallel build_ext
+        import hashlib as _hashlib
+        import threading as _threading
+
+        class _OwnTempPerExtension(cmdclass['build_ext']):
+            _wrap_lock = _threading.Lock()
+
+            def build_extension(self, ext):
+                with self._wrap_lock:
+                    if not getattr(self.compiler, '_ds_own_temp', False):
+                        inner = self.compiler.compile
+
+                        def compile(sources, output_dir=None, *args, **kwargs):
+                            if output_dir:
+                                key = _hashlib.sha1('\\0'.join(sources).encode()).hexdigest()[:12]
+                                output_dir = os.path.join(output_dir, key)
+                            return inner(sources, output_dir, *args, **kwargs)
+
+                        self.compiler.compile = compile
+                        self.compiler._ds_own_temp = True
+                super().build_extension(ext)
+
+        cmdclass['build_ext'] = _OwnTempPerExtension
+"""
+
+
+def patch_setup_py(src: Path) -> None:
+    """Let DS_BUILDER_OWN_TEMP give each extension its own build folder (see _SETUP_HOOK)."""
+    path = src / "setup.py"
+    text = path.read_text(encoding="utf-8")
+    if text.count(_SETUP_LINE) != 1 or not re.search(r"^import os$", text, re.MULTILINE):
+        raise SourceError(
+            f"cannot find DeepSpeed's build_ext setting in {path}: this version's setup.py differs "
+            "from the one the toolkit patches",
+            "build a DeepSpeed version the toolkit supports (0.19.x), or update builder/source.py for it",
+        )
+    if _SETUP_HOOK not in text:
+        path.write_text(text.replace(_SETUP_LINE, _SETUP_LINE + _SETUP_HOOK), encoding="utf-8")
+
+
 def set_parallel_extensions(src: Path, parallel: int) -> None:
     """Have setuptools build `parallel` extensions at once (`build_ext --parallel`) through setup.cfg.
 

@@ -12,7 +12,7 @@ from builder.errors import BuildError, RecipeError, SourceError
 from builder.ops import ProbeReport, check_requested, parse_probe
 from builder.plan import cpu_target_env, local_label, max_jobs, plan_build, resolve_archs, schedule
 from builder.recipe import load_recipe
-from builder.source import patch_op_builder, set_parallel_extensions
+from builder.source import patch_op_builder, patch_setup_py, set_parallel_extensions
 
 DATA = Path(__file__).with_name("data")
 ROOT = Path(__file__).resolve().parents[1]
@@ -175,3 +175,44 @@ def test_patch_op_builder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     (ob / "builder.py").write_text("import os\n")
     with pytest.raises(SourceError, match="op_builder differs"):
         patch_op_builder(tmp_path)
+
+
+def test_patch_setup_py_gives_each_extension_its_own_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    line = "    cmdclass['build_ext'] = get_accelerator().build_extension().with_options(use_ninja=use_ninja)\n"
+    (tmp_path / "setup.py").write_text(f"import os\ncmdclass = {{}}\nif True:\n{line}")
+    patch_setup_py(tmp_path)
+    patch_setup_py(tmp_path)  # idempotent
+    text = (tmp_path / "setup.py").read_text()
+    assert text.count("_OwnTempPerExtension(") == 1
+
+    calls: list[str | None] = []
+
+    class Compiler:
+        def compile(self, sources: list[str], output_dir: str | None = None, **kwargs: object) -> list[str]:
+            calls.append(output_dir)
+            return []
+
+    class Base:
+        def __init__(self) -> None:
+            self.compiler = Compiler()
+
+        def build_extension(self, ext: list[str]) -> None:
+            self.compiler.compile(ext, output_dir="/tmp/build")
+
+    class Accelerator:
+        def build_extension(self) -> type:
+            return type("B", (Base,), {"with_options": classmethod(lambda cls, **kw: cls)})
+
+    monkeypatch.setenv("DS_BUILDER_OWN_TEMP", "1")
+    scope: dict[str, object] = {"get_accelerator": Accelerator, "use_ninja": True}
+    exec(text, scope)
+    cmd = scope["cmdclass"]["build_ext"]()  # type: ignore[index]
+    cmd.build_extension(["a.cpp", "b.cpp"])
+    cmd.build_extension(["c.cpp"])
+    cmd.build_extension(["a.cpp", "b.cpp"])
+    assert calls[0] != calls[1] and calls[0] == calls[2]  # one folder per extension, stable
+    assert all(c and c.startswith("/tmp/build/") for c in calls)
+
+    (tmp_path / "setup.py").write_text("import os\nsetup()\n")
+    with pytest.raises(SourceError, match="setup.py differs"):
+        patch_setup_py(tmp_path)
