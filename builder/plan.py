@@ -132,7 +132,11 @@ def plan_build(
         )
     ops = check_requested(recipe.ops, probe)
     label = local_label(recipe.accelerator, probe.torch.version, probe.torch.cuda, archs)
-    parallel, jobs = schedule(len(ops), cores, mem_gb, JOB_GB["cuda" if archs else "cpu"])
+    # nvcc compiles a file's archs one after another unless told --threads; each thread is a
+    # compile of its own in memory.
+    nvcc_threads = min(len(archs), 4)
+    job_gb = JOB_GB["cuda"] * max(1, nvcc_threads) if archs else JOB_GB["cpu"]
+    parallel, jobs = schedule(len(ops), cores, mem_gb, job_gb)
     env = {
         "DS_ACCELERATOR": recipe.accelerator,
         "DS_BUILD_OPS": "0",  # only what the recipe names; every other op stays JIT
@@ -146,6 +150,8 @@ def plan_build(
     }
     if archs:
         env["TORCH_CUDA_ARCH_LIST"] = ";".join(archs)
+    if nvcc_threads > 1:
+        env["NVCC_APPEND_FLAGS"] = f"--threads {nvcc_threads}"
     return BuildPlan(
         recipe=recipe,
         version=f"{recipe.deepspeed.version}+{label}",

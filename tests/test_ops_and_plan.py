@@ -112,6 +112,17 @@ def test_plan_schedules_from_memory(probe: ProbeReport) -> None:
     assert plan.env["DS_BUILDER_NO_DEBUG"] == "1"  # the recipe strips, so nothing compiles with -g
 
 
+def test_nvcc_threads_only_where_there_are_several_archs(probe: ProbeReport) -> None:
+    """Planned against the CPU probe with the accelerator faked to cuda: only the env is checked."""
+    recipe = dataclasses.replace(load_recipe(ROOT / "recipes" / "cpu.toml"), accelerator="cuda")
+    cuda_probe = dataclasses.replace(probe, accelerator="cuda", torch=dataclasses.replace(probe.torch, cuda="13.0"))
+    one = plan_build(recipe, cuda_probe, cores=16, archs=("9.0",), mem_gb=128.0)
+    assert "NVCC_APPEND_FLAGS" not in one.env and one.env["MAX_JOBS"] == "16"
+    three = plan_build(recipe, cuda_probe, cores=16, archs=("8.0", "9.0", "10.0"), mem_gb=128.0)
+    assert three.env["NVCC_APPEND_FLAGS"] == "--threads 3"
+    assert three.env["MAX_JOBS"] == "7"  # 64 GB per extension / (3 GB x 3 threads)
+
+
 def test_set_parallel_extensions(tmp_path: Path) -> None:
     cfg = tmp_path / "setup.cfg"
     cfg.write_text("[egg_info]\ntag_build = \ntag_date = 0\n")
