@@ -107,14 +107,11 @@ def build_wheel(
     src, python = prepare(recipe, ws, log, verbose)
     env, machine, toolchain = toolchain_env(recipe, python, ws)
     (ws.logs / f"{recipe.name}-detect.json").write_text(machine.to_json(), encoding="utf-8")
-    source.patch_op_builder(src)
+    source.patch_build_tree(src)
     report = ops.probe(python, src, env, log)
     kit = next((t for t in machine.toolkits if t.root == machine.chosen_toolkit), None)
     archs = resolve_archs(recipe, machine.arch_list, kit.archs if kit else (), kit.version if kit else "-")
     plan = plan_build(recipe, report, os.cpu_count() or 1, archs, available_memory_gb())
-    if plan.parallel > 1:
-        source.patch_setup_py(src)
-        source.set_parallel_extensions(src, plan.parallel)
     env.update(plan.env)
     env.update(reproducible_env(env, src, python.parent.parent))
     env.update(ccache.environment(ws.cache / "ccache", use_ccache, env))
@@ -122,7 +119,7 @@ def build_wheel(
     print(
         f"  version {plan.version}; ops {', '.join(o.name for o in plan.ops)}; "
         f"archs {';'.join(archs) or '-'}; CPU target {recipe.cpu_target}; "
-        f"{plan.parallel} extension(s) at once, MAX_JOBS={plan.env['MAX_JOBS']} each",
+        f"{plan.env.get('DS_BUILDER_PARALLEL', '1')} extension(s) at once, MAX_JOBS={plan.env['MAX_JOBS']} each",
         file=sys.stderr,
     )
 
@@ -166,7 +163,7 @@ def so_sizes(tree: Path) -> dict[str, dict[str, int]]:
 
 
 def strip_debug(tree: Path, log: Path) -> dict[str, dict[str, int]]:
-    """Strip debug info from every .so (DeepSpeed builds with -g); sizes before and after.
+    """Strip what debug info is left in every .so (-g is dropped already); sizes before and after.
 
     The build-id is then recomputed over what is left, so stripped wheels are reproducible.
     """

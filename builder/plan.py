@@ -27,7 +27,6 @@ class BuildPlan:
     torch_cuda: str | None
     python_tag: str
     archs: tuple[str, ...] = ()
-    parallel: int = 1  # extensions built at once (setuptools build_ext --parallel)
 
     @property
     def local_label(self) -> str:
@@ -35,7 +34,7 @@ class BuildPlan:
 
 
 # DeepSpeed compiles CPU ops with -march=native and a SIMD macro from the build host's flags;
-# the source patch (source.patch_op_builder) lets these variables pin both to a portable level.
+# the source patch (source.patch_build_tree) lets these variables pin both to a portable level.
 CPU_TARGET_FLAGS = {
     "x86-64": ("-march=x86-64", "-D__SCALAR__"),
     "x86-64-v2": ("-march=x86-64-v2", "-D__SCALAR__"),
@@ -135,7 +134,7 @@ def plan_build(
     # nvcc compiles a file's archs one after another unless told --threads; each thread is a
     # compile of its own in memory.
     nvcc_threads = min(len(archs), 4)
-    job_gb = JOB_GB["cuda"] * max(1, nvcc_threads) if archs else JOB_GB["cpu"]
+    job_gb = JOB_GB["cuda"] * nvcc_threads if archs else JOB_GB["cpu"]
     parallel, jobs = schedule(len(ops), cores, mem_gb, job_gb)
     env = {
         "DS_ACCELERATOR": recipe.accelerator,
@@ -143,7 +142,7 @@ def plan_build(
         "DS_BUILD_STRING": f"+{label}",
         "DS_ENABLE_NINJA": "1",
         "MAX_JOBS": str(jobs),
-        **({"DS_BUILDER_OWN_TEMP": "1"} if parallel > 1 else {}),  # see source.patch_setup_py
+        **({"DS_BUILDER_PARALLEL": str(parallel)} if parallel > 1 else {}),  # see source.patch_build_tree
         **cpu_target_env(recipe.cpu_target),
         **({"DS_BUILDER_NO_DEBUG": "1"} if recipe.strip else {}),  # no -g: it would be stripped
         **{op.build_var: "1" for op in ops},
@@ -161,5 +160,4 @@ def plan_build(
         torch_cuda=probe.torch.cuda,
         python_tag=probe.python_tag,
         archs=archs,
-        parallel=parallel,
     )

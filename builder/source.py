@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import configparser
 import hashlib
 import re
 import shutil
@@ -93,7 +92,7 @@ def _return_env(var: str) -> str:
 
 # Inserted at the top of methods of DeepSpeed's OpBuilder in the build tree's op_builder (the copy
 # setup.py imports; the package's own deepspeed/ops/op_builder is left as shipped).
-_HOOKS = {
+_OP_BUILDER_HOOKS = {
     "    def cpu_arch(self):\n": _return_env("DS_BUILDER_CPU_ARCH"),
     "    def simd_width(self):\n": _return_env("DS_BUILDER_SIMD_WIDTH"),
     # Every op's compile flags pass through strip_empty_entries.
@@ -103,43 +102,24 @@ _HOOKS = {
     ),
 }
 
-
-def patch_op_builder(src: Path) -> None:
-    """Let DS_BUILDER_* variables set what DeepSpeed's build offers no setting for.
-
-    DS_BUILDER_CPU_ARCH / DS_BUILDER_SIMD_WIDTH replace -march=native and the host SIMD macro: a
-    wheel compiled with -march=native on an AVX-512 build host crashes on older nodes (DeepSpeed
-    issues 1886, 7556). DS_BUILDER_NO_DEBUG drops -g when the wheel will be stripped anyway:
-    generating debug info took a third of the compile time here (cpu_adam.cpp 30.6 s with -g,
-    20.2 s without) and -g does not change GCC's code. Without the variables the patched methods
-    behave exactly as before.
-    """
-    path = src / "op_builder" / "builder.py"
-    text = path.read_text(encoding="utf-8")
-    for line, hook in _HOOKS.items():
-        if text.count(line) != 1 or not re.search(r"^import os$", text, re.MULTILINE):
-            raise SourceError(
-                f"cannot find {line.strip()!r} in {path}: this DeepSpeed version's op_builder differs "
-                "from the one the toolkit patches",
-                "build a DeepSpeed version the toolkit supports (0.19.x), or update builder/source.py for it",
-            )
-        if hook not in text:
-            text = text.replace(line, line + hook)
-    path.write_text(text, encoding="utf-8")
-
-
-_SETUP_LINE = "    cmdclass['build_ext'] = get_accelerator().build_extension().with_options(use_ninja=use_ninja)\n"
-# torch's BuildExtension writes every extension's ninja file to the one build_temp/build.ninja, so
-# extensions built at once overwrite each other's (seen on the GPU machine: "ninja: premature end
-# of file", then ld missing cpu_adam.o). This gives each extension its own folder under
-# build_temp, named from its sources so that it is the same on every build.
-_SETUP_HOOK = """\
-    if os.environ.get('DS_BUILDER_OWN_TEMP'):  # ds-wheel-builder: safe parallel build_ext
+# Inserted after setup.py picks torch's BuildExtension. DS_BUILDER_PARALLEL builds that many
+# extensions at once (pip's PEP 517 build takes no build_ext options). torch's BuildExtension writes
+# every extension's ninja file to the one build_temp/build.ninja, so extensions built at once would
+# overwrite each other's (seen on the GPU machine: "ninja: premature end of file", then ld missing
+# cpu_adam.o); each extension gets its own folder under build_temp, named from its sources so that
+# it is the same on every build.
+_SETUP_HOOKS = {
+    "    cmdclass['build_ext'] = get_accelerator().build_extension().with_options(use_ninja=use_ninja)\n": """\
+    if os.environ.get('DS_BUILDER_PARALLEL'):  # ds-wheel-builder: extensions built at once
         import hashlib as _hashlib
         import threading as _threading
 
-        class _OwnTempPerExtension(cmdclass['build_ext']):
+        class _ParallelBuildExt(cmdclass['build_ext']):
             _wrap_lock = _threading.Lock()
+
+            def finalize_options(self):
+                super().finalize_options()
+                self.parallel = int(os.environ['DS_BUILDER_PARALLEL'])
 
             def build_extension(self, ext):
                 with self._wrap_lock:
@@ -156,36 +136,35 @@ _SETUP_HOOK = """\
                         self.compiler._ds_own_temp = True
                 super().build_extension(ext)
 
-        cmdclass['build_ext'] = _OwnTempPerExtension
-"""
+        cmdclass['build_ext'] = _ParallelBuildExt
+""",
+}
 
 
-def patch_setup_py(src: Path) -> None:
-    """Let DS_BUILDER_OWN_TEMP give each extension its own build folder (see _SETUP_HOOK)."""
-    path = src / "setup.py"
+def _insert_hooks(path: Path, hooks: dict[str, str]) -> None:
+    """Insert each hook after its anchor line, once (idempotent); refuse a file that lacks one."""
     text = path.read_text(encoding="utf-8")
-    if text.count(_SETUP_LINE) != 1 or not re.search(r"^import os$", text, re.MULTILINE):
-        raise SourceError(
-            f"cannot find DeepSpeed's build_ext setting in {path}: this version's setup.py differs "
-            "from the one the toolkit patches",
-            "build a DeepSpeed version the toolkit supports (0.19.x), or update builder/source.py for it",
-        )
-    if _SETUP_HOOK not in text:
-        path.write_text(text.replace(_SETUP_LINE, _SETUP_LINE + _SETUP_HOOK), encoding="utf-8")
+    for line, hook in hooks.items():
+        if text.count(line) != 1 or not re.search(r"^import os$", text, re.MULTILINE):
+            raise SourceError(
+                f"cannot find {line.strip()!r} in {path}: this DeepSpeed version differs from the one "
+                "the toolkit patches",
+                "build a DeepSpeed version the toolkit supports (0.19.x), or update builder/source.py for it",
+            )
+        if hook not in text:
+            text = text.replace(line, line + hook)
+    path.write_text(text, encoding="utf-8")
 
 
-def set_parallel_extensions(src: Path, parallel: int) -> None:
-    """Have setuptools build `parallel` extensions at once (`build_ext --parallel`) through setup.cfg.
+def patch_build_tree(src: Path) -> None:
+    """Let DS_BUILDER_* variables set what DeepSpeed's build offers no setting for.
 
-    pip's PEP 517 build of setup.py takes no build_ext options on its command line; setup.cfg in the
-    source tree is where setuptools reads command options from.
+    DS_BUILDER_CPU_ARCH / DS_BUILDER_SIMD_WIDTH replace -march=native and the host SIMD macro: a
+    wheel compiled with -march=native on an AVX-512 build host crashes on older nodes (DeepSpeed
+    issues 1886, 7556). DS_BUILDER_NO_DEBUG drops -g when the wheel will be stripped anyway:
+    generating debug info took a third of the compile time here (cpu_adam.cpp 30.6 s with -g,
+    20.2 s without) and -g does not change GCC's code. DS_BUILDER_PARALLEL: see _SETUP_HOOKS.
+    Without the variables the patched code behaves exactly as before.
     """
-    cfg = src / "setup.cfg"
-    text = cfg.read_text(encoding="utf-8") if cfg.exists() else ""
-    parser = configparser.ConfigParser(interpolation=None)
-    parser.read_string(text)
-    if parser.has_section("build_ext"):
-        if parser.get("build_ext", "parallel", fallback=None) == str(parallel):
-            return
-        raise SourceError(f"{cfg} already has a [build_ext] section", "remove it from the unpacked source tree")
-    cfg.write_text(f"{text.rstrip()}\n\n[build_ext]\nparallel = {parallel}\n".lstrip(), encoding="utf-8")
+    _insert_hooks(src / "op_builder" / "builder.py", _OP_BUILDER_HOOKS)
+    _insert_hooks(src / "setup.py", _SETUP_HOOKS)

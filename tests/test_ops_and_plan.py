@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import configparser
 import dataclasses
 from pathlib import Path
 
@@ -12,7 +11,7 @@ from builder.errors import BuildError, RecipeError, SourceError
 from builder.ops import ProbeReport, check_requested, parse_probe
 from builder.plan import cpu_target_env, local_label, max_jobs, plan_build, resolve_archs, schedule
 from builder.recipe import load_recipe
-from builder.source import patch_op_builder, patch_setup_py, set_parallel_extensions
+from builder.source import patch_build_tree
 
 DATA = Path(__file__).with_name("data")
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,7 +107,7 @@ def test_schedule() -> None:
 
 def test_plan_schedules_from_memory(probe: ProbeReport) -> None:
     plan = plan_build(load_recipe(ROOT / "recipes" / "cpu.toml"), probe, cores=2, mem_gb=22.0)
-    assert plan.parallel == 2 and plan.env["MAX_JOBS"] == "2"
+    assert plan.env["DS_BUILDER_PARALLEL"] == "2" and plan.env["MAX_JOBS"] == "2"
     assert plan.env["DS_BUILDER_NO_DEBUG"] == "1"  # the recipe strips, so nothing compiles with -g
 
 
@@ -121,18 +120,6 @@ def test_nvcc_threads_only_where_there_are_several_archs(probe: ProbeReport) -> 
     three = plan_build(recipe, cuda_probe, cores=16, archs=("8.0", "9.0", "10.0"), mem_gb=128.0)
     assert three.env["NVCC_APPEND_FLAGS"] == "--threads 3"
     assert three.env["MAX_JOBS"] == "7"  # 64 GB per extension / (3 GB x 3 threads)
-
-
-def test_set_parallel_extensions(tmp_path: Path) -> None:
-    cfg = tmp_path / "setup.cfg"
-    cfg.write_text("[egg_info]\ntag_build = \ntag_date = 0\n")
-    set_parallel_extensions(tmp_path, 2)
-    set_parallel_extensions(tmp_path, 2)  # idempotent
-    parser = configparser.ConfigParser()
-    parser.read(cfg)
-    assert parser.get("build_ext", "parallel") == "2" and parser.get("egg_info", "tag_date") == "0"
-    with pytest.raises(SourceError, match="already has a \\[build_ext\\] section"):
-        set_parallel_extensions(tmp_path, 4)
 
 
 def test_cpu_target_reaches_the_build_env(probe: ProbeReport) -> None:
@@ -162,17 +149,27 @@ def test_resolve_archs() -> None:
     assert resolve_archs(load_recipe(ROOT / "recipes" / "cpu.toml"), ["9.0"], nvcc13, "13.0") == ()
 
 
+SETUP_LINE = "    cmdclass['build_ext'] = get_accelerator().build_extension().with_options(use_ninja=use_ninja)\n"
+SETUP_PY = f"import os\ncmdclass = {{}}\nif True:\n{SETUP_LINE}"
+OP_BUILDER_PY = (
+    "import os\n\nclass OpBuilder:\n    def cpu_arch(self):\n        return '-march=native'\n\n"
+    "    def simd_width(self):\n        return '-D__AVX512__'\n\n"
+    "    def strip_empty_entries(self, args):\n        return [x for x in args if len(x) > 0]\n"
+)
+
+
+def build_tree(root: Path) -> Path:
+    """The two files of a DeepSpeed source tree that patch_build_tree changes, as 0.19.8 has them."""
+    (root / "op_builder").mkdir()
+    (root / "op_builder" / "builder.py").write_text(OP_BUILDER_PY)
+    (root / "setup.py").write_text(SETUP_PY)
+    return root
+
+
 def test_patch_op_builder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    ob = tmp_path / "op_builder"
-    ob.mkdir()
-    original = (
-        "import os\n\nclass OpBuilder:\n    def cpu_arch(self):\n        return '-march=native'\n\n"
-        "    def simd_width(self):\n        return '-D__AVX512__'\n\n"
-        "    def strip_empty_entries(self, args):\n        return [x for x in args if len(x) > 0]\n"
-    )
-    (ob / "builder.py").write_text(original)
-    patch_op_builder(tmp_path)
-    patch_op_builder(tmp_path)  # idempotent
+    ob = build_tree(tmp_path) / "op_builder"
+    patch_build_tree(tmp_path)
+    patch_build_tree(tmp_path)  # idempotent
     text = (ob / "builder.py").read_text()
     assert text.count("DS_BUILDER_CPU_ARCH") == 2 and text.count("DS_BUILDER_SIMD_WIDTH") == 2
     scope: dict[str, object] = {}
@@ -184,17 +181,15 @@ def test_patch_op_builder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("DS_BUILDER_NO_DEBUG", "1")
     assert builder.strip_empty_entries(flags) == ["-O3", "-Wno-reorder"]
     (ob / "builder.py").write_text("import os\n")
-    with pytest.raises(SourceError, match="op_builder differs"):
-        patch_op_builder(tmp_path)
+    with pytest.raises(SourceError, match="this DeepSpeed version differs"):
+        patch_build_tree(tmp_path)
 
 
-def test_patch_setup_py_gives_each_extension_its_own_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    line = "    cmdclass['build_ext'] = get_accelerator().build_extension().with_options(use_ninja=use_ninja)\n"
-    (tmp_path / "setup.py").write_text(f"import os\ncmdclass = {{}}\nif True:\n{line}")
-    patch_setup_py(tmp_path)
-    patch_setup_py(tmp_path)  # idempotent
+def test_parallel_extensions_each_get_their_own_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    patch_build_tree(build_tree(tmp_path))
+    patch_build_tree(tmp_path)  # idempotent
     text = (tmp_path / "setup.py").read_text()
-    assert text.count("_OwnTempPerExtension(") == 1
+    assert text.count("_ParallelBuildExt(") == 1
 
     calls: list[str | None] = []
 
@@ -206,6 +201,10 @@ def test_patch_setup_py_gives_each_extension_its_own_folder(tmp_path: Path, monk
     class Base:
         def __init__(self) -> None:
             self.compiler = Compiler()
+            self.parallel: int | None = None
+
+        def finalize_options(self) -> None:
+            pass
 
         def build_extension(self, ext: list[str]) -> None:
             self.compiler.compile(ext, output_dir="/tmp/build")
@@ -214,10 +213,14 @@ def test_patch_setup_py_gives_each_extension_its_own_folder(tmp_path: Path, monk
         def build_extension(self) -> type:
             return type("B", (Base,), {"with_options": classmethod(lambda cls, **kw: cls)})
 
-    monkeypatch.setenv("DS_BUILDER_OWN_TEMP", "1")
     scope: dict[str, object] = {"get_accelerator": Accelerator, "use_ninja": True}
     exec(text, scope)
+    assert scope["cmdclass"]["build_ext"].__name__ == "B"  # type: ignore[index]  # untouched without the variable
+    monkeypatch.setenv("DS_BUILDER_PARALLEL", "2")
+    exec(text, scope)
     cmd = scope["cmdclass"]["build_ext"]()  # type: ignore[index]
+    cmd.finalize_options()
+    assert cmd.parallel == 2
     cmd.build_extension(["a.cpp", "b.cpp"])
     cmd.build_extension(["c.cpp"])
     cmd.build_extension(["a.cpp", "b.cpp"])
@@ -225,5 +228,5 @@ def test_patch_setup_py_gives_each_extension_its_own_folder(tmp_path: Path, monk
     assert all(c and c.startswith("/tmp/build/") for c in calls)
 
     (tmp_path / "setup.py").write_text("import os\nsetup()\n")
-    with pytest.raises(SourceError, match="setup.py differs"):
-        patch_setup_py(tmp_path)
+    with pytest.raises(SourceError, match="cmdclass"):
+        patch_build_tree(tmp_path)
