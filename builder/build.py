@@ -18,11 +18,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from packaging.version import Version
-
 from builder import __version__, archs, buildid, buildkey, ccache, cmd, envs, ops, source, wheelfile
+from builder.contracts import BuildManifest
 from builder.detect import Report, available_memory_gb, detect
 from builder.errors import BuildError
+from builder.files import write_atomic
+from builder.node import cpu_flags
 from builder.plan import BuildPlan, plan_build, resolve_archs
 from builder.recipe import Recipe
 from builder.toolchain import ToolchainPlan, apply, compose_env, plan_toolchain
@@ -143,9 +144,10 @@ def build_wheel(
         tree = wheelfile.unpack(raw, python, Path(tmp) / "tree", log)
         op_archs = verify_archs(tree, plan)
         sizes = strip_debug(tree, log) if recipe.strip else so_sizes(tree)
-        manifest = build_manifest(plan, sizes, op_archs, machine, toolchain)
-        manifest.update({"build_key": key, "build_key_inputs": inputs})
-        wheelfile.finish_tree(tree, manifest, f"=={Version(plan.torch_version).public}")
+        data = build_manifest(plan, sizes, op_archs, machine, toolchain)
+        data.update({"build_key": key, "build_key_inputs": inputs})
+        manifest = BuildManifest.from_dict(data, "the build manifest")  # the loader's checks hold for the writer
+        wheelfile.finish_tree(tree, manifest)
         wheel = wheelfile.pack(tree, python, ws.dist, log, env)
     shutil.rmtree(src, ignore_errors=True)
     seconds = time.monotonic() - start
@@ -153,7 +155,7 @@ def build_wheel(
               "build_seconds": round(seconds, 1), "build_key": key, "log": str(log),
               "ccache": {"hits": cache_stats.hits, "misses": cache_stats.misses} if cache_stats else None,
               "shared_objects": sizes}  # fmt: skip
-    wheel.with_name(wheel.name + ".build.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    write_atomic(wheel.with_name(wheel.name + ".build.json"), json.dumps(record, indent=2) + "\n")
     _summary(wheel, plan, seconds, log, sizes)
     return BuildResult(wheel=wheel, seconds=seconds, log=log, key=key)
 
@@ -262,6 +264,8 @@ def build_manifest(
         "archs": list(plan.archs),
         "op_archs": op_archs,
         "cpu_target": recipe.cpu_target,
+        # -march=native ties the CPU ops to this CPU: a node must have every one of its flags.
+        "cpu_flags": sorted(cpu_flags()) if recipe.cpu_target == "native" else [],
         "flags": {k: v for k, v in plan.env.items() if k.startswith(("DS_BUILDER_", "TORCH_CUDA_ARCH_LIST"))},
         "ops": [op.name for op in plan.ops],
         "env": {k: v for k, v in plan.env.items() if k != "MAX_JOBS"},  # MAX_JOBS changes speed, not output

@@ -127,7 +127,7 @@ def parser() -> argparse.ArgumentParser:
         description="Recheck every wheel's and metadata file's sha256 against manifest.json, and "
         "that the PEP 503 index links exactly the listed wheels with the right hashes.",
     )
-    v.set_defaults()
+    v.add_argument("--json", action="store_true", help="print the problems as JSON on stdout")
 
     lk = sub.add_parser(
         "lock",
@@ -178,24 +178,21 @@ def parser() -> argparse.ArgumentParser:
     bn.add_argument("--runs", type=int, default=3, help="runs to take the median of (default: %(default)s)")
     bn.add_argument("--out", type=Path, default=Path("build/bench"), help="results folder (default: %(default)s)")
 
-    i = sub.add_parser(
+    sub.add_parser(
         "install",
-        help="on a node: install the wheel built for it (standard library + pip only)",
-        description="Detect this node (Python, torch, CUDA, GPU archs, CPU features), pick the "
-        "wheel built for it from the wheelhouse's manifest, check its sha256 and pip-install it.",
+        add_help=False,
+        help="on a node: install the wheel built for it (standard library + pip only; see install --help)",
+        description="The node installer (builder/node.py, also published as WHEELHOUSE/tools/ds-node-install.py).",
     )
-    i.add_argument(
-        "--wheelhouse",
-        dest="wheelhouse_source",
-        required=True,
-        metavar="PATH_OR_URL",
-        help="a wheelhouse folder or its http(s) URL (see serve)",
+    rp = sub.add_parser(
+        "repair",
+        parents=[common],
+        help="remove what interrupted publishes left in a wheelhouse",
+        description="Under the publish lock, remove the temporary files and the unlisted wheels an interrupted "
+        "publish left (only files its journal names, with the hashes it wrote) and rewrite the index from "
+        "manifest.json. Files the toolkit did not write are reported by verify and never removed.",
     )
-    i.add_argument("--python", help="the node's Python (default: this one)")
-    i.add_argument("--dry-run", action="store_true", help="only say which wheel fits")
-    i.add_argument("--pip-arg", dest="pip_args", action="append", metavar="ARG", help="extra argument for pip")
-    i.add_argument("--debug", action="store_true", help="show a traceback on errors")
-
+    rp.set_defaults()
     w = sub.add_parser(
         "serve",
         help="serve a wheelhouse over HTTP for many nodes",
@@ -216,10 +213,17 @@ def _torch_source(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["install"]:  # the node installer has its own CLI: one file, the same on every node
+        from builder import node
+
+        return node.main(argv[1:], prog="python -m builder install")
     args = parser().parse_args(argv)
+    from builder.node import InstallError  # the contract's errors (a bad manifest or report)
+
     try:
         return _dispatch(args)
-    except BuilderError as exc:
+    except (BuilderError, InstallError) as exc:
         if args.debug:
             traceback.print_exc()
         print(f"error: {exc}", file=sys.stderr)
@@ -230,28 +234,37 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    if args.command == "install":
-        from builder.node import install
-
-        install(args.wheelhouse_source, args.python or sys.executable, args.dry_run, args.pip_args or [])
-        return 0
     if args.command == "serve":
         from builder.serve import serve
 
         serve(args.wheelhouse, args.bind, args.port)
         return 0
     if args.command == "verify":
-        return _verify(args.wheelhouse)
+        return _verify(args.wheelhouse, args.json)
+    if args.command == "repair":
+        from builder.wheelhouse import repair
+
+        removed = repair(args.wheelhouse)
+        print(f"==> {args.wheelhouse}: removed {len(removed)} leftovers; index rewritten from manifest.json",
+              file=sys.stderr)  # fmt: skip
+        return 0
 
     from builder.workspace import Workspace
 
     ws = Workspace(args.work_dir.resolve())
+    if args.command not in ("prune", "lock", "build-wheel"):
+        ws.check_writable()
     if args.command == "build-wheel":
         from builder.build import build_wheel
         from builder.recipe import load_recipe
         from builder.smoke import smoke
 
         recipes = [load_recipe(p) for p in (args.recipes or [DEFAULT_RECIPE])]  # all validated first
+        ws.check_writable()
+        if not (args.no_smoke or args.no_publish):
+            from builder.workspace import check_writable
+
+            check_writable(args.wheelhouse, "--wheelhouse")  # before minutes of building, not after
         for recipe in recipes:
             result = build_wheel(recipe, ws, args.verbose, args.force, use_ccache=not args.no_ccache)
             if args.no_smoke:
@@ -261,7 +274,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             else:
                 smoke(result.wheel, ws, args.verbose)
             if not args.no_publish:
-                _publish(args.wheelhouse, [result.wheel])
+                _publish(args.wheelhouse, [result.wheel], ws)
         return 0
     if args.command == "smoke":
         from builder.smoke import smoke
@@ -270,7 +283,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             smoke(wheel, ws, args.verbose, args.keep_env)
         return 0
     if args.command == "publish":
-        _publish(args.wheelhouse, args.wheels or _passed_wheels(ws.dist))
+        _publish(args.wheelhouse, args.wheels or _passed_wheels(ws.dist), ws)
         return 0
     if args.command in ("detect", "toolchain"):
         return _detect_or_toolchain(args, ws)
@@ -298,7 +311,7 @@ def _provision(args: argparse.Namespace, ws: Workspace) -> int:
 
     hosts = provision.parse_hostfile(args.hostfile.read_text(), str(args.hostfile))
     url = args.url or str(args.wheelhouse.resolve())
-    scripts = provision.write(hosts, url, args.out, args.wheelhouse)
+    scripts = provision.write(hosts, url, args.out, provision.installer_sha256(args.wheelhouse))
     print(f"==> wrote {len(scripts)} host scripts in {args.out}/ for wheelhouse {url}", file=sys.stderr)
     if args.run:
         ws.logs.mkdir(parents=True, exist_ok=True)
@@ -370,25 +383,36 @@ def _detect_or_toolchain(args: argparse.Namespace, ws: Workspace) -> int:
     return 0
 
 
-def _verify(wheelhouse: Path) -> int:
+def _verify(wheelhouse: Path, as_json: bool) -> int:
+    import json
+
     from builder.errors import WheelhouseError
     from builder.wheelhouse import load_manifest, verify
 
     problems = verify(wheelhouse)
+    if as_json:
+        print(json.dumps({"wheelhouse": str(wheelhouse), "ok": not problems, "problems": problems}, indent=2))
     if problems:
+        interrupted = any("interrupted publish" in p for p in problems)
         raise WheelhouseError(
             f"{wheelhouse} failed verification:\n    " + "\n    ".join(problems),
-            "re-publish the affected wheels from their builds, or prune what the manifest no longer lists",
+            "run `python -m builder repair` for what interrupted publishes left; for anything else, "
+            "re-publish the affected wheels from their builds into a new wheelhouse"
+            if interrupted
+            else "re-publish the affected wheels from their builds into a new wheelhouse; remove files you did "
+            "not publish",
         )
-    count = len(load_manifest(wheelhouse)["wheels"])
-    print(f"==> {wheelhouse}: {count} wheels, hashes, metadata, index and manifest agree", file=sys.stderr)
+    count = len(load_manifest(wheelhouse).wheels)
+    print(
+        f"==> {wheelhouse}: {count} wheels, hashes, metadata, smoke reports, index and manifest agree", file=sys.stderr
+    )
     return 0
 
 
-def _publish(wheelhouse: Path, wheels: list[Path]) -> None:
+def _publish(wheelhouse: Path, wheels: list[Path], ws: Workspace) -> None:
     from builder.wheelhouse import publish
 
-    for path in publish(wheels, wheelhouse):
+    for path in publish(wheels, wheelhouse, log=ws.logs / "publish.log"):
         version = path.name.split("-")[1]
         index = (wheelhouse / "simple").resolve().as_uri()
         print(f"==> install it with: pip install --index-url {index}/ deepspeed=={version}", file=sys.stderr)

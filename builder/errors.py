@@ -61,3 +61,9 @@ class WheelhouseError(BuilderError):
     """A wheelhouse failed verification (tampered or missing files, index drift)."""
 
     exit_code = 8
+
+
+class FolderError(BuilderError):
+    """A folder the toolkit must write to (work folder, wheelhouse, toolchain folder) is unusable."""
+
+    exit_code = 10

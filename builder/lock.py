@@ -11,12 +11,12 @@ import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from packaging.utils import parse_sdist_filename, parse_wheel_filename
 
 from builder import cmd
 from builder.errors import WheelhouseError
+from builder.files import write_atomic
 from builder.source import sha256_of
 from builder.wheelhouse import load_manifest
 
@@ -57,34 +57,32 @@ def render_containerfile(lock_name: str, python_tag: str) -> str:
 
 def lock(wheelhouse: Path, wheel: str | None, log: Path) -> Path:
     """Write locks/<recipe>.lock and locks/<recipe>.Containerfile for one published wheel."""
-    wheels: dict[str, Any] = load_manifest(wheelhouse)["wheels"]
+    wheels = load_manifest(wheelhouse).wheels
     if not wheels:
         raise WheelhouseError(f"{wheelhouse} has no published wheels", "publish one first (nox -s build-wheel)")
     if wheel is None:
         tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
-        mine = [n for n, e in wheels.items() if e["python_tag"] == tag]
+        mine = [n for n, e in wheels.items() if e.python_tag == tag]
         if not mine:
             raise WheelhouseError(f"no wheel for this Python ({tag}) in {wheelhouse}", "pass --wheel NAME")
-        wheel = max(mine, key=lambda n: wheels[n].get("published_at", ""))
+        wheel = max(mine, key=lambda n: wheels[n].published_at)
     if wheel not in wheels:
         raise WheelhouseError(f"{wheel} is not in {wheelhouse}/manifest.json", f"choose one of: {', '.join(wheels)}")
     entry = wheels[wheel]
     with tempfile.TemporaryDirectory() as tmp:
         cmd.run(
             [sys.executable, "-m", "pip", "download", "--prefer-binary", "--find-links", wheelhouse, "-d", tmp,
-             f"deepspeed=={entry['version']}"],
+             f"deepspeed=={entry.version}"],
             log=log,
             fix="the lock is resolved for this Python; run it with the Python the wheel was built for",
         )  # fmt: skip
         files = {p.name: sha256_of(p) for p in Path(tmp).iterdir() if p.is_file()}
-    if files.get(wheel) != entry["sha256"]:
+    if files.get(wheel) != entry.sha256:
         raise WheelhouseError(f"pip did not resolve {wheel} from {wheelhouse}", "run verify on the wheelhouse")
     out = wheelhouse / LOCKS
-    out.mkdir(parents=True, exist_ok=True)
-    name = entry["recipe"]
-    target = out / f"{name}.lock"
-    target.write_text(render_lock(wheel, files), encoding="utf-8")
-    (out / f"{name}.Containerfile").write_text(render_containerfile(name, entry["python_tag"]), encoding="utf-8")
+    name = entry.recipe
+    target = write_atomic(out / f"{name}.lock", render_lock(wheel, files))
+    write_atomic(out / f"{name}.Containerfile", render_containerfile(name, entry.python_tag))
     print(f"==> {target}: {len(files)} files pinned by sha256; {out / (name + '.Containerfile')}", file=sys.stderr)
     return target
 

@@ -1,55 +1,382 @@
-"""install: on a node, pick the wheel built for it from a wheelhouse and install it, hash-checked.
+"""The node installer, and the wheelhouse manifest contract it shares with the build host.
 
-Runs on cluster nodes that have only Python and pip, so this module (and the code path of
-`python -m builder install`) uses the standard library alone. The wheelhouse may be a folder
-or an http(s) URL (e.g. `python -m builder serve`).
+This file runs on cluster nodes that have only Python and pip: it imports nothing but the
+standard library and nothing from `builder`, so publish copies it byte for byte into the
+wheelhouse (`tools/ds-node-install.py`, hashed in the manifest) and provisioning runs that copy.
+The builder imports the contract from here (`load_manifest`, `check_wheel_name`, ...), so the
+build host and every node validate `manifest.json` with the same code.
+
+Everything read from a wheelhouse is hostile until checked: the manifest is validated field by
+field, a wheel name must parse as a wheel file name (no path separator, no `..`), the chosen
+wheel's bytes must match its sha256 (also with --dry-run), and the build manifest embedded in
+the wheel must agree with what the manifest says it was built for.
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
+import html.parser
+import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import urllib.error
+import urllib.parse
 import urllib.request
+import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
-from builder.errors import BuilderError
-
-# CPU features each portable target needs (the ones DeepSpeed's SIMD code uses).
-TARGET_FLAGS = {
+MANIFEST_FILE = "manifest.json"
+INSTALLER = "tools/ds-node-install.py"
+BUILD_MANIFEST = "ds_builder.json"  # inside the wheel's *.dist-info/
+MANIFEST_SCHEMA = 2
+ACCELERATORS = ("cpu", "cuda")
+CPU_TARGETS = ("x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4", "native")
+CHECK_STATUSES = ("passed", "failed", "skipped")
+# CPU features each portable target needs (the ones DeepSpeed's SIMD code uses). "native" has no
+# fixed list: such a wheel needs every flag of the machine that built it (recorded in cpu_flags).
+TARGET_FLAGS: dict[str, tuple[str, ...]] = {
     "x86-64": (),
     "x86-64-v2": ("sse4_2", "popcnt"),
     "x86-64-v3": ("avx2", "fma", "bmi2"),
     "x86-64-v4": ("avx512f", "avx512bw", "avx512dq", "avx512vl"),
 }
+EXIT_INSTALL = 9  # no wheel fits, a download failed, or the wheelhouse failed a check
+EXIT_BAD_WHEELHOUSE = 8
 
-_NODE_PROBE = r"""
-import json, sys
-out = {"python_tag": f"cp{sys.version_info[0]}{sys.version_info[1]}", "torch": None, "cuda": None, "gpus": []}
-try:
-    import torch
-    out["torch"], out["cuda"] = torch.__version__, torch.version.cuda
-    if torch.cuda.is_available():
-        caps = [torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())]
-        out["gpus"] = [f"{major}.{minor}" for major, minor in caps]
-except ImportError:
-    pass
-print(json.dumps(out))
-"""
+# PEP 427 file name: name-version(-build)?-python-abi-platform.whl; no component holds '-'.
+_WHEEL_NAME = re.compile(
+    r"^(?P<name>[A-Za-z0-9](?:[A-Za-z0-9._]*[A-Za-z0-9])?)-(?P<version>[A-Za-z0-9_.!+]+)"
+    r"(?:-(?P<build>\d[A-Za-z0-9_.]*))?-(?P<python>[A-Za-z0-9_.]+)-(?P<abi>[A-Za-z0-9_.]+)"
+    r"-(?P<platform>[A-Za-z0-9_.]+)\.whl$"
+)
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_PYTHON_TAG = re.compile(r"^cp3\d{1,2}$")
+_ARCH = re.compile(r"^\d{1,2}\.\d[af]?(\+PTX)?$")
+_OP = re.compile(r"^[a-z0-9_]{1,64}$")
+_CPU_FLAG = re.compile(r"^[a-z0-9_.]{1,40}$")
 
 
-class InstallError(BuilderError):
-    """No wheel fits this node, or the chosen one failed its hash."""
+class InstallError(Exception):
+    """A problem on the node; `fix` says what to do, `exit_code` is what the process exits with."""
 
-    exit_code = 9
+    exit_code = EXIT_INSTALL
+
+    def __init__(self, message: str, fix: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.fix = fix
+
+    def __str__(self) -> str:
+        return f"{self.message}\n  fix: {self.fix}" if self.fix else self.message
+
+
+class ManifestError(InstallError):
+    """A wheelhouse file that fails its contract: named with the file and the field."""
+
+    exit_code = EXIT_BAD_WHEELHOUSE
+
+
+# ---------------------------------------------------------------- names
+
+
+@dataclass(frozen=True)
+class WheelName:
+    project: str  # PEP 503 normalised
+    version: str
+    python: str
+    abi: str
+    platform: str
+
+
+def normalize(name: str) -> str:
+    """PEP 503 project name normalisation."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def check_wheel_name(name: object, where: str = "wheel name") -> WheelName:
+    """A wheel file name, parsed; ManifestError for anything else (paths, '..', odd characters).
+
+    Only after this is a name safe to join to a folder or a URL.
+    """
+    if not isinstance(name, str) or "/" in name or "\\" in name or ".." in name or name.startswith("."):
+        raise ManifestError(f"{where}: {name!r} is not a wheel file name", "the wheelhouse was edited: re-publish it")
+    m = _WHEEL_NAME.match(name)
+    if not m:
+        raise ManifestError(f"{where}: {name!r} is not a wheel file name", "the wheelhouse was edited: re-publish it")
+    return WheelName(normalize(m["name"]), m["version"], m["python"], m["abi"], m["platform"])
+
+
+# ---------------------------------------------------------------- the wheelhouse manifest
+
+
+@dataclass(frozen=True)
+class SmokeSummary:
+    passed: bool
+    finished_at: str
+    checks: Mapping[str, tuple[str, str]]  # name -> (status, first line of detail)
+
+
+@dataclass(frozen=True)
+class WheelEntry:
+    """What manifest.json says of one DeepSpeed wheel; every field also read back from the wheel."""
+
+    name: str
+    sha256: str
+    version: str
+    recipe: str
+    accelerator: str
+    python_tag: str
+    torch: str
+    cuda: str | None
+    archs: tuple[str, ...]
+    cpu_target: str
+    cpu_flags: tuple[str, ...]  # the build host's flags, for cpu_target = "native"
+    ops: tuple[str, ...]
+    smoke: SmokeSummary
+    metadata_sha256: str | None = None
+    report_sha256: str | None = None
+    published_at: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "sha256": self.sha256,
+            "version": self.version,
+            "recipe": self.recipe,
+            "accelerator": self.accelerator,
+            "python_tag": self.python_tag,
+            "torch": self.torch,
+            "cuda": self.cuda,
+            "archs": list(self.archs),
+            "cpu_target": self.cpu_target,
+            "cpu_flags": list(self.cpu_flags),
+            "ops": list(self.ops),
+            "smoke": {
+                "passed": self.smoke.passed,
+                "finished_at": self.smoke.finished_at,
+                "checks": {n: {"status": s, "detail": d} for n, (s, d) in self.smoke.checks.items()},
+            },
+            "metadata_sha256": self.metadata_sha256,
+            "report_sha256": self.report_sha256,
+            "published_at": self.published_at,
+        }
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """A file the wheelhouse serves besides DeepSpeed's wheels (a dependency, the installer)."""
+
+    name: str
+    sha256: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sha256": self.sha256}
+
+
+@dataclass(frozen=True)
+class WheelhouseManifest:
+    wheels: Mapping[str, WheelEntry] = field(default_factory=dict)
+    dependencies: Mapping[str, FileEntry] = field(default_factory=dict)  # DeepSpeed's runtime closure
+    tools: Mapping[str, FileEntry] = field(default_factory=dict)  # path under the wheelhouse -> file
+
+    def to_json(self) -> str:
+        data = {
+            "schema": MANIFEST_SCHEMA,
+            "wheels": {n: e.to_json() for n, e in sorted(self.wheels.items())},
+            "dependencies": {n: e.to_json() for n, e in sorted(self.dependencies.items())},
+            "tools": {n: e.to_json() for n, e in sorted(self.tools.items())},
+        }
+        return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+    def projects(self) -> dict[str, list[str]]:
+        """PEP 503 project -> the file names the index must link for it."""
+        out: dict[str, list[str]] = {}
+        for name in [*self.wheels, *self.dependencies]:
+            out.setdefault(check_wheel_name(name).project, []).append(name)
+        return {p: sorted(names) for p, names in sorted(out.items())}
+
+    def file_sha256(self, name: str) -> str:
+        entry = self.wheels.get(name) or self.dependencies.get(name)
+        if entry is None:
+            raise KeyError(name)
+        return entry.sha256
+
+
+class Fields:
+    """Typed access to one JSON object; every failure names the file and the field."""
+
+    def __init__(self, data: object, where: str) -> None:
+        if not isinstance(data, dict):
+            raise ManifestError(f"{where} is not a JSON object", "re-publish the wheelhouse")
+        self.data: dict[str, Any] = data
+        self.where = where
+
+    def fail(self, key: str, why: str) -> ManifestError:
+        return ManifestError(f"{self.where}: field {key!r} {why}", "the file was edited or damaged: re-publish it")
+
+    def get(self, key: str, kind: type | tuple[type, ...], optional: bool = False) -> Any:
+        if key not in self.data:
+            if optional:
+                return None
+            raise self.fail(key, "is missing")
+        value = self.data[key]
+        if value is None and optional:
+            return None
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise self.fail(key, f"has the wrong type ({type(value).__name__})")
+        return value
+
+    def text(self, key: str, pattern: re.Pattern[str] | None = None, optional: bool = False) -> Any:
+        value = self.get(key, str, optional)
+        if value is not None and pattern is not None and not pattern.match(value):
+            raise self.fail(key, f"is not valid: {value[:80]!r}")
+        return value
+
+    def choice(self, key: str, choices: Sequence[str]) -> str:
+        value: str = self.get(key, str)
+        if value not in choices:
+            raise self.fail(key, f"is {value[:40]!r}, not one of {', '.join(choices)}")
+        return value
+
+    def texts(self, key: str, pattern: re.Pattern[str], optional: bool = False) -> tuple[str, ...]:
+        value = self.get(key, list, optional)
+        if value is None:
+            return ()
+        for item in value:
+            if not isinstance(item, str) or not pattern.match(item):
+                raise self.fail(key, f"holds an invalid item {str(item)[:80]!r}")
+        return tuple(value)
+
+    def table(self, key: str, optional: bool = False) -> dict[str, Any]:
+        value = self.get(key, dict, optional)
+        return value if value is not None else {}
+
+
+_VERSION = re.compile(r"^[A-Za-z0-9.+!_-]{1,80}$")
+_CUDA = re.compile(r"^\d{1,2}\.\d{1,2}(\.\d+)?$")
+_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+_STAMP = re.compile(r"^[0-9T:+.\-Z ]{0,40}$")
+
+
+def parse_wheel_entry(name: str, data: object, where: str) -> WheelEntry:
+    wheel = check_wheel_name(name, f"{where}: wheels")
+    f = Fields(data, f"{where}: wheels[{name}]")
+    smoke = Fields(f.get("smoke", dict), f"{f.where}.smoke")
+    checks: dict[str, tuple[str, str]] = {}
+    for check, value in smoke.table("checks").items():
+        c = Fields(value, f"{smoke.where}.checks[{check[:60]}]")
+        checks[check] = (c.choice("status", CHECK_STATUSES), c.get("detail", str))
+    passed = smoke.get("passed", bool)
+    if passed and (
+        not any(s == "passed" for s, _ in checks.values()) or any(s == "failed" for s, _ in checks.values())
+    ):
+        raise smoke.fail("passed", "is true, but its checks do not say so")
+    entry = WheelEntry(
+        name=name,
+        sha256=f.text("sha256", _SHA256),
+        version=f.text("version", _VERSION),
+        recipe=f.text("recipe", _NAME),
+        accelerator=f.choice("accelerator", ACCELERATORS),
+        python_tag=f.text("python_tag", _PYTHON_TAG),
+        torch=f.text("torch", _VERSION),
+        cuda=f.text("cuda", _CUDA, optional=True),
+        archs=f.texts("archs", _ARCH),
+        cpu_target=f.choice("cpu_target", CPU_TARGETS),
+        cpu_flags=f.texts("cpu_flags", _CPU_FLAG, optional=True),
+        ops=f.texts("ops", _OP),
+        smoke=SmokeSummary(passed, smoke.text("finished_at", _STAMP), checks),
+        metadata_sha256=f.text("metadata_sha256", _SHA256, optional=True),
+        report_sha256=f.text("report_sha256", _SHA256, optional=True),
+        published_at=f.text("published_at", _STAMP, optional=True) or "",
+    )
+    if wheel.version != entry.version:
+        raise f.fail("version", f"is {entry.version!r} but the file name says {wheel.version!r}")
+    if wheel.python != entry.python_tag:
+        raise f.fail("python_tag", f"is {entry.python_tag!r} but the file name says {wheel.python!r}")
+    return entry
+
+
+def _file_entries(table: Mapping[str, Any], where: str, names_are_wheels: bool) -> dict[str, FileEntry]:
+    out = {}
+    for name, value in table.items():
+        if names_are_wheels:
+            check_wheel_name(name, where)
+        elif name != INSTALLER:
+            raise ManifestError(f"{where}: unknown tool {name[:80]!r}", "re-publish the wheelhouse")
+        out[name] = FileEntry(name, Fields(value, f"{where}[{name}]").text("sha256", _SHA256))
+    return out
+
+
+def parse_manifest(text: str | bytes, where: str = MANIFEST_FILE) -> WheelhouseManifest:
+    """Validate a wheelhouse manifest; ManifestError naming the file and field of the first problem."""
+    try:
+        data = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"{where} is not valid JSON ({exc})", "re-publish the wheelhouse") from exc
+    top = Fields(data, where)
+    schema = top.get("schema", int)
+    if schema not in (1, MANIFEST_SCHEMA):
+        raise top.fail("schema", f"is {schema}; this toolkit reads 1 and {MANIFEST_SCHEMA}")
+    wheels = {n: parse_wheel_entry(n, v, where) for n, v in top.table("wheels").items()}
+    deps = _file_entries(top.table("dependencies", optional=True), f"{where}: dependencies", True)
+    tools = _file_entries(top.table("tools", optional=True), f"{where}: tools", False)
+    clash = set(wheels) & set(deps)
+    if clash:
+        raise ManifestError(f"{where}: {sorted(clash)[0]} is listed as a wheel and as a dependency", "re-publish")
+    return WheelhouseManifest(wheels, deps, tools)
+
+
+# ---------------------------------------------------------------- the build manifest inside a wheel
+
+
+def embedded_build_manifest(wheel: zipfile.ZipFile, where: str) -> dict[str, Any]:
+    """The ds_builder.json inside a wheel (the top-level *.dist-info only), as a JSON object."""
+    names = [n for n in wheel.namelist() if n.count("/") == 1 and n.endswith(f".dist-info/{BUILD_MANIFEST}")]
+    if len(names) != 1:
+        raise ManifestError(f"{where} holds {len(names)} {BUILD_MANIFEST} files, not one", "rebuild the wheel")
+    try:
+        data = json.loads(wheel.read(names[0]))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"{where}: {BUILD_MANIFEST} is not valid JSON ({exc})", "rebuild the wheel") from exc
+    if not isinstance(data, dict):
+        raise ManifestError(f"{where}: {BUILD_MANIFEST} is not a JSON object", "rebuild the wheel")
+    return data
+
+
+def facts_of_build(build: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields a wheelhouse entry repeats from the wheel's own build manifest."""
+    torch: Mapping[str, Any] = build["torch"] if isinstance(build.get("torch"), dict) else {}
+    recipe: Mapping[str, Any] = build["recipe"] if isinstance(build.get("recipe"), dict) else {}
+    return {
+        "version": build.get("version"),
+        "recipe": recipe.get("name"),
+        "accelerator": build.get("accelerator"),
+        "python_tag": build.get("python_tag"),
+        "torch": torch.get("version"),
+        "cuda": torch.get("cuda"),
+        "archs": list(build.get("archs") or []),
+        "cpu_target": build.get("cpu_target"),
+        "cpu_flags": list(build.get("cpu_flags") or []),
+        "ops": list(build.get("ops") or []),
+    }
+
+
+def entry_differences(entry: WheelEntry, build: Mapping[str, Any]) -> list[str]:
+    """Fields where the manifest entry and the wheel's embedded build manifest disagree."""
+    mine = {k: v for k, v in entry.to_json().items() if k in facts_of_build({})}
+    theirs = facts_of_build(build)
+    return [f"{k}: manifest says {mine[k]!r}, the wheel says {theirs[k]!r}" for k in mine if mine[k] != theirs[k]]
+
+
+# ---------------------------------------------------------------- choosing a wheel
 
 
 @dataclass(frozen=True)
@@ -65,6 +392,10 @@ class Node:
         simd = " ".join(sorted(f for f in self.cpu_flags if f.startswith(("avx", "fma", "sse4")))) or "-"
         return (f"python {self.python_tag}, torch {self.torch or 'not installed'}, CUDA {self.cuda or 'none'}, "
                 f"GPU compute capabilities {gpus}, CPU {simd}")  # fmt: skip
+
+    def to_json(self) -> dict[str, Any]:
+        return {"python_tag": self.python_tag, "torch": self.torch, "cuda": self.cuda, "gpus": list(self.gpus),
+                "cpu_flags": sorted(self.cpu_flags)}  # fmt: skip
 
 
 def _public(version: str) -> str:
@@ -96,112 +427,283 @@ def arch_covers(archs: Sequence[str], gpu: str) -> bool:
     return False
 
 
-def mismatches(entry: Mapping[str, Any], node: Node) -> list[str]:
+def cpu_mismatch(entry: WheelEntry, node: Node) -> str | None:
+    """Why the wheel's CPU code cannot run on the node's CPU, or None."""
+    if entry.cpu_target == "native":
+        if not entry.cpu_flags:
+            return "CPU ops built with -march=native on a machine whose CPU flags were not recorded"
+        if not node.cpu_flags:
+            return "CPU ops built with -march=native, and this node's CPU flags are unknown"
+        lacking = sorted(set(entry.cpu_flags) - node.cpu_flags)
+        if lacking:
+            shown = ", ".join(lacking[:8]) + (f" and {len(lacking) - 8} more" if len(lacking) > 8 else "")
+            return f"CPU ops built with -march=native on a CPU with {shown}, which this node lacks"
+        return None
+    lacking = [f for f in TARGET_FLAGS[entry.cpu_target] if node.cpu_flags and f not in node.cpu_flags]
+    return f"CPU ops built for {entry.cpu_target}, node CPU lacks {', '.join(lacking)}" if lacking else None
+
+
+def mismatches(entry: WheelEntry, node: Node) -> list[str]:
     """Why a wheelhouse entry does not fit the node (empty: it fits)."""
     why = []
-    if entry["python_tag"] != node.python_tag:
-        why.append(f"built for {entry['python_tag']}, node has {node.python_tag}")
-    if node.torch and _public(entry["torch"]) != _public(node.torch):
-        why.append(f"built for torch {entry['torch']}, node has {node.torch}")
-    if entry["accelerator"] == "cuda":
+    if entry.python_tag != node.python_tag:
+        why.append(f"built for {entry.python_tag}, node has {node.python_tag}")
+    if node.torch and _public(entry.torch) != _public(node.torch):
+        why.append(f"built for torch {entry.torch}, node has {node.torch}")
+    if entry.accelerator == "cuda":
         if node.torch and not node.cuda:
             why.append("a CUDA wheel, but the node's torch has no CUDA")
-        elif node.cuda and entry.get("cuda") and entry["cuda"].split(".")[:2] != node.cuda.split(".")[:2]:
-            why.append(f"built for CUDA {entry['cuda']}, node's torch has CUDA {node.cuda}")
-        missing = [g for g in node.gpus if not arch_covers(entry.get("archs", []), g)]
+        elif node.cuda and entry.cuda and entry.cuda.split(".")[:2] != node.cuda.split(".")[:2]:
+            why.append(f"built for CUDA {entry.cuda}, node's torch has CUDA {node.cuda}")
+        missing = [g for g in node.gpus if not arch_covers(entry.archs, g)]
         if missing:
             why.append(f"no code for GPU compute capability {', '.join(sorted(set(missing)))} "
-                       f"(wheel has {', '.join(entry.get('archs', [])) or 'none'})")  # fmt: skip
+                       f"(wheel has {', '.join(entry.archs) or 'none'})")  # fmt: skip
     elif node.gpus:
         why.append("a CPU wheel, but the node has GPUs (DeepSpeed would use its CUDA accelerator and JIT)")
-    need = TARGET_FLAGS.get(entry.get("cpu_target", "x86-64"), ())
-    lacking = [f for f in need if node.cpu_flags and f not in node.cpu_flags]
-    if lacking:
-        why.append(f"CPU ops built for {entry['cpu_target']}, node CPU lacks {', '.join(lacking)}")
-    if not entry.get("smoke", {}).get("passed"):
+    cpu = cpu_mismatch(entry, node)
+    if cpu:
+        why.append(cpu)
+    if not entry.smoke.passed:
         why.append("its smoke tests did not pass")
     return why
 
 
-def choose(manifest: Mapping[str, Any], node: Node) -> tuple[str, Mapping[str, Any]]:
+def choose(manifest: WheelhouseManifest, node: Node) -> WheelEntry:
     """The newest fitting wheel; InstallError listing what the wheelhouse has when none fits."""
-    wheels: Mapping[str, Mapping[str, Any]] = manifest.get("wheels", {})
-    fits = [(name, e) for name, e in wheels.items() if not mismatches(e, node)]
+    fits = [e for e in manifest.wheels.values() if not mismatches(e, node)]
     if fits:
-        exact = [(n, e) for n, e in fits if node.torch and e["torch"] == node.torch]
-        return max(exact or fits, key=lambda item: item[1].get("published_at", ""))
-    lines = [f"  {name}: {'; '.join(mismatches(e, node))}" for name, e in sorted(wheels.items())]
+        exact = [e for e in fits if node.torch and e.torch == node.torch]
+        wanted = "cuda" if node.gpus else "cpu"  # a node without GPUs prefers a CPU wheel
+        return max(exact or fits, key=lambda e: (e.accelerator == wanted, e.published_at, e.name))
+    lines = [f"  {name}: {'; '.join(mismatches(e, node))}" for name, e in sorted(manifest.wheels.items())]
     raise InstallError(
         f"no wheel in the wheelhouse fits this node ({node.describe()}); it has:\n" + ("\n".join(lines) or "  nothing"),
         "build one for this node (a recipe with its torch, CUDA and GPU archs), smoke it and publish it",
     )
 
 
-def cpu_flags() -> frozenset[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
+# ---------------------------------------------------------------- probing the node
+
+_NODE_PROBE = r"""
+import json, sys
+out = {"python_tag": f"cp{sys.version_info[0]}{sys.version_info[1]}", "torch": None, "cuda": None, "gpus": []}
+try:
+    import torch
+    out["torch"], out["cuda"] = torch.__version__, torch.version.cuda
+    if torch.cuda.is_available():
+        caps = [torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())]
+        out["gpus"] = [f"{major}.{minor}" for major, minor in caps]
+except ImportError:
+    pass
+print(json.dumps(out))
+"""
+
+
+def parse_cpu_flags(cpuinfo: str) -> frozenset[str]:
+    for line in cpuinfo.splitlines():
         if line.startswith("flags"):
             return frozenset(line.split(":", 1)[1].split())
     return frozenset()
 
 
+def cpu_flags() -> frozenset[str]:
+    try:
+        return parse_cpu_flags(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        return frozenset()
+
+
+def parse_node_probe(output: str, flags: frozenset[str]) -> Node:
+    lines = output.strip().splitlines()
+    try:
+        data = json.loads(lines[-1]) if lines else None
+        f = Fields(data, "the node probe")
+        gpus = f.texts("gpus", _ARCH)
+        return Node(f.text("python_tag", _PYTHON_TAG), f.text("torch", _VERSION, optional=True),
+                    f.text("cuda", _CUDA, optional=True), gpus, flags)  # fmt: skip
+    except (ValueError, ManifestError) as exc:
+        raise InstallError(
+            f"the node probe printed no usable report: {exc}", "pass --python with a working Python"
+        ) from exc
+
+
 def probe_node(python: str) -> Node:
-    done = subprocess.run([python, "-c", _NODE_PROBE], capture_output=True, text=True, check=False)
+    """This node's Python, torch, CUDA and GPUs (asked of `python`), and its CPU flags."""
+    try:
+        done = subprocess.run([python, "-c", _NODE_PROBE], capture_output=True, text=True, check=False)
+    except OSError as exc:
+        raise InstallError(f"cannot run {python}: {exc.strerror}", "pass --python with a working Python") from exc
     if done.returncode != 0:
         raise InstallError(f"cannot run {python}: {done.stderr.strip()[-300:]}", "pass --python with a working Python")
-    data = json.loads(done.stdout.strip().splitlines()[-1])
-    return Node(data["python_tag"], data["torch"], data["cuda"], tuple(data["gpus"]), cpu_flags())
+    return parse_node_probe(done.stdout, cpu_flags())
 
 
-def _join(base: str, name: str) -> str:
-    return base.rstrip("/") + "/" + quote(name)
+# ---------------------------------------------------------------- reading a wheelhouse
+
+
+def wheelhouse_base(source: str) -> str:
+    """A wheelhouse given as a folder, a file:// URL or an http(s) URL, as a base to fetch from."""
+    parsed = urllib.parse.urlparse(source)
+    if parsed.scheme in ("http", "https"):
+        return source.rstrip("/") + "/"
+    if parsed.scheme == "file":
+        if parsed.netloc not in ("", "localhost"):
+            raise InstallError(f"{source}: a file:// URL must name a local folder", "write file:///path/to/wheelhouse")
+        return urllib.request.url2pathname(parsed.path)
+    if parsed.scheme and len(parsed.scheme) > 1:
+        raise InstallError(
+            f"{source}: unsupported scheme {parsed.scheme}://", "use a folder, file://, http:// or https://"
+        )
+    return source
 
 
 def fetch(base: str, name: str) -> bytes:
-    """A file of the wheelhouse at `base` (a folder or an http(s) URL)."""
+    """A file of the wheelhouse at `base`; `name` must be one this module checked or a fixed name."""
     if base.startswith(("http://", "https://")):
-        with urllib.request.urlopen(_join(base, name), timeout=120) as response:
-            data: bytes = response.read()
-            return data
-    return (Path(base) / name).read_bytes()
-
-
-def install(wheelhouse: str, python: str, dry_run: bool = False, pip_args: Sequence[str] = ()) -> str:
-    """Pick, fetch, hash-check and pip-install the wheel for this node; returns its file name."""
+        url = base + "/".join(urllib.parse.quote(part) for part in name.split("/"))
+        try:
+            with urllib.request.urlopen(url, timeout=120) as response:
+                data: bytes = response.read()
+                return data
+        except urllib.error.HTTPError as exc:
+            raise InstallError(f"{url}: HTTP {exc.code} {exc.reason}", "run `verify` on the served wheelhouse") from exc
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise InstallError(f"cannot reach {url}: {reason}", "check the wheelhouse URL and the network") from exc
+    path = Path(base) / name
     try:
-        manifest = json.loads(fetch(wheelhouse, "manifest.json"))
-    except (OSError, ValueError) as exc:
+        return path.read_bytes()
+    except OSError as exc:
         raise InstallError(
-            f"cannot read manifest.json from {wheelhouse}: {exc}", "check the wheelhouse path or URL"
+            f"cannot read {path}: {exc.strerror}", "check the wheelhouse path; run `verify` on it"
         ) from exc
-    node = probe_node(python)
-    print(f"==> node: {node.describe()}", file=sys.stderr)
-    name, entry = choose(manifest, node)
-    print(f"==> chosen: {name} (torch {entry['torch']}, archs {', '.join(entry.get('archs', [])) or '-'}, "
-          f"ops {', '.join(entry['ops'])})", file=sys.stderr)  # fmt: skip
-    if dry_run:
-        return name
-    data = fetch(wheelhouse, name)
+
+
+class _RootLinks(html.parser.HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hrefs: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "a":
+            self.hrefs.append(dict(attrs).get("href") or "")
+
+
+def unlisted_projects(root_page: str, manifest: WheelhouseManifest) -> list[str]:
+    """Projects the index's root page links that the manifest does not list (an injected project)."""
+    parser = _RootLinks()
+    parser.feed(root_page)
+    known = {f"{urllib.parse.quote(p)}/" for p in manifest.projects()}
+    return sorted(h for h in parser.hrefs if h not in known)
+
+
+def say(message: str) -> None:
+    """Progress for the person at the node; stdout is kept for --json."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def load_wheelhouse(base: str) -> WheelhouseManifest:
+    """The validated manifest of a wheelhouse whose index lists nothing the manifest does not."""
+    where = f"{base.rstrip('/')}/{MANIFEST_FILE}"
+    manifest = parse_manifest(fetch(base, MANIFEST_FILE), where)
+    try:
+        root = fetch(base, "simple/index.html").decode("utf-8")
+    except (InstallError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"the wheelhouse's simple/index.html cannot be read: {exc}", "re-publish it") from exc
+    extra = unlisted_projects(root, manifest)
+    if extra:
+        raise ManifestError(
+            f"simple/index.html of {base} links projects the manifest does not list: {', '.join(extra)[:300]}",
+            "someone added them to the index: run `python -m builder verify` on the wheelhouse",
+        )
+    return manifest
+
+
+def checked_wheel(base: str, entry: WheelEntry) -> bytes:
+    """The wheel's bytes, after its sha256 and its embedded build manifest agree with the entry."""
+    data = fetch(base, entry.name)
     digest = hashlib.sha256(data).hexdigest()
-    if digest != entry["sha256"]:
-        raise InstallError(
-            f"{name} from {wheelhouse} has sha256 {digest}, the manifest says {entry['sha256']}",
+    if digest != entry.sha256:
+        raise ManifestError(
+            f"{entry.name} from {base} has sha256 {digest}, the manifest says {entry.sha256}",
             "the wheelhouse copy is damaged or was tampered with: run `python -m builder verify` on it",
         )
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            build = embedded_build_manifest(zf, entry.name)
+    except zipfile.BadZipFile as exc:
+        raise ManifestError(f"{entry.name} is not a zip file", "re-publish it") from exc
+    differ = entry_differences(entry, build)
+    if differ:
+        raise ManifestError(
+            f"manifest.json disagrees with {entry.name}'s own build manifest:\n    " + "\n    ".join(differ),
+            "manifest.json was edited: run `python -m builder verify` on the wheelhouse and re-publish",
+        )
+    return data
+
+
+def install(wheelhouse: str, python: str, dry_run: bool = False, pip_args: Sequence[str] = ()) -> dict[str, Any]:
+    """Pick, fetch, check and pip-install the wheel for this node; returns what was done."""
+    base = wheelhouse_base(wheelhouse)
+    manifest = load_wheelhouse(base)
+    node = probe_node(python)
+    say(f"==> node: {node.describe()}")
+    entry = choose(manifest, node)
+    say(f"==> chosen: {entry.name} (torch {entry.torch}, archs {', '.join(entry.archs) or '-'}, "
+        f"ops {', '.join(entry.ops)})")  # fmt: skip
+    data = checked_wheel(base, entry)
+    say(f"==> {entry.name}: sha256 {entry.sha256[:16]}... verified, build manifest agrees")
+    result = {"wheel": entry.name, "sha256": entry.sha256, "node": node.to_json(), "installed": False}
+    if dry_run:
+        return result
     tmp = tempfile.mkdtemp(prefix="ds-install-")
     try:
-        wheel = os.path.join(tmp, name)
+        wheel = os.path.join(tmp, entry.name)  # a checked wheel name: no separator, no '..'
         with open(wheel, "wb") as f:
             f.write(data)
         cmd = [python, "-m", "pip", "install", *pip_args, wheel]
-        print(f"+ {' '.join(cmd)}", file=sys.stderr, flush=True)
-        done = subprocess.run(cmd, check=False)
+        say(f"+ {' '.join(cmd)}")
+        done = subprocess.run(cmd, check=False, stdout=sys.stderr)  # stdout is for --json
         if done.returncode != 0:
-            raise InstallError(f"pip could not install {name} (exit {done.returncode})", "read pip's output above")
+            raise InstallError(
+                f"pip could not install {entry.name} (exit {done.returncode})", "read pip's output above"
+            )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"==> installed {name} (sha256 {digest[:16]}... verified)", file=sys.stderr)
-    return name
+    say(f"==> installed {entry.name}")
+    return {**result, "installed": True}
+
+
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="On a node: detect Python, torch, CUDA, GPU compute capabilities and CPU features, pick the "
+        "wheel built for them from a wheelhouse's manifest, check its sha256 and build manifest, and pip-install "
+        "it. Standard library and pip only.",
+        epilog=f"Exit codes: {EXIT_BAD_WHEELHOUSE} the wheelhouse failed a check; {EXIT_INSTALL} no wheel fits, "
+        "a download failed or pip failed.",
+    )
+    p.add_argument("--wheelhouse", required=True, metavar="PATH_OR_URL", help="folder, file:// or http(s):// URL")
+    p.add_argument("--python", default=sys.executable, help="the node's Python (default: this one)")
+    p.add_argument("--dry-run", action="store_true", help="choose and check the wheel, install nothing")
+    p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    p.add_argument("--pip-arg", dest="pip_args", action="append", default=[], metavar="ARG", help="extra pip argument")
+    p.add_argument("--debug", action="store_true", help="show a traceback on errors")
+    args = p.parse_args(argv)
+    try:
+        result = install(args.wheelhouse, args.python, args.dry_run, args.pip_args)
+    except InstallError as exc:
+        if args.debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"error": exc.message, "fix": exc.fix, "exit_code": exc.exit_code}))
+        return exc.exit_code
+    if args.json:
+        print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

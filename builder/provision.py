@@ -1,8 +1,9 @@
 """provision: install the right wheel on many hosts, driven by pdsh (as DeepSpeed's own launcher does).
 
-Each host gets a generated install script; the script runs a standalone copy of the node-side
-installer (`node.py`, standard library only) published in the wheelhouse's tools/ folder, so
-hosts need nothing but Python and pip. `plan_*` functions are pure; `write` and `run` act.
+Each host gets a generated install script; the script fetches the node installer the wheelhouse
+publishes (`tools/ds-node-install.py`, builder/node.py byte for byte, standard library only),
+runs it only if its sha256 is the one manifest.json records, so hosts need nothing but Python
+and pip, and a tampered installer is never executed. `plan_*` functions are pure; `write` and `run` act.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder import cmd
-from builder.errors import BuilderError, ToolError
+from builder.errors import BuilderError, WheelhouseError
+from builder.files import write_atomic
+from builder.node import INSTALLER
+from builder.source import sha256_of
 
-INSTALLER = "tools/ds-node-install.py"
 _HOST_LINE = re.compile(r"^\s*([A-Za-z0-9._-]+)((?:\s+\w+=\S+)*)\s*$")
 
 
@@ -51,16 +54,23 @@ def parse_hostfile(text: str, where: str = "hostfile") -> list[Host]:
     return hosts
 
 
-def host_script(host: Host, wheelhouse: str) -> str:
-    """The install script for one host: fetch the standalone installer, run it, keep a log."""
-    fetch = (
-        "import sys, shutil, urllib.request\n"
-        "src, dst = sys.argv[1], sys.argv[2]\n"
-        "if src.startswith(('http://', 'https://')):\n"
-        "    urllib.request.urlretrieve(src, dst)\n"
-        "else:\n"
-        "    shutil.copyfile(src, dst)\n"
-    )
+# Run by each host's Python: fetch the installer, and keep it only if it has the published sha256.
+_FETCH = (
+    "import hashlib, sys, urllib.request\n"
+    "src, dst, want = sys.argv[1:]\n"
+    "if src.startswith(('http://', 'https://')):\n"
+    "    data = urllib.request.urlopen(src, timeout=120).read()\n"
+    "else:\n"
+    "    data = open(src, 'rb').read()\n"
+    "if hashlib.sha256(data).hexdigest() != want:\n"
+    "    sys.exit(f'error: {src} is not the installer the wheelhouse published (sha256 differs); "
+    "run python -m builder verify on the wheelhouse')\n"
+    "open(dst, 'wb').write(data)\n"
+)
+
+
+def host_script(host: Host, wheelhouse: str, installer_sha256: str) -> str:
+    """The install script for one host: fetch the installer, check its sha256, run it."""
     source = wheelhouse.rstrip("/") + "/" + INSTALLER
     return (
         "#!/bin/sh\n"
@@ -69,61 +79,32 @@ def host_script(host: Host, wheelhouse: str) -> str:
         f"PY={shlex.quote(host.python)}\n"
         'tmp="$(mktemp -d)"\n'
         "trap 'rm -rf \"$tmp\"' EXIT\n"
-        f'"$PY" -c {shlex.quote(fetch)} {shlex.quote(source)} "$tmp/install.py"\n'
+        f'"$PY" -c {shlex.quote(_FETCH)} {shlex.quote(source)} "$tmp/install.py" {installer_sha256}\n'
         f'"$PY" "$tmp/install.py" --wheelhouse {shlex.quote(wheelhouse)}\n'
     )
 
 
-def standalone_installer() -> str:
-    """node.py as one self-contained script (its only builder import replaced), with a main()."""
-    source = Path(__file__).with_name("node.py").read_text(encoding="utf-8")
-    own = "from builder.errors import BuilderError\n"
-    if own not in source:
-        raise ToolError(
-            "node.py changed its imports; the standalone installer cannot be generated", "update provision.py"
+def installer_sha256(wheelhouse_dir: Path) -> str:
+    """The sha256 of the installer the wheelhouse publishes, after checking the file against it."""
+    from builder.wheelhouse import load_manifest
+
+    manifest = load_manifest(wheelhouse_dir)
+    entry = manifest.tools.get(INSTALLER)
+    if entry is None:
+        raise WheelhouseError(
+            f"{wheelhouse_dir} publishes no node installer ({INSTALLER})", "publish a wheel into it (build-wheel)"
         )
-    inline = (
-        "class BuilderError(Exception):\n"
-        "    exit_code = 1\n\n"
-        "    def __init__(self, message: str, fix: str = '') -> None:\n"
-        "        super().__init__(message)\n"
-        "        self.message, self.fix = message, fix\n"
-    )
-    main = (
-        "\n\nif __name__ == '__main__':\n"
-        "    import argparse\n"
-        "    p = argparse.ArgumentParser(description='Install the DeepSpeed wheel built for this node.')\n"
-        "    p.add_argument('--wheelhouse', required=True)\n"
-        "    p.add_argument('--python', default=sys.executable)\n"
-        "    p.add_argument('--dry-run', action='store_true')\n"
-        "    a = p.parse_args()\n"
-        "    try:\n"
-        "        install(a.wheelhouse, a.python, a.dry_run)\n"
-        "    except BuilderError as exc:\n"
-        "        print(f'error: {exc.message}\\n  fix: {exc.fix}', file=sys.stderr)\n"
-        "        sys.exit(exc.exit_code)\n"
-    )
-    return (
-        "# Generated by ds-wheel-builder from builder/node.py: standard library only.\n"
-        + source.replace(own, inline)
-        + main
-    )
+    if sha256_of(wheelhouse_dir / INSTALLER) != entry.sha256:
+        raise WheelhouseError(
+            f"{wheelhouse_dir / INSTALLER} differs from the sha256 in manifest.json: it was changed",
+            "run python -m builder verify; re-publish a wheel to restore the installer",
+        )
+    return entry.sha256
 
 
-def write(hosts: list[Host], wheelhouse: str, out: Path, wheelhouse_dir: Path | None) -> list[Path]:
-    """Write provision/<host>.sh for every host, and the installer into the wheelhouse's tools/."""
-    if wheelhouse_dir is not None:
-        tool = wheelhouse_dir / INSTALLER
-        tool.parent.mkdir(parents=True, exist_ok=True)
-        tool.write_text(standalone_installer(), encoding="utf-8")
-    out.mkdir(parents=True, exist_ok=True)
-    scripts = []
-    for host in hosts:
-        script = out / f"{host.name}.sh"
-        script.write_text(host_script(host, wheelhouse), encoding="utf-8")
-        script.chmod(0o755)
-        scripts.append(script)
-    return scripts
+def write(hosts: list[Host], wheelhouse: str, out: Path, digest: str) -> list[Path]:
+    """Write provision/<host>.sh for every host (mode 0755)."""
+    return [write_atomic(out / f"{h.name}.sh", host_script(h, wheelhouse, digest), mode=0o755) for h in hosts]
 
 
 def pdsh_command(hosts: list[Host], out: Path, launcher: str) -> list[str]:

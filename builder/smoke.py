@@ -13,17 +13,17 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from packaging.version import Version
 
 from builder import cmd, envs
+from builder.contracts import BuildManifest, Check, SmokeReport, verdict
 from builder.errors import SmokeError
+from builder.files import write_atomic
+from builder.node import CHECK_STATUSES, Fields, ManifestError
 from builder.source import sha256_of
-from builder.wheelfile import read_manifest
 from builder.workspace import Workspace
 
 CHECKS_SCRIPT = Path(__file__).with_name("smoke_checks.py")
@@ -34,37 +34,12 @@ SMOKE_EXTRAS = ("transformers>=5,<6", "accelerate>=1.10", "bitsandbytes==0.50.2"
 MARKER = "==== smoke json ===="
 
 
-@dataclass(frozen=True)
-class Check:
-    name: str
-    status: str  # passed | failed | skipped
-    detail: str = ""
-
-
-@dataclass(frozen=True)
-class SmokeReport:
-    wheel: str
-    sha256: str
-    passed: bool
-    checks: tuple[Check, ...]
-    seconds: float
-    finished_at: str
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2) + "\n"
-
-    @classmethod
-    def from_json(cls, text: str) -> SmokeReport:
-        data = json.loads(text)
-        data["checks"] = tuple(Check(**c) for c in data["checks"])
-        return cls(**data)
-
-
 def report_path(wheel: Path) -> Path:
     return wheel.with_name(wheel.name + ".smoke.json")
 
 
 def parse_checks(output: str) -> tuple[Check, ...]:
+    """The checks the smoke script printed after its marker, each validated."""
     _, sep, payload = output.rpartition(MARKER)
     if not sep:
         raise SmokeError("the smoke checks printed no report", "read the smoke log")
@@ -74,22 +49,41 @@ def parse_checks(output: str) -> tuple[Check, ...]:
         data, _ = json.JSONDecoder().raw_decode(payload.lstrip())
     except json.JSONDecodeError as exc:
         raise SmokeError(f"the smoke report is not valid JSON ({exc})", "read the smoke log") from exc
-    return tuple(Check(**c) for c in data)
+    if not isinstance(data, list):
+        raise SmokeError("the smoke report is not a list of checks", "read the smoke log")
+    checks = []
+    for i, item in enumerate(data):
+        f = Fields(item, f"smoke check {i}")
+        try:
+            checks.append(Check(f.get("name", str), f.choice("status", CHECK_STATUSES), f.get("detail", str)))
+        except ManifestError as exc:
+            raise SmokeError(exc.message, "read the smoke log") from exc
+    return tuple(checks)
 
 
-def verdict(checks: Sequence[Check]) -> bool:
-    """Passed only if something ran and nothing failed; a skip is reported, never a pass on its own."""
-    return any(c.status == "passed" for c in checks) and not any(c.status == "failed" for c in checks)
-
-
-def smoke_spec(manifest: Mapping[str, Any]) -> dict[str, Any]:
+def smoke_spec(manifest: BuildManifest) -> dict[str, Any]:
     return {
-        "version": manifest["version"],
-        "ops": manifest["ops"],
-        "accelerator": manifest["accelerator"],
-        "torch": manifest["torch"],
+        "version": manifest.version,
+        "ops": list(manifest.ops),
+        "accelerator": manifest.accelerator,
+        "torch": {"version": manifest.torch_version, "cuda": manifest.torch_cuda},
         "dist_worker": str(DIST_WORKER),
     }
+
+
+def load_report(wheel: Path) -> SmokeReport | None:
+    """The wheel's smoke report, validated; None when there is none."""
+    path = report_path(wheel)
+    try:
+        text = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise SmokeError(f"cannot read {path}: {exc.strerror}", "check the file's permissions") from exc
+    try:
+        return SmokeReport.from_json(text, str(path))
+    except ManifestError as exc:
+        raise SmokeError(exc.message, f"smoke the wheel again: python -m builder smoke {wheel}") from exc
 
 
 def smoke(wheel: Path, ws: Workspace, verbose: bool = False, keep_env: bool = False) -> SmokeReport:
@@ -98,7 +92,10 @@ def smoke(wheel: Path, ws: Workspace, verbose: bool = False, keep_env: bool = Fa
     wheel = wheel.resolve()
     if not wheel.is_file():
         raise SmokeError(f"no such wheel: {wheel}", "pass the path of a built wheel, e.g. build/dist/*.whl")
-    manifest = read_manifest(wheel)
+    try:
+        manifest = BuildManifest.from_wheel(wheel)
+    except ManifestError as exc:
+        raise SmokeError(exc.message, "smoke only wheels built by build-wheel; rebuild this one") from exc
     log = ws.logs / f"{wheel.name}.smoke.log"
     ws.logs.mkdir(parents=True, exist_ok=True)
     ws.scratch.mkdir(parents=True, exist_ok=True)
@@ -106,16 +103,16 @@ def smoke(wheel: Path, ws: Workspace, verbose: bool = False, keep_env: bool = Fa
     print(f"==> smoke: {wheel.name}; full log: {log}", file=sys.stderr)
     tmp = Path(tempfile.mkdtemp(prefix="smoke-", dir=ws.scratch))
     try:
-        system = manifest["recipe"]["torch"] == "system"
+        system = manifest.recipe_torch == "system"
         # The public version: pip's files may be named 2.14.1 while torch reports 2.14.1+cu130.
-        torch_req = f"torch=={Version(manifest['torch']['version']).public}"
+        torch_req = f"torch=={Version(manifest.torch_version).public}"
         venv = envs.create(
             tmp / "venv", [torch_req, str(wheel), *SMOKE_EXTRAS], log, verbose, system_site_packages=system
         )
         ext_dir = tmp / "torch_extensions"
         ext_dir.mkdir()
         env = envs.venv_environ(venv)
-        env.update({"TORCH_EXTENSIONS_DIR": str(ext_dir), "DS_ACCELERATOR": manifest["accelerator"]})
+        env.update({"TORCH_EXTENSIONS_DIR": str(ext_dir), "DS_ACCELERATOR": manifest.accelerator})
         output = cmd.run(
             [envs.python_in(venv), CHECKS_SCRIPT, json.dumps(smoke_spec(manifest))],
             env=env,
@@ -137,7 +134,7 @@ def smoke(wheel: Path, ws: Workspace, verbose: bool = False, keep_env: bool = Fa
         seconds=round(time.monotonic() - start, 1),
         finished_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     )
-    _write_atomic(report_path(wheel), report.to_json())
+    write_atomic(report_path(wheel), report.to_json())
     _print(report)
     if not report.passed:
         failed = [c.name for c in checks if c.status == "failed"]
@@ -146,12 +143,6 @@ def smoke(wheel: Path, ws: Workspace, verbose: bool = False, keep_env: bool = Fa
             f"read {report_path(wheel)} and the log {log}",
         )
     return report
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
 
 
 def _print(report: SmokeReport) -> None:

@@ -2,11 +2,13 @@
 
 `plan_toolchain` and `compose_env` are pure. `apply` is the only writer: it makes a private folder
 of gcc/g++ symlinks (never a system folder) when the default gcc is outside what nvcc accepts.
-It is idempotent and never replaces a file that is not its own symlink.
+It is idempotent, checks everything before it creates anything, refuses system folders, and
+only ever replaces links it recorded as its own.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -14,6 +16,7 @@ from pathlib import Path
 
 from builder.detect import Compiler, Report, Toolkit, cuda_major_minor
 from builder.errors import ToolError
+from builder.files import make_dirs, write_atomic
 
 
 @dataclass(frozen=True)
@@ -116,33 +119,88 @@ def compose_env(base: Mapping[str, str], plan: ToolchainPlan) -> dict[str, str]:
     return env
 
 
-def apply(plan: ToolchainPlan, dry_run: bool = False) -> list[str]:
-    """Create the compiler symlinks; returns what was (or, with dry_run, would be) done."""
-    if plan.compiler_dir is None:
-        return []
-    actions = []
+LINKS_RECORD = ".ds-builder-links.json"  # the links this toolkit made in a compiler folder
+# Folders that belong to the system or the package manager: never a place for our links.
+SYSTEM_PREFIXES = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc", "/boot", "/dev", "/proc", "/sys",
+                   "/snap", "/nix")  # fmt: skip
+
+
+def _system_folder(folder: Path) -> bool:
+    real = Path(os.path.realpath(folder))
+    if real == Path("/") or real == Path.home():
+        return True
+    return any(real == Path(p) or Path(p) in real.parents for p in SYSTEM_PREFIXES)
+
+
+def _recorded(folder: Path) -> dict[str, str]:
+    """The links a previous apply made here (name -> target); {} when none or unreadable."""
+    try:
+        data = json.loads((folder / LINKS_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    links = data.get("links") if isinstance(data, dict) else None
+    if not isinstance(links, dict):
+        return {}
+    return {k: v for k, v in links.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def plan_links(plan: ToolchainPlan) -> list[tuple[str, Path, str]]:
+    """What apply would do, as (action, link, target); ToolError before anything is touched.
+
+    Only links this toolkit recorded in the folder may be replaced; a system folder, or a file
+    or link someone else put there, is refused with the reason.
+    """
     folder = plan.compiler_dir
-    if not folder.is_dir():
-        actions.append(f"mkdir {folder}")
-        if not dry_run:
-            folder.mkdir(parents=True)
+    if folder is None:
+        return []
+    if _system_folder(folder):
+        raise ToolError(
+            f"{folder} is a system folder; the toolchain step only writes a private folder of its own",
+            "pass --folder with a new folder (default: WORK_DIR/toolchain/bin)",
+        )
+    ours = _recorded(folder)
+    actions: list[tuple[str, Path, str]] = []
+    refused = []
     for name, target in sorted(plan.links.items()):
         link = folder / name
-        if link.is_symlink():
-            if os.readlink(link) == target:
-                continue
-            actions.append(f"relink {link} -> {target}")
-            if not dry_run:
-                tmp = folder / f".{name}.tmp"
-                tmp.unlink(missing_ok=True)
-                tmp.symlink_to(target)
-                tmp.replace(link)
+        if not link.is_symlink() and not link.exists():
+            actions.append(("link", link, target))
+        elif link.is_symlink() and os.readlink(link) == target and name in ours:
             continue
-        if link.exists():
-            raise ToolError(
-                f"{link} exists and is not a symlink made by this toolkit", "remove it or use another folder"
-            )
-        actions.append(f"ln -s {target} {link}")
-        if not dry_run:
-            link.symlink_to(target)
+        elif link.is_symlink() and ours.get(name) == os.readlink(link):
+            actions.append(("relink", link, target))
+        else:
+            what = f"a symlink to {os.readlink(link)}" if link.is_symlink() else "a file"
+            refused.append(f"{link} is {what} that this toolkit did not make")
+    if refused:
+        raise ToolError(
+            "the compiler folder holds what is not ours: " + "; ".join(refused),
+            "remove those entries yourself, or pass --folder with a new folder",
+        )
     return actions
+
+
+def apply(plan: ToolchainPlan, dry_run: bool = False) -> list[str]:
+    """Create the compiler symlinks; returns what was (or, with dry_run, would be) done.
+
+    Everything is checked first (plan_links); then links are made and recorded in the folder.
+    """
+    actions = plan_links(plan)
+    folder = plan.compiler_dir
+    if folder is None:
+        return []
+    shown = ([f"mkdir {folder}"] if not folder.is_dir() else []) + [f"{a} {link} -> {t}" for a, link, t in actions]
+    if dry_run or not actions:
+        return shown
+    make_dirs(folder)
+    for action, link, target in actions:
+        if action == "relink":
+            tmp = folder / f".{link.name}.tmp"
+            tmp.unlink(missing_ok=True)
+            tmp.symlink_to(target)
+            tmp.replace(link)
+        else:
+            link.symlink_to(target)
+    record = {**_recorded(folder), **dict(plan.links)}
+    write_atomic(folder / LINKS_RECORD, json.dumps({"links": record}, indent=2, sort_keys=True) + "\n")
+    return shown

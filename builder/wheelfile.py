@@ -7,7 +7,6 @@ is trusted only after its .so files and `installed_ops` were read back from the 
 from __future__ import annotations
 
 import ast
-import json
 import re
 import tempfile
 import zipfile
@@ -16,12 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from packaging.version import Version
+
 from builder import cmd
+from builder.contracts import BuildManifest
 from builder.errors import BuildError
+from builder.node import BUILD_MANIFEST
 from builder.ops import OpInfo
 
 INSTALLED_INFO = "deepspeed/git_version_info_installed.py"
-MANIFEST_NAME = "ds_builder.json"
+MANIFEST_NAME = BUILD_MANIFEST
 
 
 @dataclass(frozen=True)
@@ -108,12 +111,13 @@ def unpack(wheel: Path, python: Path, dest: Path, log: Path) -> Path:
     return tree
 
 
-def finish_tree(tree: Path, manifest: Mapping[str, Any], torch_pin: str) -> None:
-    """Pin torch in METADATA and embed the build manifest in the dist-info of an unpacked wheel."""
+def finish_tree(tree: Path, manifest: BuildManifest) -> None:
+    """Pin the exact torch in METADATA and embed the build manifest in the dist-info of an unpacked wheel."""
     (dist_info,) = tree.glob("*.dist-info")
     meta = dist_info / "METADATA"
-    meta.write_text(pin_requirement(meta.read_text(encoding="utf-8"), "torch", torch_pin), encoding="utf-8")
-    (dist_info / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    pin = f"=={Version(manifest.torch_version).public}"
+    meta.write_text(pin_requirement(meta.read_text(encoding="utf-8"), "torch", pin), encoding="utf-8")
+    (dist_info / MANIFEST_NAME).write_text(manifest.to_json(), encoding="utf-8")
 
 
 def pack(tree: Path, python: Path, out: Path, log: Path, env: Mapping[str, str] | None = None) -> Path:
@@ -124,15 +128,3 @@ def pack(tree: Path, python: Path, out: Path, log: Path, env: Mapping[str, str] 
         final = out / result.name
         result.replace(final)
     return final
-
-
-def read_manifest(wheel: Path) -> dict[str, Any]:
-    """The build manifest embedded by `finish`."""
-    with zipfile.ZipFile(wheel) as zf:
-        name = next((n for n in zf.namelist() if n.endswith(f".dist-info/{MANIFEST_NAME}")), None)
-        if name is None:
-            raise BuildError(
-                f"{wheel.name} has no {MANIFEST_NAME}: it was not built by this toolkit", "build it with build-wheel"
-            )
-        data: dict[str, Any] = json.loads(zf.read(name))
-        return data

@@ -5,7 +5,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from builder.errors import FolderError
 from builder.recipe import Recipe
+
+
+def check_writable(folder: Path, option: str) -> None:
+    """Fail early, with the option that moves it, when `folder` cannot be created or written."""
+    import tempfile
+
+    from builder.files import make_dirs
+
+    try:
+        make_dirs(folder)
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as exc:
+        raise FolderError(
+            f"cannot write to {folder}: {exc.strerror}",
+            f"pass {option} with a folder you can write (a read-only checkout needs --work-dir and --wheelhouse)",
+        ) from exc
 
 
 @dataclass(frozen=True)
@@ -29,6 +46,9 @@ class Workspace:
     @property
     def scratch(self) -> Path:
         return self.root / "tmp"
+
+    def check_writable(self) -> None:
+        check_writable(self.root, "--work-dir")
 
     def recipe_dir(self, recipe: Recipe) -> Path:
         return self.root / "recipes" / recipe.name

@@ -9,31 +9,46 @@ from typing import Any
 
 import pytest
 
-from builder.node import InstallError, Node, arch_covers, choose, mismatches
+from builder.node import (
+    InstallError,
+    Node,
+    WheelEntry,
+    WheelhouseManifest,
+    arch_covers,
+    choose,
+    mismatches,
+    parse_wheel_entry,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 AVX2 = frozenset({"sse4_2", "popcnt", "avx", "avx2", "fma", "bmi2"})
 
 
-def entry(**changes: Any) -> dict[str, Any]:
+def wheel_name(label: str, version: str = "0.19.8") -> str:
+    return f"deepspeed-{version}+{label}-cp311-cp311-linux_x86_64.whl"
+
+
+def entry(label: str = "cpu.torch2.13", **changes: Any) -> WheelEntry:
+    """A wheelhouse entry, made through the same loader that reads manifest.json."""
     base = {
         "python_tag": "cp311", "torch": "2.13.0+cpu", "accelerator": "cpu", "cuda": None, "archs": [],
-        "cpu_target": "x86-64-v3", "ops": ["cpu_adam"], "smoke": {"passed": True}, "published_at": "2026-11-01",
-        "sha256": "0" * 64,
+        "cpu_target": "x86-64-v3", "cpu_flags": [], "ops": ["cpu_adam"], "recipe": "cpu",
+        "smoke": {"passed": True, "finished_at": "", "checks": {"import": {"status": "passed", "detail": ""}}},
+        "published_at": "2026-11-01", "sha256": "0" * 64, "version": f"0.19.8+{label}",
     }  # fmt: skip
-    return {**base, **changes}
+    return parse_wheel_entry(wheel_name(label), {**base, **changes}, "test")
 
 
-MANIFEST = {
-    "wheels": {
-        "cpu.whl": entry(),
-        "h100.whl": entry(torch="2.14.1+cu130", accelerator="cuda", cuda="13.0", archs=["9.0"]),
-        "ampere.whl": entry(torch="2.14.1+cu130", accelerator="cuda", cuda="13.0", archs=["8.0"]),
-        "old.whl": entry(torch="2.14.1+cu130", accelerator="cuda", cuda="13.0", archs=["9.0"],
-                         published_at="2026-10-01"),
-        "failed.whl": entry(torch="2.12.0+cpu", smoke={"passed": False}),
-    }
-}  # fmt: skip
+FAILED_SMOKE = {"passed": False, "finished_at": "", "checks": {"import": {"status": "failed", "detail": "x"}}}
+CPU, H100, AMPERE, OLD, FAILED = (
+    entry(),
+    entry("cu130.torch2.14.sm90", torch="2.14.1+cu130", accelerator="cuda", cuda="13.0", archs=["9.0"]),
+    entry("cu130.torch2.14.sm80", torch="2.14.1+cu130", accelerator="cuda", cuda="13.0", archs=["8.0"]),
+    entry("cu130.torch2.14.sm90.old", torch="2.14.1+cu130", accelerator="cuda", cuda="13.0", archs=["9.0"],
+          published_at="2026-10-01"),
+    entry("cpu.torch2.12", torch="2.12.0+cpu", smoke=FAILED_SMOKE),
+)  # fmt: skip
+MANIFEST = WheelhouseManifest({e.name: e for e in (CPU, H100, AMPERE, OLD, FAILED)})
 
 
 def test_arch_coverage() -> None:
@@ -47,13 +62,13 @@ def test_arch_coverage() -> None:
 
 def test_each_node_gets_its_wheel() -> None:
     cpu_node = Node("cp311", "2.13.0+cpu", None, (), AVX2)
-    assert choose(MANIFEST, cpu_node)[0] == "cpu.whl"
+    assert choose(MANIFEST, cpu_node) == CPU
     h100 = Node("cp311", "2.14.1+cu130", "13.0", ("9.0",), AVX2)
-    assert choose(MANIFEST, h100)[0] == "h100.whl"  # the newest of the two sm_90 wheels
+    assert choose(MANIFEST, h100) == H100  # the newest of the two sm_90 wheels
     a100x8 = Node("cp311", "2.14.1+cu130", "13.0", ("8.0",) * 8, AVX2)
-    assert choose(MANIFEST, a100x8)[0] == "ampere.whl"
+    assert choose(MANIFEST, a100x8) == AMPERE
     bare = Node("cp311", None, None, (), AVX2)  # no torch yet: pip installs the pinned one
-    assert choose(MANIFEST, bare)[0] == "cpu.whl"
+    assert choose(MANIFEST, bare) == CPU
 
 
 def test_no_fit_says_what_the_node_needs_and_what_the_wheelhouse_has() -> None:
@@ -62,18 +77,18 @@ def test_no_fit_says_what_the_node_needs_and_what_the_wheelhouse_has() -> None:
         choose(MANIFEST, v100)
     text = err.value.message
     assert "GPU compute capabilities 7.0, 9.0" in text
-    assert "h100.whl: no code for GPU compute capability 7.0 (wheel has 9.0)" in text
-    assert "cpu.whl: built for torch 2.13.0+cpu, node has 2.14.1+cu130" in text
-    assert "failed.whl:" in text and "its smoke tests did not pass" in text
+    assert f"{H100.name}: no code for GPU compute capability 7.0 (wheel has 9.0)" in text
+    assert f"{CPU.name}: built for torch 2.13.0+cpu, node has 2.14.1+cu130" in text
+    assert f"{FAILED.name}:" in text and "its smoke tests did not pass" in text
     assert "build one for this node" in err.value.fix
 
 
 def test_cpu_features_and_python_tag() -> None:
     old_cpu = Node("cp311", "2.13.0+cpu", None, (), frozenset({"sse4_2", "avx"}))
-    assert mismatches(entry(), old_cpu) == ["CPU ops built for x86-64-v3, node CPU lacks avx2, fma, bmi2"]
-    assert mismatches(entry(), Node("cp312", "2.13.0", None, (), AVX2)) == ["built for cp311, node has cp312"]
+    assert mismatches(CPU, old_cpu) == ["CPU ops built for x86-64-v3, node CPU lacks avx2, fma, bmi2"]
+    assert mismatches(CPU, Node("cp312", "2.13.0", None, (), AVX2)) == ["built for cp311, node has cp312"]
     gpu_node = Node("cp311", "2.13.0+cu126", "12.6", ("9.0",), AVX2)
-    assert "a CPU wheel, but the node has GPUs" in mismatches(entry(), gpu_node)[0]
+    assert "a CPU wheel, but the node has GPUs" in mismatches(CPU, gpu_node)[0]
 
 
 def stdlib_only(path: Path) -> list[str]:
@@ -94,3 +109,13 @@ def stdlib_only(path: Path) -> list[str]:
 def test_install_path_imports_only_the_standard_library() -> None:
     for module in ("__init__.py", "__main__.py", "cli.py", "errors.py", "node.py", "serve.py"):
         assert stdlib_only(ROOT / "builder" / module) == [], module
+
+
+def test_the_node_installer_is_standalone() -> None:
+    """node.py is copied byte for byte to nodes: it may import nothing outside the standard library,
+    not even from builder, at any depth (functions included)."""
+    tree = ast.parse((ROOT / "builder" / "node.py").read_text())
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert {m for m in imported if m.split(".")[0] not in sys.stdlib_module_names} == set()
+    assert not any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(tree))  # no relative imports

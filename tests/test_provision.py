@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from builder.errors import BuilderError
-from builder.provision import Host, host_script, parse_hostfile, pdsh_command, standalone_installer
+from builder.provision import Host, host_script, parse_hostfile, pdsh_command
 
 
 def test_hostfile_in_deepspeeds_format() -> None:
@@ -33,23 +33,13 @@ def test_bad_hostfiles(text: str, expected: str) -> None:
 
 
 def test_host_script_and_pdsh_command(tmp_path: Path) -> None:
-    script = host_script(Host("worker-1", 8, "/opt/py"), "http://10.0.0.1:8765")
+    script = host_script(Host("worker-1", 8, "/opt/py"), "http://10.0.0.1:8765", "ab" * 32)
     assert script.startswith("#!/bin/sh\n") and "worker-1" in script
     assert "PY=/opt/py" in script and "http://10.0.0.1:8765/tools/ds-node-install.py" in script
+    assert f'"$tmp/install.py" {"ab" * 32}' in script  # the installer runs only with the published sha256
     assert '"$PY" "$tmp/install.py" --wheelhouse http://10.0.0.1:8765' in script
     hosts = [Host("a"), Host("b")]
     ssh = pdsh_command(hosts, tmp_path, "ssh")
     assert ssh[:7] == ["pdsh", "-S", "-R", "exec", "-f", "2", "-w"] and ssh[7] == "a,b"
     assert ssh[-1] == f"ssh -o BatchMode=yes %h sh -s < {tmp_path.resolve()}/%h.sh"
     assert pdsh_command(hosts, tmp_path, "local")[-1] == f"sh {tmp_path.resolve()}/%h.sh"
-
-
-def test_standalone_installer_needs_nothing_but_the_standard_library() -> None:
-    source = standalone_installer()
-    tree = ast.parse(source)
-    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-    import sys
-
-    assert imported <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
-    assert "def install(" in source and "if __name__ == '__main__':" in source

@@ -16,8 +16,9 @@ def test_verdict() -> None:
 
 
 def test_report_round_trip() -> None:
-    report = SmokeReport("w.whl", "ab" * 32, True, (Check("import", "passed", "ok"),), 1.5, "2026-11-22T00:00:00+00:00")
-    assert SmokeReport.from_json(report.to_json()) == report
+    name = "deepspeed-0.19.8+cpu.torch2.13-cp311-cp311-linux_x86_64.whl"
+    report = SmokeReport(name, "ab" * 32, True, (Check("import", "passed", "ok"),), 1.5, "2026-11-22T00:00:00+00:00")
+    assert SmokeReport.from_json(report.to_json(), "r.json") == report
 
 
 def test_parse_checks() -> None:

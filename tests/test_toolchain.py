@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 
 from builder.detect import Compiler, HostRange, Report, Toolkit, TorchFacts, detect
 from builder.errors import ToolError
-from builder.toolchain import ToolchainPlan, apply, compose_env, plan_toolchain
+from builder.toolchain import LINKS_RECORD, ToolchainPlan, apply, compose_env, plan_toolchain
 
 KIT = Toolkit(
     "/usr/local/cuda-13.0", "/usr/local/cuda-13.0/bin/nvcc", "13.0", ("PATH",), HostRange(None, 15, 3, 20, "t"), ()
@@ -91,25 +92,53 @@ def test_compose_env_prepends_and_never_overwrites() -> None:
     assert compose_env({}, plan)["PATH"] == "/a:/b"
 
 
-def test_apply_is_idempotent_and_guards_foreign_files(tmp_path: Path) -> None:
+def test_apply_is_idempotent_and_relinks_only_its_own_links(tmp_path: Path) -> None:
     folder = tmp_path / "cc"
     plan = ToolchainPlan(KIT, folder, {"gcc": "/usr/bin/gcc-12", "g++": "/usr/bin/g++-12"})
     assert apply(plan, dry_run=True) == [
         f"mkdir {folder}",
-        f"ln -s /usr/bin/g++-12 {folder}/g++",
-        f"ln -s /usr/bin/gcc-12 {folder}/gcc",
+        f"link {folder}/g++ -> /usr/bin/g++-12",
+        f"link {folder}/gcc -> /usr/bin/gcc-12",
     ]
     assert not folder.exists()  # dry run changed nothing
     assert len(apply(plan)) == 3
     assert os.readlink(folder / "gcc") == "/usr/bin/gcc-12"
+    assert json.loads((folder / LINKS_RECORD).read_text())["links"] == dict(plan.links)
     assert apply(plan) == []  # second run: nothing to do
     moved = dataclasses.replace(plan, links={"gcc": "/usr/bin/gcc-11", "g++": "/usr/bin/g++-12"})
     assert apply(moved) == [f"relink {folder}/gcc -> /usr/bin/gcc-11"]
-    (folder / "g++").unlink()
-    (folder / "g++").write_text("not ours")
-    with pytest.raises(ToolError, match="is not a symlink made by this toolkit"):
+    assert os.readlink(folder / "gcc") == "/usr/bin/gcc-11"
+
+
+def test_a_users_own_link_is_never_replaced(tmp_path: Path) -> None:
+    """Hostile/foreign input: a gcc -> /bin/false the user made in the folder is refused, not relinked."""
+    folder = tmp_path / "cc"
+    folder.mkdir()
+    (folder / "gcc").symlink_to("/bin/false")
+    plan = ToolchainPlan(KIT, folder, {"gcc": "/usr/bin/gcc-12", "g++": "/usr/bin/g++-12"})
+    with pytest.raises(ToolError, match=r"cc/gcc is a symlink to /bin/false that this toolkit did not make"):
         apply(plan)
-    assert (folder / "g++").read_text() == "not ours"
+    assert os.readlink(folder / "gcc") == "/bin/false"
+    assert not (folder / "g++").exists()  # checked everything before creating anything
+    with pytest.raises(ToolError, match="did not make"):
+        apply(plan, dry_run=True)
+
+
+def test_a_file_in_the_folder_is_refused_before_anything_is_made(tmp_path: Path) -> None:
+    folder = tmp_path / "cc"
+    folder.mkdir()
+    (folder / "g++").write_text("not ours")
+    plan = ToolchainPlan(KIT, folder, {"gcc": "/usr/bin/gcc-12", "g++": "/usr/bin/g++-12"})
+    with pytest.raises(ToolError, match="is a file that this toolkit did not make"):
+        apply(plan)
+    assert (folder / "g++").read_text() == "not ours" and not (folder / "gcc").exists()
+
+
+@pytest.mark.parametrize("folder", ["/usr/bin", "/usr/local/bin", "/bin", "/etc/alternatives", "/"])
+def test_system_folders_are_refused_even_for_a_dry_run(folder: str) -> None:
+    plan = ToolchainPlan(KIT, Path(folder), {"gcc": "/usr/bin/gcc-12", "g++": "/usr/bin/g++-12"})
+    with pytest.raises(ToolError, match="is a system folder"):
+        apply(plan, dry_run=True)
 
 
 def fake_gcc16(folder: Path) -> Path:

@@ -6,22 +6,29 @@ import json
 import zipfile
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from builder import node
 from builder.errors import PublishError
-from builder.smoke import Check, SmokeReport, report_path
+from builder.contracts import Check, SmokeReport
+from builder.smoke import report_path
 from builder.source import sha256_of
 from builder.wheelhouse import IndexEntry, normalize, project_page, publish, root_page, verify
 
 NAME = "deepspeed-0.19.8+cpu.torch2.13-cp311-cp311-linux_x86_64.whl"
-BUILD = {
+BUILD: dict[str, Any] = {
+    "schema": 1,
     "version": "0.19.8+cpu.torch2.13",
-    "recipe": {"name": "cpu"},
+    "recipe": {"name": "cpu", "torch": "2.13.0"},
+    "source": {"sha256": "9e491abd0827ea5c389dd702e15e11e13d83d904bac4a20d6c2a4cb37207a9af"},
     "accelerator": "cpu",
     "python_tag": "cp311",
     "torch": {"version": "2.13.0+cpu", "cuda": None},
     "archs": [],
+    "cpu_target": "x86-64-v3",
+    "cpu_flags": [],
     "ops": ["cpu_adam"],
 }
 
@@ -45,16 +52,21 @@ def links(html: str) -> list[str]:
     return parser.hrefs
 
 
-def fake_wheel(folder: Path, name: str = NAME, payload: bytes = b"x", passed: bool | None = True) -> Path:
-    """A fake wheel: a zip holding only the embedded build manifest, plus its smoke report."""
+def fake_wheel(folder: Path, name: str = NAME, payload: bytes = b"x", passed: bool | None = True, **build: Any) -> Path:
+    """A FAKE wheel: a zip holding only the embedded build manifest and METADATA, plus its smoke report."""
     wheel = folder / name
+    version = name.split("-")[1]
     with zipfile.ZipFile(wheel, "w") as zf:
-        zf.writestr("deepspeed-0.19.8+cpu.torch2.13.dist-info/ds_builder.json", json.dumps(BUILD))
-        zf.writestr("deepspeed-0.19.8+cpu.torch2.13.dist-info/METADATA", METADATA)
+        zf.writestr(
+            f"deepspeed-{version}.dist-info/ds_builder.json", json.dumps({**BUILD, "version": version, **build})
+        )
+        zf.writestr(f"deepspeed-{version}.dist-info/METADATA", METADATA)
         zf.writestr("deepspeed/payload", payload)
     if passed is not None:
         status = "passed" if passed else "failed"
-        report = SmokeReport(wheel.name, sha256_of(wheel), passed, (Check("import", status),), 1.0, "t")
+        report = SmokeReport(
+            wheel.name, sha256_of(wheel), passed, (Check("import", status),), 1.0, "2026-11-23T00:00:00+00:00"
+        )
         report_path(wheel).write_text(report.to_json())
     return wheel
 
@@ -92,6 +104,8 @@ def test_publish_writes_wheel_index_and_manifest(tmp_path: Path) -> None:
         "import": {"status": "passed", "detail": ""}
     }
     assert not list(house.rglob("*.tmp"))
+    assert (house / f"{NAME}.smoke.json").read_bytes() == report_path(wheel).read_bytes()
+    assert (house / "tools" / "ds-node-install.py").read_bytes() == Path(node.__file__).read_bytes()
     # Publishing the same bytes again is a no-op.
     publish([wheel], house)
     assert len(list(house.glob("*.whl"))) == 1
@@ -207,9 +221,12 @@ def test_a_killed_publish_leaves_the_previous_index_whole(tmp_path: Path) -> Non
         # still listed and linked with its hash, and only killed wheels may be half-known
         # (landed but unlisted, or linked before the manifest caught up).
         problems = verify(house)
-        assert [p for p in problems if not any(k.name in p for k in killed)] == [], (i, problems)
+        left = [p for p in problems if not any(k.name in p for k in killed) and "interrupted publish" not in p]
+        assert left == [], (i, problems)
         assert json.loads((house / "manifest.json").read_text())["wheels"][NAME]["smoke"]["passed"]
-    publish(killed, house)  # publishing again completes whatever was cut short
+    publish(killed[:1], house)  # the next publish, under the lock, removes what killed ones left
+    assert verify(house) == []
+    publish(killed, house)
     assert verify(house) == []
 
 
@@ -221,22 +238,25 @@ def test_prune_keeps_current_recipes_and_locked_wheels(tmp_path: Path) -> None:
     for i, recipe in enumerate(["cpu", "old-recipe", "older-recipe"]):
         folder = tmp_path / recipe
         folder.mkdir()
-        BUILD["recipe"] = {"name": recipe}
-        try:
-            wheel = fake_wheel(folder, name=NAME.replace("0.19.8+", f"0.19.{i}+"), payload=bytes([i]))
-        finally:
-            BUILD["recipe"] = {"name": "cpu"}
+        wheel = fake_wheel(
+            folder,
+            name=NAME.replace("0.19.8+", f"0.19.{i}+"),
+            payload=bytes([i]),
+            recipe={"name": recipe, "torch": "2.13.0"},
+        )
         publish([wheel], house)
         names.append(wheel.name)
     assert prune(house, ["cpu"], keep=[names[2]], dry_run=True) == [names[1]]
     assert (house / names[1]).exists()
     assert prune(house, ["cpu"], keep=[names[2]]) == [names[1]]
     assert not (house / names[1]).exists() and not (house / f"{names[1]}.metadata").exists()
+    assert not (house / f"{names[1]}.smoke.json").exists()
     assert verify(house) == []
     assert sorted(json.loads((house / "manifest.json").read_text())["wheels"]) == sorted([names[0], names[2]])
     assert prune(house, [], keep=[]) == sorted([names[0], names[2]])
     assert not (house / "simple" / "deepspeed").exists()  # no stale page links deleted wheels
     assert links((house / "simple" / "index.html").read_text()) == []
+    assert "lists no DeepSpeed wheel" in verify(house)[0]  # an empty wheelhouse does not pass
 
 
 def test_lock_rendering() -> None:

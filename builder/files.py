@@ -1,0 +1,85 @@
+"""The one way the toolkit writes a file that someone else reads: atomically, and readable by all.
+
+`write_atomic` writes to a temporary file in the target's folder, fsyncs it, sets its mode (0644
+by default), renames it into place and fsyncs the folder: a reader sees the old file or the new
+one, never half of one, and a wheelhouse on shared storage is readable by every user. Temporary
+names are `.<name>.<random>.tmp`, so leftovers of a killed process are recognisable
+(`is_temp_name`) and can be reported and cleaned.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+FILE_MODE = 0o644
+DIR_MODE = 0o755
+_TEMP = re.compile(r"^\..+\.[A-Za-z0-9_]{6,}\.tmp$")
+
+
+def is_temp_name(name: str) -> bool:
+    """Whether `name` is one of write_atomic's temporary names."""
+    return bool(_TEMP.match(name))
+
+
+def make_dirs(path: Path, mode: int = DIR_MODE) -> None:
+    """mkdir -p, giving every folder it creates `mode` whatever the umask."""
+    missing = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for folder in reversed(missing):
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            continue
+        os.chmod(folder, mode)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes | str, mode: int = FILE_MODE) -> Path:
+    """Replace `path` with `data` in one rename; the temporary file never outlives a failure."""
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    make_dirs(path.parent)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+            f.flush()
+            os.fchmod(f.fileno(), mode)
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def copy_atomic(source: Path, target: Path, mode: int = FILE_MODE) -> Path:
+    """Copy `source` to `target` with write_atomic's guarantee, without reading it all into memory."""
+    make_dirs(target.parent)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f, open(source, "rb") as src:
+            shutil.copyfileobj(src, f, 1 << 20)
+            f.flush()
+            os.fchmod(f.fileno(), mode)
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(target.parent)
+    return target
