@@ -29,6 +29,15 @@ NAMED = {
 }
 _FORMS = re.compile(r"^(?:sm_|compute_)?(\d{1,2})\.?(\d)([af]?)(\+ptx)?$", re.IGNORECASE)
 KNOWN_MAJORS = range(3, 13)
+# Every compute capability NVIDIA has shipped a GPU with (nvcc --list-gpu-arch of CUDA 11.8 to 13.0,
+# plus Jetson parts); a recipe naming anything else (sm_99) is refused when it is loaded, before
+# any download. Whether the chosen nvcc still targets it is checked again once it is known.
+COMPUTE_CAPABILITIES = (
+    "3.0", "3.2", "3.5", "3.7", "5.0", "5.2", "5.3", "6.0", "6.1", "6.2", "7.0", "7.2", "7.5",
+    "8.0", "8.6", "8.7", "8.8", "8.9", "9.0", "10.0", "10.1", "10.3", "11.0", "12.0", "12.1",
+)  # fmt: skip
+ARCH_SPECIFIC = ("9.0", "10.0", "10.1", "10.3", "11.0", "12.0", "12.1")  # sm_90a ...
+FAMILY_SPECIFIC = ("10.0", "10.1", "10.3", "11.0", "12.0", "12.1")  # sm_100f ... (CUDA 12.9+)
 FATBIN_MAGIC = 0xBA55ED50
 
 
@@ -44,7 +53,20 @@ def normalize(text: str) -> tuple[str, ...]:
             'write a compute capability such as "9.0", "sm_90", "90", "9.0+PTX", "9.0a" or a name such as "Hopper"',
         )
     major, minor, suffix, ptx = m.groups()
-    return (f"{int(major)}.{minor}{suffix.lower()}{'+PTX' if ptx else ''}",)
+    base = f"{int(major)}.{minor}"
+    if base not in COMPUTE_CAPABILITIES:
+        raise RecipeError(
+            f'"{text}" is not a CUDA architecture: no GPU has compute capability {base}',
+            f"use one of {', '.join(COMPUTE_CAPABILITIES)} (e.g. 8.0 for A100, 9.0 for H100)",
+        )
+    if suffix and base not in (ARCH_SPECIFIC if suffix.lower() == "a" else FAMILY_SPECIFIC):
+        raise RecipeError(
+            f'"{text}": nvcc has no {suffix.lower()}-variant for compute capability {base}',
+            f"drop the '{suffix}', or use one of {', '.join(a + suffix.lower() for a in ARCH_SPECIFIC)}"
+            if suffix.lower() == "a"
+            else f"drop the 'f', or use one of {', '.join(a + 'f' for a in FAMILY_SPECIFIC)}",
+        )
+    return (f"{base}{suffix.lower()}{'+PTX' if ptx else ''}",)
 
 
 def normalize_all(items: Iterable[str]) -> tuple[str, ...]:

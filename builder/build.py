@@ -18,10 +18,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder import __version__, archs, buildid, buildkey, ccache, cmd, envs, ops, source, wheelfile
+from builder import __version__, archs, buildid, buildkey, ccache, cmd, diagnose, envs, ops, source, wheelfile
 from builder.contracts import BuildManifest
 from builder.detect import Report, available_memory_gb, detect
-from builder.errors import BuildError
+from builder.errors import BuilderError, BuildError, ToolError
 from builder.files import write_atomic
 from builder.node import cpu_flags
 from builder.plan import BuildPlan, plan_build, resolve_archs
@@ -128,14 +128,17 @@ def build_wheel(
     ws.dist.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=work, prefix="wheel-") as tmp:
         raw_dir = Path(tmp) / "raw"
-        cmd.run(
-            [python, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-v", "-w", raw_dir, src],
-            env=env,
-            log=log,
-            verbose=verbose,
-            progress=build_progress,
-            fix=f"read the log {log}",
-        )
+        try:
+            cmd.run(
+                [python, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-v", "-w", raw_dir, src],
+                env=env,
+                log=log,
+                verbose=verbose,
+                progress=build_progress,
+                fix=f"read the log {log}",
+            )
+        except ToolError as exc:
+            raise _compile_error(exc, log, plan) from exc
         cache_stats = ccache.stats(env)
         if cache_stats:
             print(f"  {cache_stats.describe()}", file=sys.stderr)
@@ -158,6 +161,24 @@ def build_wheel(
     write_atomic(wheel.with_name(wheel.name + ".build.json"), json.dumps(record, indent=2) + "\n")
     _summary(wheel, plan, seconds, log, sizes)
     return BuildResult(wheel=wheel, seconds=seconds, log=log, key=key)
+
+
+def _compile_error(exc: ToolError, log: Path, plan: BuildPlan) -> BuilderError:
+    """The failed build as the op that failed and the compiler's first errors, when the log shows them."""
+    try:
+        text = log.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return exc
+    failures = diagnose.find_failures(text, plan.ops)
+    if not failures:
+        return exc
+    ops = [f.op for f in failures if f.op]
+    return BuildError(
+        "the build failed: " + "\n".join(f.describe() for f in failures) + f"\n  full log: {log}",
+        f"drop {', '.join(ops)} from the recipe (or build it with a CUDA toolkit / compiler it supports)"
+        if ops
+        else f"read the full log {log}",
+    )
 
 
 def so_sizes(tree: Path) -> dict[str, dict[str, int]]:

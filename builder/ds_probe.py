@@ -46,6 +46,7 @@ def main() -> None:
             "compatible": compatible,
             "why": "" if compatible else why,
             "device_code": any(str(src).endswith(".cu") for src in _sources(builder)),
+            "sources": [str(src) for src in _sources(builder)],
         }
     report = {
         "accelerator": accelerator_name,

@@ -26,6 +26,7 @@ class OpInfo:
     compatible: bool
     why: str = ""
     device_code: bool = False  # has .cu sources, so its .so must hold code for every requested arch
+    sources: tuple[str, ...] = ()  # as DeepSpeed's builder lists them (csrc/adam/cpu_adam.cpp)
 
     @property
     def so_prefix(self) -> str:
@@ -58,7 +59,10 @@ def parse_probe(output: str) -> ProbeReport:
         accelerator=data["accelerator"],
         torch=TorchInfo(**data["torch"]),
         python_tag=data["python_tag"],
-        ops={name: OpInfo(name=name, **info) for name, info in data["ops"].items()},
+        ops={
+            name: OpInfo(name=name, **{**info, "sources": tuple(info.get("sources", ()))})
+            for name, info in data["ops"].items()
+        },
     )
 
 

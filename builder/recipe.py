@@ -112,6 +112,11 @@ def load_recipe(path: Path) -> Recipe:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise RecipeError(f"cannot read recipe {path}: {exc.strerror}", "pass an existing file with --recipe") from exc
+    except UnicodeDecodeError as exc:
+        raise RecipeError(
+            f"recipe {path} is not UTF-8 text (byte {exc.start} is {exc.object[exc.start : exc.start + 1]!r})",
+            "save the recipe as UTF-8 (TOML files must be UTF-8)",
+        ) from exc
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

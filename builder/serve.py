@@ -7,19 +7,29 @@ off: nodes can only ever get what was published. Standard library only, like `in
 
 from __future__ import annotations
 
+import errno
 import functools
 import http.server
 import sys
 from pathlib import Path
 
-from builder.errors import BuilderError
+from builder.errors import BuilderError, ToolError
 
 
 def serve(wheelhouse: Path, bind: str, port: int) -> None:
     if not (wheelhouse / "simple" / "index.html").is_file():
         raise BuilderError(f"{wheelhouse} has no simple/index.html", "publish a wheel into it first")
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(wheelhouse))
-    with http.server.ThreadingHTTPServer((bind, port), handler) as server:
+    try:
+        server = http.server.ThreadingHTTPServer((bind, port), handler)
+    except OSError as exc:
+        raise ToolError(
+            f"cannot listen on {bind}:{port}: {exc.strerror}",
+            "pass --port with a free port (or stop what is using this one)"
+            if exc.errno == errno.EADDRINUSE
+            else "pass --bind with an address of this machine",
+        ) from exc
+    with server:
         host, real_port = str(server.server_address[0]), int(server.server_address[1])
         print(f"==> serving {wheelhouse.resolve()} at http://{host}:{real_port}/", file=sys.stderr)
         print(f"    pip install --index-url http://{host}:{real_port}/simple/ deepspeed==<version>", file=sys.stderr)

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 from builder import cmd
-from builder.errors import SourceError
+from builder.errors import SourceError, ToolError
 from builder.recipe import DeepSpeedSource
 
 
@@ -35,23 +35,22 @@ def fetch(source: DeepSpeedSource, cache: Path, log: Path, verbose: bool = False
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        cmd.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--no-binary",
-                ":all:",
-                "-d",
-                tmp,
-                source.requirement,
-            ],
-            log=log,
-            verbose=verbose,
-            fix=f"check that DeepSpeed {source.version} exists and that the package index is reachable",
-        )
+        try:
+            cmd.run(
+                [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d", tmp,
+                 source.requirement],
+                log=log,
+                verbose=verbose,
+            )  # fmt: skip
+        except ToolError as exc:
+            said = [line.strip() for line in exc.message.splitlines() if line.strip().startswith("ERROR:")]
+            raise SourceError(
+                f"pip could not download the DeepSpeed sdist {source.requirement}"
+                + (f": {said[-1]}" if said else "")
+                + f"\n  full log: {log}",
+                f"check that DeepSpeed {source.version} exists (pip index versions deepspeed) and that the "
+                "package index is reachable",
+            ) from exc
         found = sorted(Path(tmp).glob("deepspeed-*.tar.gz"))
         if not found:
             raise SourceError(f"pip downloaded no DeepSpeed sdist for {source.requirement}", "see the log: " + str(log))

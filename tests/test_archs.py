@@ -32,7 +32,9 @@ def test_normalize(text: str, expected: tuple[str, ...]) -> None:
     assert normalize(text) == expected
 
 
-@pytest.mark.parametrize("bad", ["", "9", "sm_9", "99.0", "1.0", "hoper", "9.0+SASS", "9.0b", "sm90x"])
+@pytest.mark.parametrize(
+    "bad", ["", "9", "sm_9", "99.0", "1.0", "hoper", "9.0+SASS", "9.0b", "sm90x", "sm_99", "9.9", "8.1", "8.0a", "9.0f"]
+)
 def test_nonsense_is_rejected(bad: str) -> None:
     with pytest.raises(RecipeError, match="is not a CUDA architecture"):
         normalize(bad)
