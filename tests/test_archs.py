@@ -33,10 +33,18 @@ def test_normalize(text: str, expected: tuple[str, ...]) -> None:
 
 
 @pytest.mark.parametrize(
-    "bad", ["", "9", "sm_9", "99.0", "1.0", "hoper", "9.0+SASS", "9.0b", "sm90x", "sm_99", "9.9", "8.1", "8.0a", "9.0f"]
+    "bad", ["", "9", "sm_9", "99.0", "1.0", "hoper", "9.0+SASS", "9.0b", "sm90x", "sm_99", "9.9", "8.1"]
 )
 def test_nonsense_is_rejected(bad: str) -> None:
     with pytest.raises(RecipeError, match="is not a CUDA architecture"):
+        normalize(bad)
+
+
+@pytest.mark.parametrize(
+    ("bad", "why"), [("8.0a", "no a-variant for compute capability 8.0"), ("9.0f", "no f-variant")]
+)
+def test_arch_specific_variants_only_where_nvcc_has_them(bad: str, why: str) -> None:
+    with pytest.raises(RecipeError, match=why):
         normalize(bad)
 
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from builder import node
-from builder.errors import PublishError
 from builder.contracts import Check, SmokeReport
+from builder.errors import PublishError
 from builder.smoke import report_path
 from builder.source import sha256_of
 from builder.wheelhouse import IndexEntry, normalize, project_page, publish, root_page, verify
