@@ -28,6 +28,20 @@ if TYPE_CHECKING:
 DEFAULT_RECIPE = Path("recipes/cpu.toml")
 
 
+def folder_arg(text: str) -> Path:
+    """A folder given as a path or as a file:// URL (publish prints file:// URLs)."""
+    if text.startswith("file:"):
+        from builder.node import InstallError, wheelhouse_base
+
+        try:
+            return Path(wheelhouse_base(text))
+        except InstallError as exc:
+            raise argparse.ArgumentTypeError(exc.message) from exc
+    if "://" in text:
+        raise argparse.ArgumentTypeError(f"{text}: give a folder or a file:// URL (http is for `install` only)")
+    return Path(text)
+
+
 def parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -38,7 +52,7 @@ def parser() -> argparse.ArgumentParser:
     )
     common.add_argument(
         "--wheelhouse",
-        type=Path,
+        type=folder_arg,
         default=Path("wheelhouse"),
         help="where published wheels and the index go (default: %(default)s)",
     )
@@ -199,7 +213,7 @@ def parser() -> argparse.ArgumentParser:
         description="Serve the wheelhouse folder (wheels, simple/ index, metadata, manifest) with "
         "a static HTTP server; pip never falls back to PyPI through it.",
     )
-    w.add_argument("--wheelhouse", type=Path, default=Path("wheelhouse"), help="folder to serve")
+    w.add_argument("--wheelhouse", type=folder_arg, default=Path("wheelhouse"), help="folder (or file:// URL) to serve")
     w.add_argument("--bind", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     w.add_argument("--port", type=int, default=8765, help="port (default: %(default)s)")
     w.add_argument("--debug", action="store_true", help="show a traceback on errors")

@@ -1,0 +1,77 @@
+"""FAKE wheels for wheelhouse tests: zips holding only what publish, verify and install read.
+
+They are not DeepSpeed builds (the integration tests make real ones); they carry a complete,
+valid build manifest and METADATA, and a smoke report bound to their bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+from builder.contracts import Check, SmokeReport
+from builder.smoke import report_path
+from builder.source import sha256_of
+
+NAME = "deepspeed-0.19.8+cpu.torch2.13-cp311-cp311-linux_x86_64.whl"
+BUILD: dict[str, Any] = {
+    "schema": 1,
+    "version": "0.19.8+cpu.torch2.13",
+    "recipe": {"name": "cpu", "torch": "2.13.0"},
+    "source": {"sha256": "9e491abd0827ea5c389dd702e15e11e13d83d904bac4a20d6c2a4cb37207a9af"},
+    "accelerator": "cpu",
+    "python_tag": "cp311",
+    "torch": {"version": "2.13.0+cpu", "cuda": None},
+    "archs": [],
+    "cpu_target": "x86-64-v3",
+    "cpu_flags": [],
+    "ops": ["cpu_adam"],
+}
+
+
+METADATA = "Metadata-Version: 2.1\nName: deepspeed\nVersion: 0.19.8+cpu.torch2.13\nRequires-Dist: torch==2.13.0\n"
+
+
+class Links(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hrefs: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "a":
+            self.hrefs.append(dict(attrs)["href"] or "")
+
+
+def links(html: str) -> list[str]:
+    parser = Links()
+    parser.feed(html)
+    return parser.hrefs
+
+
+def fake_wheel(
+    folder: Path,
+    name: str = NAME,
+    payload: bytes = b"x",
+    passed: bool | None = True,
+    metadata: str = METADATA,
+    **build: Any,
+) -> Path:
+    """A FAKE wheel: a zip holding only the embedded build manifest and METADATA, plus its smoke report."""
+    wheel = folder / name
+    version = name.split("-")[1]
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr(
+            f"deepspeed-{version}.dist-info/ds_builder.json", json.dumps({**BUILD, "version": version, **build})
+        )
+        zf.writestr(f"deepspeed-{version}.dist-info/METADATA", metadata)
+        zf.writestr("deepspeed/payload", payload)
+    if passed is not None:
+        status = "passed" if passed else "failed"
+        report = SmokeReport(
+            wheel.name, sha256_of(wheel), passed, (Check("import", status),), 1.0, "2026-11-23T00:00:00+00:00"
+        )
+        report_path(wheel).write_text(report.to_json())
+    return wheel

