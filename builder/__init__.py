@@ -1,3 +1,3 @@
 """Build DeepSpeed wheels once per target, prove them, publish them to a local wheelhouse."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
