@@ -2,7 +2,7 @@
 
 import nox
 
-nox.options.sessions = ["lint", "tests"]
+nox.options.sessions = ["lint", "unit"]  # plain `nox`: seconds; `nox -s tests` runs everything
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = True
 
@@ -89,6 +89,13 @@ def tests(session: nox.Session) -> None:
     """Unit tests, then the integration tests that build, smoke and publish a real wheel."""
     session.install(".[test]")
     session.run("pytest", *session.posargs)
+
+
+@nox.session
+def unit(session: nox.Session) -> None:
+    """Unit tests only (no builds, no venvs): seconds. The hostile-input suite is among them."""
+    session.install(".[test]")
+    session.run("pytest", "-m", "not integration", *session.posargs)
 
 
 @nox.session

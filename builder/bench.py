@@ -18,15 +18,15 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from builder import cmd, envs, ops, source
-from builder.build import build_wheel, prepare, toolchain_env
-from builder.plan import plan_build
+from builder import cmd, envs, output
+from builder.build import ops, source
+from builder.build.plan import plan_build
+from builder.build.wheel import build_wheel, prepare, toolchain_env
 from builder.recipe import Recipe
 from builder.workspace import Workspace
 
@@ -53,7 +53,7 @@ def plain_build(recipe: Recipe, ws: Workspace, out: Path, log: Path) -> tuple[fl
     _, python = prepare(recipe, ws, log)
     env, machine, _ = toolchain_env(recipe, python, ws)
     kit = next((t for t in machine.toolkits if t.root == machine.chosen_toolkit), None)
-    from builder.plan import resolve_archs
+    from builder.build.plan import resolve_archs
 
     archs = resolve_archs(recipe, machine.arch_list, kit.archs if kit else (), kit.version if kit else "-")
     plan = plan_build(recipe, ops.probe(python, src, env, log), os.cpu_count() or 1, archs)
@@ -117,7 +117,7 @@ def bench(recipe: Recipe, out: Path, runs: int) -> dict[str, Any]:
     }
     sizes: dict[str, int] = {}
     for run in range(runs):
-        print(f"==> bench run {run + 1}/{runs}: recipe {recipe.name}", file=sys.stderr)
+        output.step(f"bench run {run + 1}/{runs}: recipe {recipe.name}")
         plain_s, sizes["plain"] = plain_build(recipe, ws, out, log)
         samples["plain"].append(plain_s)
         shutil.rmtree(ws.dist, ignore_errors=True)
@@ -150,7 +150,7 @@ def bench(recipe: Recipe, out: Path, runs: int) -> dict[str, Any]:
     }
     (out / "bench.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     (out / "bench.md").write_text(render_table(result), encoding="utf-8")
-    print(render_table(result), file=sys.stderr)
+    output.result(render_table(result))
     return result
 
 

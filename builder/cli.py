@@ -7,20 +7,17 @@ traceback only with --debug.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import os
-import shlex
 import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from builder import __version__
-from builder.errors import BuilderError, PublishError
+from builder import __version__, output
+from builder.errors import BuilderError
 
 if TYPE_CHECKING:
-    from builder.workspace import Workspace
+    pass
 
 # Only the standard library is imported at the top: `install` runs on nodes that have nothing
 # else, so each command imports what it needs when it runs.
@@ -57,6 +54,7 @@ def parser() -> argparse.ArgumentParser:
         help="where published wheels and the index go (default: %(default)s)",
     )
     common.add_argument("-v", "--verbose", action="store_true", help="stream every command's output")
+    common.add_argument("-q", "--quiet", action="store_true", help="print only warnings, errors and results")
     common.add_argument("--debug", action="store_true", help="show a traceback on errors")
 
     p = argparse.ArgumentParser(
@@ -86,6 +84,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--no-publish", action="store_true", help="build and smoke-test, do not publish")
     b.add_argument("--force", action="store_true", help="build even if a wheel with the same build key exists")
     b.add_argument("--no-ccache", action="store_true", help="compile without ccache even where it is installed")
+    b.add_argument(
+        "--json", action="store_true", help="print each target's result (wheel, smoke, install command) as JSON"
+    )
 
     s = sub.add_parser(
         "smoke",
@@ -233,237 +234,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return node.main(argv[1:], prog="python -m builder install")
     args = parser().parse_args(argv)
+    from builder import commands
     from builder.node import InstallError  # the contract's errors (a bad manifest or report)
 
+    output.set_quiet(getattr(args, "quiet", False))
     try:
-        return _dispatch(args)
+        return commands.HANDLERS[args.command](args)
     except (BuilderError, InstallError) as exc:
         if args.debug:
             traceback.print_exc()
-        print(f"error: {exc}", file=sys.stderr)
+        output.error(str(exc))
         return exc.exit_code
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        output.error("interrupted")
         return 130
-
-
-def _dispatch(args: argparse.Namespace) -> int:
-    if args.command == "serve":
-        from builder.serve import serve
-
-        serve(args.wheelhouse, args.bind, args.port)
-        return 0
-    if args.command == "verify":
-        return _verify(args.wheelhouse, args.json)
-    if args.command == "repair":
-        from builder.wheelhouse import repair
-
-        removed = repair(args.wheelhouse)
-        print(f"==> {args.wheelhouse}: removed {len(removed)} leftovers; index rewritten from manifest.json",
-              file=sys.stderr)  # fmt: skip
-        return 0
-
-    from builder.workspace import Workspace
-
-    ws = Workspace(args.work_dir.resolve())
-    if args.command not in ("prune", "lock", "build-wheel"):
-        ws.check_writable()
-    if args.command == "build-wheel":
-        from builder.build import build_wheel
-        from builder.recipe import load_recipe
-        from builder.smoke import smoke
-
-        recipes = [load_recipe(p) for p in (args.recipes or [DEFAULT_RECIPE])]  # all validated first
-        ws.check_writable()
-        if not (args.no_smoke or args.no_publish):
-            from builder.workspace import check_writable
-
-            check_writable(args.wheelhouse, "--wheelhouse")  # before minutes of building, not after
-        for recipe in recipes:
-            result = build_wheel(recipe, ws, args.verbose, args.force, use_ccache=not args.no_ccache)
-            if args.no_smoke:
-                continue
-            if result.reused and _smoke_passed(result.wheel):
-                print(f"  {result.wheel.name} already passed its smoke tests", file=sys.stderr)
-            else:
-                smoke(result.wheel, ws, args.verbose)
-            if not args.no_publish:
-                _publish(args.wheelhouse, [result.wheel], ws)
-        return 0
-    if args.command == "smoke":
-        from builder.smoke import smoke
-
-        for wheel in args.wheels or [_newest_wheel(ws.dist)]:
-            smoke(wheel, ws, args.verbose, args.keep_env)
-        return 0
-    if args.command == "publish":
-        _publish(args.wheelhouse, args.wheels or _passed_wheels(ws.dist), ws)
-        return 0
-    if args.command in ("detect", "toolchain"):
-        return _detect_or_toolchain(args, ws)
-    if args.command == "lock":
-        from builder.lock import lock
-
-        ws.logs.mkdir(parents=True, exist_ok=True)
-        lock(args.wheelhouse, args.wheel, ws.logs / "lock.log")
-        return 0
-    if args.command == "prune":
-        return _prune(args)
-    if args.command == "provision":
-        return _provision(args, ws)
-    if args.command == "bench":
-        from builder.bench import bench
-        from builder.recipe import load_recipe
-
-        bench(load_recipe(args.recipe), args.out.resolve(), args.runs)
-        return 0
-    raise AssertionError(args.command)
-
-
-def _provision(args: argparse.Namespace, ws: Workspace) -> int:
-    from builder import provision
-
-    hosts = provision.parse_hostfile(args.hostfile.read_text(), str(args.hostfile))
-    url = args.url or str(args.wheelhouse.resolve())
-    scripts = provision.write(hosts, url, args.out, provision.installer_sha256(args.wheelhouse))
-    print(f"==> wrote {len(scripts)} host scripts in {args.out}/ for wheelhouse {url}", file=sys.stderr)
-    if args.run:
-        ws.logs.mkdir(parents=True, exist_ok=True)
-        output = provision.run(hosts, args.out, args.launcher, ws.logs / "provision.log")
-        done = [h.name for h in hosts if f"{h.name}: ==> installed" in output]
-        print(f"==> installed on {len(done)}/{len(hosts)} hosts: {', '.join(done)}", file=sys.stderr)
-        if len(done) != len(hosts):
-            from builder.errors import ToolError
-
-            raise ToolError(
-                f"provisioning did not finish on every host (log {ws.logs / 'provision.log'})",
-                "read the log for the hosts missing above",
-            )
-    return 0
-
-
-def _prune(args: argparse.Namespace) -> int:
-    from builder.lock import locked_wheels
-    from builder.recipe import load_recipe
-    from builder.wheelhouse import prune
-
-    names = [load_recipe(p).name for p in sorted(args.recipes_dir.glob("*.toml"))]
-    gone = prune(args.wheelhouse, names, locked_wheels(args.wheelhouse), args.dry_run)
-    verb = "would remove" if args.dry_run else "removed"
-    for name in gone:
-        print(f"{verb} {name}")
-    print(f"==> {verb} {len(gone)} wheels; kept those of recipes {', '.join(names)} and of locks", file=sys.stderr)
-    return 0
-
-
-def _detect_or_toolchain(args: argparse.Namespace, ws: Workspace) -> int:
-    from builder.build import prepare, toolchain_env
-    from builder.detect import detect, render_table
-    from builder.ops import probe
-    from builder.recipe import load_recipe
-    from builder.toolchain import apply, compose_env, plan_toolchain
-
-    python = args.python or sys.executable
-    need_cuda = None
-    if args.recipe:
-        recipe = load_recipe(args.recipe)
-        ws.logs.mkdir(parents=True, exist_ok=True)
-        log = ws.logs / f"{recipe.name}-env.log"
-        src, built_python = prepare(recipe, ws, log, args.verbose)
-        python, need_cuda = str(built_python), recipe.accelerator == "cuda"
-        if args.command == "detect":  # also ask DeepSpeed which of its ops it can build here
-            env, report, _ = toolchain_env(recipe, built_python, ws, dry_run=True)
-            ds_ops = {
-                n: {"compatible": o.compatible, "why": o.why} for n, o in probe(built_python, src, env, log).ops.items()
-            }
-            report = dataclasses.replace(report, deepspeed_ops=ds_ops)
-            print(report.to_json() if args.json else render_table(report), end="")
-            return 0
-    report = detect(os.environ, python)
-    if args.command == "detect":
-        print(report.to_json() if args.json else render_table(report), end="")
-        return 0
-    if need_cuda is None:
-        need_cuda = bool(report.torch.cuda)
-    plan = plan_toolchain(report, args.folder or ws.root / "toolchain" / "bin", need_cuda=need_cuda)
-    for action in apply(plan, args.dry_run):
-        print(f"{'would ' if args.dry_run else ''}{action}")
-    for note in plan.notes:
-        print(f"# {note}")
-    env = compose_env(os.environ, plan)
-    for var in [*plan.prepend, *plan.set_vars]:
-        if env.get(var) != os.environ.get(var):
-            print(f"export {var}={shlex.quote(env[var])}")
-    return 0
-
-
-def _verify(wheelhouse: Path, as_json: bool) -> int:
-    import json
-
-    from builder.errors import WheelhouseError
-    from builder.wheelhouse import load_manifest, verify
-
-    problems = verify(wheelhouse)
-    if as_json:
-        print(json.dumps({"wheelhouse": str(wheelhouse), "ok": not problems, "problems": problems}, indent=2))
-    if problems:
-        interrupted = any("interrupted publish" in p for p in problems)
-        raise WheelhouseError(
-            f"{wheelhouse} failed verification:\n    " + "\n    ".join(problems),
-            "run `python -m builder repair` for what interrupted publishes left; for anything else, "
-            "re-publish the affected wheels from their builds into a new wheelhouse"
-            if interrupted
-            else "re-publish the affected wheels from their builds into a new wheelhouse; remove files you did "
-            "not publish",
-        )
-    count = len(load_manifest(wheelhouse).wheels)
-    print(
-        f"==> {wheelhouse}: {count} wheels, hashes, metadata, smoke reports, index and manifest agree", file=sys.stderr
-    )
-    return 0
-
-
-def _publish(wheelhouse: Path, wheels: list[Path], ws: Workspace) -> None:
-    from builder.wheelhouse import publish
-
-    for path in publish(wheels, wheelhouse, log=ws.logs / "publish.log"):
-        version = path.name.split("-")[1]
-        index = (wheelhouse / "simple").resolve().as_uri()
-        print(f"==> install it with: pip install --index-url {index}/ deepspeed=={version}", file=sys.stderr)
-
-
-def _smoke_passed(wheel: Path) -> bool:
-    from builder.wheelhouse import passing_report
-
-    try:
-        passing_report(wheel)
-        return True
-    except PublishError:
-        return False
-
-
-def _newest_wheel(dist: Path) -> Path:
-    from builder.errors import SmokeError
-
-    wheels = sorted(dist.glob("*.whl"), key=lambda p: p.stat().st_mtime)
-    if not wheels:
-        raise SmokeError(f"no wheels in {dist}", "build one first: python -m builder build-wheel")
-    return wheels[-1]
-
-
-def _passed_wheels(dist: Path) -> list[Path]:
-    from builder.smoke import report_path
-    from builder.wheelhouse import passing_report
-
-    passed = []
-    for wheel in sorted(dist.glob("*.whl")):
-        if not report_path(wheel).is_file():
-            continue
-        try:
-            passing_report(wheel)
-            passed.append(wheel)
-        except PublishError as exc:
-            print(f"  skipping {wheel.name}: {exc.message}", file=sys.stderr)
-    if not passed:
-        raise PublishError(f"no smoke-passed wheels in {dist}", "run build-wheel, or smoke on a built wheel")
-    return passed

@@ -12,11 +12,11 @@ import os
 import shlex
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from builder import output
 from builder.errors import ToolError
 
 TAIL_LINES = 40
@@ -55,7 +55,7 @@ def run(
         raise ToolError(f"'{program}' was not found on PATH", fix or f"install {program} or put it on PATH")
     if os.sep in program:  # a relative path must survive the change to `cwd`
         argv[0] = os.path.abspath(found)
-    print(f"+ {quote(argv)}", file=sys.stderr, flush=True)
+    output.command(quote(argv))
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
     lines: list[str] = []
@@ -81,9 +81,9 @@ def run(
             lines.append(line)
             tail.append(line)
             if verbose:
-                sys.stderr.write(line)
+                output.raw(line)
             elif progress is not None and (shown := progress(line.rstrip("\n"))):
-                print(f"  [{time.monotonic() - start:5.0f}s] {shown}", file=sys.stderr, flush=True)
+                output.note(f"[{time.monotonic() - start:5.0f}s] {shown}")
         code = proc.wait()
         log_file.write(f"# exit status {code} after {time.monotonic() - start:.1f}s\n")
     if code != 0:

@@ -14,7 +14,7 @@ import sysconfig
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from builder import cmd
+from builder import cmd, output
 
 COMPLETE = ".builder-complete"
 
@@ -85,7 +85,7 @@ def cached(
     """A complete venv with `requirements` under `root`, made once and reused."""
     venv = root / env_key(requirements, system_site_packages)
     if (venv / COMPLETE).is_file():
-        print(f"  reusing environment {venv}", file=sys.stderr)
+        output.note(f"reusing environment {venv}")
         return venv
     create(venv, requirements, log, verbose, system_site_packages)
     (venv / COMPLETE).write_text("\n".join(requirements) + "\n", encoding="utf-8")

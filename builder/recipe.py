@@ -17,7 +17,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from builder.archs import normalize_all
+from builder.build.archs import normalize_all
 from builder.errors import RecipeError
 
 ACCELERATORS = ("cpu", "cuda")

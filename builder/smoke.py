@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime
 import json
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -18,16 +17,17 @@ from typing import Any
 
 from packaging.version import Version
 
-from builder import cmd, envs
+from builder import cmd, envs, output
+from builder.build.source import sha256_of
 from builder.contracts import BuildManifest, Check, SmokeReport, verdict
 from builder.errors import SmokeError
 from builder.files import write_atomic
 from builder.node import CHECK_STATUSES, Fields, ManifestError
-from builder.source import sha256_of
+from builder.resources import resource
 from builder.workspace import Workspace
 
-CHECKS_SCRIPT = Path(__file__).with_name("smoke_checks.py")
-DIST_WORKER = Path(__file__).with_name("smoke_dist.py")
+CHECKS_SCRIPT = resource("smoke_checks.py")
+DIST_WORKER = resource("smoke_dist.py")
 # What the quantized-load checks need besides the wheel; bitsandbytes pinned to the version
 # whose CPU backend was measured here (0.50.2).
 SMOKE_EXTRAS = ("transformers>=5,<6", "accelerate>=1.10", "bitsandbytes==0.50.2", "safetensors>=0.4")
@@ -100,7 +100,7 @@ def smoke(wheel: Path, ws: Workspace, verbose: bool = False, keep_env: bool = Fa
     ws.logs.mkdir(parents=True, exist_ok=True)
     ws.scratch.mkdir(parents=True, exist_ok=True)
     log.unlink(missing_ok=True)
-    print(f"==> smoke: {wheel.name}; full log: {log}", file=sys.stderr)
+    output.step(f"smoke: {wheel.name}; full log: {log}")
     tmp = Path(tempfile.mkdtemp(prefix="smoke-", dir=ws.scratch))
     try:
         system = manifest.recipe_torch == "system"
@@ -113,17 +113,17 @@ def smoke(wheel: Path, ws: Workspace, verbose: bool = False, keep_env: bool = Fa
         ext_dir.mkdir()
         env = envs.venv_environ(venv)
         env.update({"TORCH_EXTENSIONS_DIR": str(ext_dir), "DS_ACCELERATOR": manifest.accelerator})
-        output = cmd.run(
+        said = cmd.run(
             [envs.python_in(venv), CHECKS_SCRIPT, json.dumps(smoke_spec(manifest))],
             env=env,
             cwd=tmp,
             log=log,
             verbose=verbose,
         )
-        checks = parse_checks(output)
+        checks = parse_checks(said)
     finally:
         if keep_env:
-            print(f"  kept the smoke environment at {tmp}", file=sys.stderr)
+            output.note(f"kept the smoke environment at {tmp}")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
     report = SmokeReport(
@@ -146,10 +146,7 @@ def smoke(wheel: Path, ws: Workspace, verbose: bool = False, keep_env: bool = Fa
 
 
 def _print(report: SmokeReport) -> None:
-    print(
-        f"==> smoke {'PASSED' if report.passed else 'FAILED'} for {report.wheel} in {report.seconds:.0f}s",
-        file=sys.stderr,
-    )
+    output.step(f"smoke {'PASSED' if report.passed else 'FAILED'} for {report.wheel} in {report.seconds:.0f}s")
     for c in report.checks:
         first = c.detail.splitlines()[0] if c.detail else ""
-        print(f"    {c.status:7} {c.name:24} {first}", file=sys.stderr)
+        output.note(f"  {c.status:7} {c.name:24} {first}")

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.archs import FatbinCode, label, missing_archs, normalize, normalize_all, parse_fatbin, so_archs
+from builder.build.archs import FatbinCode, label, missing_archs, normalize, normalize_all, parse_fatbin, so_archs
 from builder.errors import RecipeError
 
 DATA = Path(__file__).with_name("data")

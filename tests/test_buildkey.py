@@ -6,7 +6,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from builder.buildkey import build_key, find_built, key_inputs
+from builder.build.buildkey import build_key, find_built, key_inputs
 from builder.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -3,7 +3,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from builder.ccache import Stats, environment, parse_stats
+from builder.build.ccache import Stats, environment, parse_stats
 
 # Captured from ccache 4.7.5's --print-stats (trimmed).
 STATS = (

@@ -31,3 +31,38 @@ def test_matrix_validates_every_recipe_before_building(tmp_path: Path, capsys: p
 def test_several_recipes_parse() -> None:
     args = parser().parse_args(["build-wheel", "--recipe", "a.toml", "--recipe", "b.toml", "--no-publish"])
     assert args.recipes == [Path("a.toml"), Path("b.toml")] and args.no_publish
+
+
+def test_no_module_but_output_prints() -> None:
+    """One output module: steps, notes and results go through builder/output.py (node.py, which
+    runs alone on nodes, and the resource scripts, which run in other interpreters, excepted)."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1] / "builder"
+    offenders = []
+    for path in root.rglob("*.py"):
+        rel = path.relative_to(root).as_posix()
+        if rel in ("output.py", "node.py") or rel.startswith("resources/"):
+            continue
+        for n in ast.walk(ast.parse(path.read_text())):
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "print":
+                offenders.append(f"{rel}:{n.lineno}")
+            if isinstance(n, ast.Attribute) and n.attr in ("stderr", "stdout") and getattr(n.value, "id", "") == "sys":
+                offenders.append(f"{rel}:{n.lineno} sys.{n.attr}")
+    assert offenders == []
+
+
+def test_install_is_the_node_installers_own_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["install", "--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    assert "--wheelhouse" in text and "--dry-run" in text and "--json" in text and "Exit codes" in text
+
+
+def test_every_wheelhouse_command_has_help(capsys: pytest.CaptureFixture[str]) -> None:
+    for command in ("verify", "repair", "prune", "lock", "provision", "serve", "bench"):
+        with pytest.raises(SystemExit) as done:
+            main([command, "--help"])
+        assert done.value.code == 0, command
+        assert "--wheelhouse" in capsys.readouterr().out or command == "bench"

@@ -7,6 +7,7 @@ report); the integration tests run the same rules on real DeepSpeed wheels.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -23,15 +24,15 @@ import pytest
 from fakes import NAME, fake_wheel
 
 from builder import node
+from builder.build.diagnose import find_failures
+from builder.build.ops import OpInfo
 from builder.contracts import BuildManifest, SmokeReport
-from builder.diagnose import find_failures
 from builder.errors import PublishError, RecipeError, SmokeError, WheelhouseError
 from builder.node import INSTALLER, InstallError, ManifestError, Node
-from builder.ops import OpInfo
-from builder.provision import _FETCH, installer_sha256
 from builder.recipe import load_recipe
 from builder.smoke import load_report
 from builder.wheelhouse import prune, publish, repair, verify
+from builder.wheelhouse.provision import _FETCH, installer_sha256
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_RECIPE = (ROOT / "recipes" / "cpu.toml").read_text()
@@ -267,7 +268,7 @@ def test_a_report_for_other_bytes_is_refused(tmp_path: Path) -> None:
     report = SmokeReport.from_json((tmp_path / f"{NAME}.smoke.json").read_text(), "r")
     with zipfile.ZipFile(wheel, "a") as zf:
         zf.writestr("deepspeed/extra", b"changed")
-    assert report.sha256 != node.hashlib.sha256(wheel.read_bytes()).hexdigest()
+    assert report.sha256 != hashlib.sha256(wheel.read_bytes()).hexdigest()
     with pytest.raises(PublishError, match="changed after it was smoke-tested"):
         publish([wheel], tmp_path / "house")
 
@@ -425,7 +426,7 @@ def test_leftovers_of_a_killed_publish_are_reported_and_only_ours_removed(house:
     # What a publish killed after copying its wheel leaves: the journal, the wheel, a temp file.
     killed = fake_wheel(tmp_path / "dist", name=NAME.replace("0.19.8", "0.19.9"), payload=b"k")
     shutil.copyfile(killed, house / killed.name)
-    digest = node.hashlib.sha256(killed.read_bytes()).hexdigest()
+    digest = hashlib.sha256(killed.read_bytes()).hexdigest()
     (house / ".publish-journal.json").write_text(json.dumps({"files": {killed.name: digest}}))
     (house / ".manifest.json.abc123xy.tmp").write_text("{half")
     foreign = house / "someone-else-1.0-py3-none-any.whl"

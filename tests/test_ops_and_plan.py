@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from builder.build.ops import ProbeReport, check_requested, parse_probe
+from builder.build.plan import cpu_target_env, local_label, max_jobs, plan_build, resolve_archs, schedule
+from builder.build.source import patch_build_tree
 from builder.errors import BuildError, RecipeError, SourceError
-from builder.ops import ProbeReport, check_requested, parse_probe
-from builder.plan import cpu_target_env, local_label, max_jobs, plan_build, resolve_archs, schedule
 from builder.recipe import load_recipe
-from builder.source import patch_build_tree
 
 DATA = Path(__file__).with_name("data")
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from builder.errors import BuilderError
-from builder.provision import Host, host_script, parse_hostfile, pdsh_command
+from builder.wheelhouse.provision import Host, host_script, parse_hostfile, pdsh_command
 
 
 def test_hostfile_in_deepspeeds_format() -> None:

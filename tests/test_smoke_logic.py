@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from builder.contracts import Check, SmokeReport, verdict
 from builder.errors import SmokeError
-from builder.smoke import Check, SmokeReport, parse_checks, verdict
+from builder.smoke import parse_checks
 
 
 def test_verdict() -> None:
@@ -37,7 +38,7 @@ torch = pytest.importorskip("torch", reason="torch is installed by the tests ses
 
 
 def test_comparison_catches_a_wrong_optimizer() -> None:
-    from builder import smoke_checks
+    from builder.resources import smoke_checks
 
     same = smoke_checks._compare(
         lambda ps: torch.optim.Adam(ps, lr=1e-2),
@@ -49,7 +50,7 @@ def test_comparison_catches_a_wrong_optimizer() -> None:
 
 
 def test_reference_lion_matches_its_definition() -> None:
-    from builder import smoke_checks
+    from builder.resources import smoke_checks
 
     p = torch.nn.Parameter(torch.tensor([1.0, -1.0, 0.5]))
     lion = smoke_checks._ReferenceLion([p], lr=0.1, betas=(0.9, 0.99))
@@ -71,13 +72,13 @@ DS_REPORT = (
 
 
 def test_parse_ds_report() -> None:
-    from builder.smoke_checks import parse_ds_report
+    from builder.resources.smoke_checks import parse_ds_report
 
     assert parse_ds_report(DS_REPORT) == {"cpu_adagrad", "cpu_adam"}
 
 
 def test_parse_dist_output_checks_every_rank_and_the_backend() -> None:
-    from builder.smoke_checks import parse_dist_output
+    from builder.resources.smoke_checks import parse_dist_output
 
     good = "noise\nSMOKE_DIST rank=1 world=2 backend=gloo OK\nSMOKE_DIST rank=0 world=2 backend=gloo OK\n"
     assert parse_dist_output(good, 2, "gloo") == set()

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from builder.build.artifacts import WheelContents, missing_ops, parse_installed_info, pin_requirement, read, verify
+from builder.build.ops import OpInfo
 from builder.errors import BuildError
-from builder.ops import OpInfo
-from builder.wheelfile import WheelContents, missing_ops, parse_installed_info, pin_requirement, read, verify
 
 DATA = Path(__file__).with_name("data")
 ADAM = OpInfo("cpu_adam", "DS_BUILD_CPU_ADAM", "deepspeed.ops.adam.cpu_adam_op", True)
@@ -103,9 +103,9 @@ def test_arch_leak_is_caught_per_op(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     """verify_archs with a stubbed fatbin reader (FAKE .so contents; the real reader is tested in test_archs)."""
     import dataclasses
 
-    from builder import archs, build
-    from builder.archs import FatbinCode
-    from builder.plan import BuildPlan
+    from builder.build import archs, artifacts
+    from builder.build.archs import FatbinCode
+    from builder.build.plan import BuildPlan
     from builder.recipe import load_recipe
 
     ops_dir = tmp_path / "deepspeed" / "ops" / "adam"
@@ -119,8 +119,8 @@ def test_arch_leak_is_caught_per_op(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     recipe = load_recipe(Path(__file__).resolve().parents[1] / "recipes" / "cu130-hopper-min.toml")
     plan = BuildPlan(recipe, "v", (fused, ADAM), {}, "2.14.1", "13.0", "cp311", archs=("8.0", "9.0"))
     with pytest.raises(BuildError) as err:
-        build.verify_archs(tmp_path, plan)
+        artifacts.verify_archs(tmp_path, plan)
     assert "fused_adam: no code for 9.0 (has sass_80)" in err.value.message
     assert "cpu_adam" not in err.value.message  # host-only ops carry no device code
     held["fused_adam_op"] = {FatbinCode("sass", 80), FatbinCode("sass", 90)}
-    assert build.verify_archs(tmp_path, dataclasses.replace(plan))["fused_adam"] == ["sass_80", "sass_90"]
+    assert artifacts.verify_archs(tmp_path, dataclasses.replace(plan))["fused_adam"] == ["sass_80", "sass_90"]

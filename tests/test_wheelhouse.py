@@ -10,10 +10,11 @@ import pytest
 from fakes import METADATA, NAME, fake_wheel, links
 
 from builder import node
+from builder.build.source import sha256_of
 from builder.errors import PublishError
+from builder.node import normalize
 from builder.smoke import report_path
-from builder.source import sha256_of
-from builder.wheelhouse import IndexEntry, normalize, project_page, publish, root_page, verify
+from builder.wheelhouse import IndexEntry, project_page, publish, root_page, verify
 
 
 def test_normalize() -> None:
@@ -205,7 +206,7 @@ def test_prune_keeps_current_recipes_and_locked_wheels(tmp_path: Path) -> None:
 
 
 def test_lock_rendering() -> None:
-    from builder.lock import render_containerfile, render_lock, requirement_of
+    from builder.wheelhouse.lock import render_containerfile, render_lock, requirement_of
 
     assert requirement_of(NAME) == "deepspeed==0.19.8+cpu.torch2.13"
     assert requirement_of("py_cpuinfo-9.0.0.tar.gz") == "py-cpuinfo==9.0.0"

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 from packaging.version import Version
 
-from builder.archs import label as arch_label
-from builder.archs import normalize_all
+from builder.build.archs import label as arch_label
+from builder.build.archs import normalize_all
 from builder.errors import BuildError
-from builder.ops import OpInfo, ProbeReport, check_requested
+from builder.build.ops import OpInfo, ProbeReport, check_requested
 from builder.recipe import Recipe
 
 

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import traceback
+from typing import Any
 
 MARKER = "==== smoke json ===="
 # fp32 optimizer steps on the same inputs: vectorised C++ vs torch's reference differ only by
@@ -79,7 +80,7 @@ def check_op_loads(op):
     return f"{op} loaded from {os.path.relpath(where, os.path.dirname(package))}, no JIT"
 
 
-def _compare(make_ours, make_reference, device="cpu"):
+def _compare(make_ours: Any, make_reference: Any, device: str = "cpu") -> str:
     import torch
 
     torch.manual_seed(0)
@@ -126,13 +127,15 @@ def check_cpu_adagrad():
 class _ReferenceLion:
     """Lion (Chen et al. 2023) written out in torch: torch ships no Lion to compare against."""
 
-    def __init__(self, params, lr, betas=(0.9, 0.99), weight_decay=0.0):
+    def __init__(
+        self, params: Any, lr: float, betas: tuple[float, float] = (0.9, 0.99), weight_decay: float = 0.0
+    ) -> None:
         import torch
 
         self.params, self.lr, self.betas, self.wd = params, lr, betas, weight_decay
         self.m = [torch.zeros_like(p) for p in params]
 
-    def step(self):
+    def step(self) -> None:
         import torch
 
         b1, b2 = self.betas
@@ -166,7 +169,7 @@ def check_fused_adam():
     )
 
 
-def parse_ds_report(text):
+def parse_ds_report(text: str) -> set[str]:
     """The ops ds_report's 'installed' column marks [YES] (colour codes removed)."""
     plain = re.sub(r"\x1b\[[0-9;]*m", "", text)
     return {m.group(1) for m in re.finditer(r"^(\w+)\s*\.*\s*\[YES\]", plain, re.MULTILINE)}
@@ -413,7 +416,7 @@ def _collect(procs, world, backend, timeout=180):
     return text, parse_dist_output(text, world, backend)
 
 
-def parse_dist_output(text, world, backend):
+def parse_dist_output(text: str, world: int, backend: str) -> set[str]:
     """Every rank 0..world-1 printed OK with `backend` (the one that really ran); NCCL versions seen."""
     ok = re.findall(rf"SMOKE_DIST rank=(\d+) world={world} backend=(\w+)(?: nccl=(\S+))? OK", text)
     ranks = sorted(int(r) for r, _, _ in ok)
@@ -482,7 +485,7 @@ NUMERICS = {
 
 def main():
     spec = json.loads(sys.argv[1])
-    results = []
+    results: list[dict[str, str]] = []
     if _ext_dir_files():
         raise SystemExit("TORCH_EXTENSIONS_DIR is not empty at the start")
     _check(results, "torch", lambda: check_torch(spec["torch"]))
@@ -496,7 +499,7 @@ def main():
     if spec.get("suite", "full") == "full":
         _check(results, "ds_report", lambda: check_ds_report(spec))
         _check(results, "engine:zero2-offload", lambda: check_engine(spec["accelerator"]))
-        state = {}
+        state: dict[str, object] = {}
         for kind in ("int8", "nf4", "fp4"):
             _check(results, f"quantized:{kind}:auto", lambda kind=kind: check_quantized(kind, None, state))
         for kind in ("int8", "nf4"):

@@ -10,9 +10,9 @@ from __future__ import annotations
 import errno
 import functools
 import http.server
-import sys
 from pathlib import Path
 
+from builder import output
 from builder.errors import BuilderError, ToolError
 
 
@@ -31,7 +31,7 @@ def serve(wheelhouse: Path, bind: str, port: int) -> None:
         ) from exc
     with server:
         host, real_port = str(server.server_address[0]), int(server.server_address[1])
-        print(f"==> serving {wheelhouse.resolve()} at http://{host}:{real_port}/", file=sys.stderr)
-        print(f"    pip install --index-url http://{host}:{real_port}/simple/ deepspeed==<version>", file=sys.stderr)
-        print(f"    python -m builder install --wheelhouse http://{host}:{real_port}/", file=sys.stderr, flush=True)
+        output.step(f"serving {wheelhouse.resolve()} at http://{host}:{real_port}/")
+        output.note(f"  pip install --index-url http://{host}:{real_port}/simple/ deepspeed==<version>")
+        output.note(f"  python -m builder install --wheelhouse http://{host}:{real_port}/")
         server.serve_forever()

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+from builder.resources import resource
+
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -14,7 +16,7 @@ from builder import cmd
 from builder.errors import BuildError, RecipeError
 from builder.recipe import did_you_mean
 
-PROBE_SCRIPT = Path(__file__).with_name("ds_probe.py")
+PROBE_SCRIPT = resource("ds_probe.py")
 MARKER = "==== ds_probe json ===="
 
 

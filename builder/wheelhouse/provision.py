@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder import cmd
+from builder.build.source import sha256_of
 from builder.errors import BuilderError, WheelhouseError
 from builder.files import write_atomic
 from builder.node import INSTALLER
-from builder.source import sha256_of
 
 _HOST_LINE = re.compile(r"^\s*([A-Za-z0-9._-]+)((?:\s+\w+=\S+)*)\s*$")
 
@@ -86,7 +86,7 @@ def host_script(host: Host, wheelhouse: str, installer_sha256: str) -> str:
 
 def installer_sha256(wheelhouse_dir: Path) -> str:
     """The sha256 of the installer the wheelhouse publishes, after checking the file against it."""
-    from builder.wheelhouse import load_manifest
+    from builder.wheelhouse.layout import load_manifest
 
     manifest = load_manifest(wheelhouse_dir)
     entry = manifest.tools.get(INSTALLER)

@@ -18,10 +18,12 @@ from typing import Any
 from packaging.version import Version
 
 from builder import cmd
+from builder.build import archs, buildid
+from builder.build.plan import BuildPlan
 from builder.contracts import BuildManifest
 from builder.errors import BuildError
 from builder.node import BUILD_MANIFEST
-from builder.ops import OpInfo
+from builder.build.ops import OpInfo
 
 INSTALLED_INFO = "deepspeed/git_version_info_installed.py"
 MANIFEST_NAME = BUILD_MANIFEST
@@ -128,3 +130,47 @@ def pack(tree: Path, python: Path, out: Path, log: Path, env: Mapping[str, str] 
         final = out / result.name
         result.replace(final)
     return final
+
+
+def so_sizes(tree: Path) -> dict[str, dict[str, int]]:
+    return {str(p.relative_to(tree)): {"bytes": p.stat().st_size} for p in sorted(tree.rglob("*.so"))}
+
+
+def strip_debug(tree: Path, log: Path) -> dict[str, dict[str, int]]:
+    """Strip what debug info is left in every .so (-g is dropped already); sizes before and after.
+
+    The build-id is then recomputed over what is left, so stripped wheels are reproducible.
+    """
+    before = so_sizes(tree)
+    files = sorted(tree.rglob("*.so"))
+    if files:
+        cmd.run(["strip", "--strip-debug", *files], log=log, fix="install binutils (strip), or set strip = false")
+    for so in files:
+        buildid.rehash(so)
+    after = so_sizes(tree)
+    return {k: {"before": v["bytes"], "bytes": after[k]["bytes"]} for k, v in before.items()}
+
+
+def verify_archs(tree: Path, plan: BuildPlan) -> dict[str, list[str]]:
+    """Every op with device code must carry SASS (and PTX where asked) for every requested arch.
+
+    DeepSpeed narrows TORCH_CUDA_ARCH_LIST for later ops once one op filters archs (its issues
+    7972/7974), so this is read back from each .so rather than trusted.
+    """
+    found: dict[str, list[str]] = {}
+    problems = []
+    for op in plan.ops:
+        sos = sorted(tree.glob(op.so_prefix + "*.so"))
+        codes = set().union(*(archs.so_archs(p) for p in sos)) if sos else set()
+        found[op.name] = sorted(f"{c.kind}_{c.sm}" for c in codes)
+        if op.device_code and plan.archs:
+            missing = archs.missing_archs(codes, plan.archs)
+            if missing:
+                have = ", ".join(found[op.name]) or "no device code"
+                problems.append(f"{op.name}: no code for {', '.join(missing)} (has {have})")
+    if problems:
+        raise BuildError(
+            "CUDA ops lack requested archs:\n    " + "\n    ".join(problems),
+            "DeepSpeed narrowed TORCH_CUDA_ARCH_LIST while building; build the affected ops in a separate recipe",
+        )
+    return found

@@ -14,11 +14,11 @@ from pathlib import Path
 
 from packaging.utils import parse_sdist_filename, parse_wheel_filename
 
-from builder import cmd
+from builder import cmd, output
+from builder.build.source import sha256_of
 from builder.errors import WheelhouseError
 from builder.files import write_atomic
-from builder.source import sha256_of
-from builder.wheelhouse import load_manifest
+from builder.wheelhouse.layout import load_manifest
 
 LOCKS = "locks"
 
@@ -83,7 +83,7 @@ def lock(wheelhouse: Path, wheel: str | None, log: Path) -> Path:
     name = entry.recipe
     target = write_atomic(out / f"{name}.lock", render_lock(wheel, files))
     write_atomic(out / f"{name}.Containerfile", render_containerfile(name, entry.python_tag))
-    print(f"==> {target}: {len(files)} files pinned by sha256; {out / (name + '.Containerfile')}", file=sys.stderr)
+    output.step(f"{target}: {len(files)} files pinned by sha256; {out / (name + '.Containerfile')}")
     return target
 
 

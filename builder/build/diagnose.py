@@ -10,7 +10,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from builder.ops import OpInfo
+from builder.build.ops import OpInfo
 
 # ninja: "FAILED: /abs/build/temp.../<key>/csrc/fp_quantizer/fp_quantize_impl.o"
 _FAILED = re.compile(r"^FAILED: (\S+?)\.o\b")

@@ -19,85 +19,52 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import html
 import json
 import os
 import sys
 import tempfile
 import zipfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
 from email.parser import Parser
-from html.parser import HTMLParser
 from pathlib import Path
-from urllib.parse import quote, unquote
 
 from filelock import FileLock
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from builder import node
+from builder.build.source import sha256_of
 from builder.contracts import BuildManifest, SmokeReport
 from builder.errors import PublishError, WheelhouseError
 from builder.files import copy_atomic, is_temp_name, make_dirs, write_atomic
 from builder.node import (
     INSTALLER,
-    MANIFEST_FILE,
     FileEntry,
     ManifestError,
     SmokeSummary,
     WheelEntry,
     WheelhouseManifest,
     check_wheel_name,
-    entry_differences,
     normalize,
 )
 from builder.smoke import load_report, report_path
-from builder.source import sha256_of
-
-MANIFEST = MANIFEST_FILE
-LOCK = ".publish.lock"
-JOURNAL = ".publish-journal.json"
-INTERRUPTED = "left by an interrupted publish (run `python -m builder repair` to remove it)"
-DOCS = ("README.md",)  # files a person may keep in the wheelhouse folder
-LOCKS = "locks"
-# Nodes have torch (and recipes pin it); everything else DeepSpeed needs goes into the wheelhouse.
-NOT_BUNDLED = ("torch",)
+from builder.wheelhouse.index import (
+    write_index,
+)
+from builder.wheelhouse.layout import (
+    JOURNAL,
+    LOCK,
+    LOCKS,
+    MANIFEST,
+    NOT_BUNDLED,
+    _companions,
+    _say,
+    load_manifest,
+    write_manifest,
+)
 
 # Fetches DeepSpeed's runtime closure: (requirements, python tag, folder, log) -> wheel files.
 Fetcher = Callable[[Sequence[str], str, Path, Path | None], list[Path]]
-
-
-@dataclass(frozen=True)
-class IndexEntry:
-    filename: str
-    sha256: str
-    metadata_sha256: str | None = None  # PEP 658: <wheel>.metadata served beside the wheel
-
-
-def project_page(project: str, entries: Iterable[IndexEntry]) -> str:
-    """The PEP 503 page of one project; files sit two folders up, beside simple/."""
-    links = "\n".join(_link(e) for e in sorted(entries, key=lambda e: e.filename))
-    return (
-        '<!DOCTYPE html>\n<html>\n  <head>\n    <meta name="pypi:repository-version" content="1.0">\n'
-        f"    <title>Links for {html.escape(project)}</title>\n  </head>\n  <body>\n"
-        f"    <h1>Links for {html.escape(project)}</h1>\n{links}\n  </body>\n</html>\n"
-    )
-
-
-def _link(e: IndexEntry) -> str:
-    meta = ""
-    if e.metadata_sha256:  # PEP 658 attribute, and its PEP 714 name that newer pips read
-        meta = f' data-dist-info-metadata="sha256={e.metadata_sha256}" data-core-metadata="sha256={e.metadata_sha256}"'
-    return f'    <a href="../../{quote(e.filename)}#sha256={e.sha256}"{meta}>{html.escape(e.filename)}</a><br/>'
-
-
-def root_page(projects: Iterable[str]) -> str:
-    links = "\n".join(f'    <a href="{quote(p)}/">{html.escape(p)}</a><br/>' for p in sorted(projects))
-    return (
-        '<!DOCTYPE html>\n<html>\n  <head>\n    <meta name="pypi:repository-version" content="1.0">\n'
-        f"    <title>Simple index</title>\n  </head>\n  <body>\n{links}\n  </body>\n</html>\n"
-    )
 
 
 def manifest_entry(
@@ -148,23 +115,6 @@ def _build_of(wheel: Path) -> BuildManifest:
         return BuildManifest.from_wheel(wheel)
     except ManifestError as exc:
         raise PublishError(exc.message, "publish only wheels made by build-wheel") from exc
-
-
-def load_manifest(wheelhouse: Path) -> WheelhouseManifest:
-    """The wheelhouse's validated manifest (empty when there is none yet)."""
-    path = wheelhouse / MANIFEST
-    try:
-        text = path.read_bytes()
-    except FileNotFoundError:
-        return WheelhouseManifest()
-    except OSError as exc:
-        raise WheelhouseError(f"cannot read {path}: {exc.strerror}", "check the wheelhouse's permissions") from exc
-    try:
-        return node.parse_manifest(text, str(path))
-    except ManifestError as exc:
-        raise WheelhouseError(
-            exc.message, "restore manifest.json from a backup, or publish into a new wheelhouse"
-        ) from exc
 
 
 def runtime_requirements(metadata: str) -> list[str]:
@@ -224,20 +174,17 @@ def _leftovers(wheelhouse: Path, manifest: WheelhouseManifest) -> tuple[list[Pat
             for name, digest in files.items():
                 check_wheel_name(name, JOURNAL)
                 path = wheelhouse / name
-                if name in listed or not path.is_file():
+                if name in listed:
                     continue
-                if sha256_of(path) == digest:  # the very file the killed publish copied
-                    doomed += [p for p in (path, *_companions(wheelhouse, name)) if p.is_file()]
+                # Companions first, the wheel after, the journal last: a cleanup cut short is redone.
+                if not path.is_file() or sha256_of(path) == digest:  # the file the killed publish copied
+                    doomed += [p for p in (*_companions(wheelhouse, name), path) if p.is_file()]
                 else:
                     notes.append(f"{name} is not in {MANIFEST} and is not the file a publish wrote: left alone")
         except (ValueError, KeyError, TypeError, AttributeError, ManifestError) as exc:
             notes.append(f"{JOURNAL} is unreadable ({exc}); nothing it names was removed")
         doomed.append(journal)
     return doomed, notes
-
-
-def _companions(wheelhouse: Path, name: str) -> list[Path]:
-    return [wheelhouse / f"{name}.metadata", wheelhouse / f"{name}.smoke.json"]
 
 
 def _clean(wheelhouse: Path, manifest: WheelhouseManifest, say: Callable[[str], None]) -> list[str]:
@@ -249,10 +196,6 @@ def _clean(wheelhouse: Path, manifest: WheelhouseManifest, say: Callable[[str], 
     for note in notes:
         say(f"  note: {note}")
     return [str(p.relative_to(wheelhouse)) for p in doomed]
-
-
-def _say(message: str) -> None:
-    print(message, file=sys.stderr)
 
 
 def publish(
@@ -305,7 +248,7 @@ def publish(
         tools = {INSTALLER: FileEntry(INSTALLER, _publish_installer(wheelhouse))}
         manifest = WheelhouseManifest(wheels_now, deps, tools)
         write_index(wheelhouse, manifest)
-        _write_manifest(wheelhouse, manifest)
+        write_manifest(wheelhouse, manifest)
         (wheelhouse / JOURNAL).unlink(missing_ok=True)
     return published
 
@@ -338,13 +281,6 @@ def _closure(
             added[path.name] = FileEntry(path.name, digest)
     _say(f"  the wheelhouse carries {len(added)} dependency wheels for {python_tag}")
     return added
-
-
-def _write_manifest(wheelhouse: Path, manifest: WheelhouseManifest) -> None:
-    """The one writer of manifest.json; what it writes must pass the loader every reader uses."""
-    text = manifest.to_json()
-    node.parse_manifest(text, "the manifest about to be written")
-    write_atomic(wheelhouse / MANIFEST, text)
 
 
 def installer_source() -> bytes:
@@ -381,200 +317,6 @@ def _writable(wheelhouse: Path) -> None:
         ) from exc
 
 
-def write_index(wheelhouse: Path, manifest: WheelhouseManifest) -> None:
-    """Rewrite simple/ from the files the manifest lists; remove pages of projects it no longer has."""
-    simple = wheelhouse / "simple"
-    projects = manifest.projects()
-    for project, names in projects.items():
-        entries = [
-            IndexEntry(n, manifest.file_sha256(n), manifest.wheels[n].metadata_sha256 if n in manifest.wheels else None)
-            for n in names
-        ]
-        write_atomic(simple / project / "index.html", project_page(project, entries))
-    write_atomic(simple / "index.html", root_page(projects))
-    for stale in simple.iterdir():  # projects whose last file was pruned: pages this toolkit wrote
-        if stale.is_dir() and stale.name not in projects and [p.name for p in stale.iterdir()] == ["index.html"]:
-            (stale / "index.html").unlink()
-            stale.rmdir()
-
-
-class _Links(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.links: list[dict[str, str | None]] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag == "a":
-            self.links.append(dict(attrs))
-
-
-def parse_links(page: str) -> list[dict[str, str | None]]:
-    """The anchors of an index page, with their attributes."""
-    parser = _Links()
-    parser.feed(page)
-    return parser.links
-
-
-def _read_text(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-def verify(wheelhouse: Path) -> list[str]:
-    """Everything wrong with a wheelhouse; empty only when every file is listed, linked and hash-checked.
-
-    Every manifest field that can be recomputed is: a wheel's facts from its embedded build
-    manifest, its smoke result from the report published beside it.
-    """
-    if not wheelhouse.is_dir():
-        return [f"{wheelhouse} does not exist or is not a folder"]
-    if not (wheelhouse / MANIFEST).is_file():
-        return [f"{wheelhouse} has no {MANIFEST}: nothing was published there"]
-    try:
-        manifest = load_manifest(wheelhouse)
-    except WheelhouseError as exc:
-        return [exc.message]
-    problems: list[str] = []
-    if not manifest.wheels:
-        problems.append(f"{MANIFEST} lists no DeepSpeed wheel: the wheelhouse is empty")
-    for name, entry in sorted(manifest.wheels.items()):
-        problems += _verify_wheel(wheelhouse, name, entry)
-    for name, dep in sorted({**manifest.dependencies, **manifest.tools}.items()):
-        path = wheelhouse / name
-        if not path.is_file():
-            problems.append(f"{name}: listed in {MANIFEST} but missing")
-        elif sha256_of(path) != dep.sha256:
-            problems.append(f"{name}: sha256 differs from {MANIFEST} (tampered or replaced)")
-    problems += _verify_tree(wheelhouse, manifest)
-    problems += _verify_index(wheelhouse, manifest)
-    return problems
-
-
-def _verify_wheel(wheelhouse: Path, name: str, entry: WheelEntry) -> list[str]:
-    wheel = wheelhouse / name
-    if not wheel.is_file():
-        return [f"{name}: listed in {MANIFEST} but missing"]
-    problems = []
-    if sha256_of(wheel) != entry.sha256:
-        problems.append(f"{name}: sha256 differs from {MANIFEST} (tampered or replaced)")
-    else:  # the wheel's bytes are the published ones: its own build manifest is the truth
-        try:
-            build = BuildManifest.from_wheel(wheel)
-            problems += [f"{name}: {d}" for d in entry_differences(entry, build.data)]
-        except ManifestError as exc:
-            problems.append(f"{name}: {exc.message}")
-    for suffix, digest in ((".metadata", entry.metadata_sha256), (".smoke.json", entry.report_sha256)):
-        path = wheelhouse / f"{name}{suffix}"
-        if digest is None:
-            problems.append(f"{name}: {MANIFEST} records no sha256 for {name}{suffix} (published by an older toolkit)")
-        elif not path.is_file():
-            problems.append(f"{name}{suffix}: missing")
-        elif sha256_of(path) != digest:
-            problems.append(f"{name}{suffix}: sha256 differs from {MANIFEST}")
-        elif suffix == ".smoke.json":
-            problems += _verify_report(path, name, entry)
-    return problems
-
-
-def _verify_report(path: Path, name: str, entry: WheelEntry) -> list[str]:
-    try:
-        report = SmokeReport.from_json(path.read_bytes(), path.name)
-    except ManifestError as exc:
-        return [exc.message]
-    problems = []
-    if report.wheel != name or report.sha256 != entry.sha256:
-        problems.append(f"{path.name}: the report is for other bytes than {name}")
-    if report.passed != entry.smoke.passed or dict(report.summary_checks()) != dict(entry.smoke.checks):
-        problems.append(f"{name}: the smoke result in {MANIFEST} differs from {path.name}")
-    return problems
-
-
-def _verify_tree(wheelhouse: Path, manifest: WheelhouseManifest) -> list[str]:
-    """Files nobody listed: leftovers of a killed publish, and anything put there by hand."""
-    known = {MANIFEST, LOCK, "simple", "tools", LOCKS, *DOCS}
-    for name in manifest.wheels:
-        known |= {name, f"{name}.metadata", f"{name}.smoke.json"}
-    known |= set(manifest.dependencies)
-    problems = []
-    interrupted = INTERRUPTED
-    for path in sorted(wheelhouse.iterdir()):
-        if path.name == JOURNAL or is_temp_name(path.name):
-            problems.append(f"{path.name}: {interrupted}")
-        elif path.name not in known:
-            problems.append(f"{path.name}: in the wheelhouse but not in {MANIFEST}")
-    tools = wheelhouse / "tools"
-    if tools.is_dir():
-        for path in sorted(tools.iterdir()):
-            rel = f"tools/{path.name}"
-            if rel not in manifest.tools:
-                problems.append(f"{rel}: {interrupted if is_temp_name(path.name) else 'not in ' + MANIFEST}")
-    locks = wheelhouse / LOCKS
-    if locks.is_dir():
-        for path in sorted(locks.iterdir()):
-            if not (path.is_file() and path.suffix in (".lock", ".Containerfile")):
-                problems.append(f"{LOCKS}/{path.name}: not a lock or Containerfile written by `lock`")
-    return problems
-
-
-def _verify_index(wheelhouse: Path, manifest: WheelhouseManifest) -> list[str]:
-    problems: list[str] = []
-    simple = wheelhouse / "simple"
-    projects = manifest.projects()
-    root_text = _read_text(simple / "index.html")
-    if root_text is None:
-        return ["simple/index.html: missing or unreadable"]
-    root_links = [a.get("href") or "" for a in parse_links(root_text)]
-    for project in projects:
-        if f"{quote(project)}/" not in root_links:
-            problems.append(f"simple/index.html does not list {project}")
-    problems += [
-        f"simple/index.html links {href!r}, a project {MANIFEST} does not list"
-        for href in root_links
-        if href not in {f"{quote(p)}/" for p in projects}
-    ]
-    if simple.is_dir():
-        for path in sorted(simple.iterdir()):
-            if path.name == "index.html":
-                continue
-            if is_temp_name(path.name):
-                problems.append(f"simple/{path.name}: {INTERRUPTED}")
-            elif not path.is_dir() or path.name not in projects:
-                problems.append(f"simple/{path.name}: not a project {MANIFEST} lists")
-            else:
-                for p in sorted(path.iterdir()):
-                    if p.name == "index.html":
-                        continue
-                    what = INTERRUPTED if is_temp_name(p.name) else "a file no publish wrote"
-                    problems.append(f"simple/{path.name}/{p.name}: {what}")
-    for project, names in projects.items():
-        text = _read_text(simple / project / "index.html")
-        if text is None:
-            problems.append(f"simple/{project}/index.html: missing")
-            continue
-        seen: dict[str, tuple[str, str | None]] = {}
-        for a in parse_links(text):
-            href = a.get("href") or ""
-            target, _, fragment = href.partition("#")
-            if not target.startswith("../../") or "/" in target[len("../../") :]:
-                problems.append(f"simple/{project}/index.html: link {href[:120]!r} points outside the wheelhouse")
-                continue
-            seen[unquote(target[len("../../") :])] = (fragment, a.get("data-dist-info-metadata"))
-        for name in names:
-            if name not in seen:
-                problems.append(f"simple/{project}/index.html: no link to {name}")
-                continue
-            fragment, meta_attr = seen.pop(name)
-            if fragment != f"sha256={manifest.file_sha256(name)}":
-                problems.append(f"simple/{project}/index.html: wrong hash for {name}")
-            wheel = manifest.wheels.get(name)
-            if wheel and wheel.metadata_sha256 and meta_attr != f"sha256={wheel.metadata_sha256}":
-                problems.append(f"simple/{project}/index.html: wrong metadata hash for {name}")
-        problems += [f"simple/{project}/index.html: links {n}, which {MANIFEST} does not list" for n in seen]
-    return problems
-
-
 def repair(wheelhouse: Path) -> list[str]:
     """Remove what interrupted publishes left and rewrite the index from the manifest; what was removed."""
     if not (wheelhouse / MANIFEST).is_file():
@@ -584,27 +326,3 @@ def repair(wheelhouse: Path) -> list[str]:
         removed = _clean(wheelhouse, manifest, _say)
         write_index(wheelhouse, manifest)
     return removed
-
-
-def prune(wheelhouse: Path, recipe_names: Iterable[str], keep: Iterable[str], dry_run: bool = False) -> list[str]:
-    """Remove wheels built from no current recipe and pinned by no lock; returns their names.
-
-    Only names from the validated manifest are ever joined to the wheelhouse path.
-    """
-    recipes, pinned = set(recipe_names), set(keep)
-    if not (wheelhouse / MANIFEST).is_file():
-        raise WheelhouseError(f"{wheelhouse} has no {MANIFEST}", "pass --wheelhouse with a published wheelhouse")
-    with FileLock(str(wheelhouse / LOCK)):
-        manifest = load_manifest(wheelhouse)
-        doomed = [n for n, e in sorted(manifest.wheels.items()) if e.recipe not in recipes and n not in pinned]
-        if dry_run or not doomed:
-            return doomed
-        kept = {n: e for n, e in manifest.wheels.items() if n not in doomed}
-        manifest = replace(manifest, wheels=kept)
-        # Index and manifest first, files after: a wheel is never linked while it is missing.
-        write_index(wheelhouse, manifest)
-        _write_manifest(wheelhouse, manifest)
-        for name in doomed:
-            for path in (wheelhouse / name, *_companions(wheelhouse, name)):
-                path.unlink(missing_ok=True)
-    return doomed

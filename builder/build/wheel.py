@@ -7,6 +7,8 @@ the wheel, then pin torch and embed the build manifest. A failed step leaves no 
 
 from __future__ import annotations
 
+from builder import output
+
 import datetime
 import json
 import os
@@ -18,16 +20,24 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder import __version__, archs, buildid, buildkey, ccache, cmd, diagnose, envs, ops, source, wheelfile
+from builder import __version__, cmd, envs
+from builder.build import archs
+from builder.build import buildid
+from builder.build import buildkey
+from builder.build import ccache
+from builder.build import diagnose
+from builder.build import ops
+from builder.build import source
+from builder.build import artifacts
 from builder.contracts import BuildManifest
 from builder.detect import Report, available_memory_gb, detect
 from builder.errors import BuilderError, BuildError, ToolError
 from builder.files import write_atomic
 from builder.node import cpu_flags
-from builder.plan import BuildPlan, plan_build, resolve_archs
+from builder.build.plan import BuildPlan, plan_build, resolve_archs
 from builder.recipe import Recipe
-from builder.toolchain import ToolchainPlan, apply, compose_env, plan_toolchain
-from builder.wheelfile import verify
+from builder.build.toolchain import ToolchainPlan, apply, compose_env, plan_toolchain
+from builder.build.artifacts import verify
 from builder.workspace import Workspace
 
 BUILD_TOOLS = ("setuptools", "wheel", "ninja")
@@ -69,7 +79,7 @@ def prepare(recipe: Recipe, ws: Workspace, log: Path, verbose: bool = False) -> 
     sdist = source.fetch(recipe.deepspeed, ws.cache, log, verbose)
     src = source.unpack(sdist, ws.recipe_dir(recipe) / "src")
     if recipe.torch.system:
-        print(f'  torch = "system": building against the torch installed for {sys.executable}', file=sys.stderr)
+        output.note(f'torch = "system": building against the torch installed for {sys.executable}')
     reqs = build_requirements(recipe, src)
     venv = envs.cached(ws.cache / "envs", reqs, log, verbose, system_site_packages=recipe.torch.system)
     return src, envs.python_in(venv)
@@ -82,9 +92,9 @@ def toolchain_env(
     report = detect(os.environ, str(python))
     plan = plan_toolchain(report, ws.root / "toolchain" / "bin", need_cuda=recipe.accelerator == "cuda")
     for action in apply(plan, dry_run):
-        print(f"  toolchain: {action}", file=sys.stderr)
+        output.note(f"toolchain: {action}")
     for note in plan.notes:
-        print(f"  toolchain: {note}", file=sys.stderr)
+        output.note(f"toolchain: {note}")
     env = compose_env(envs.venv_environ(python.parent.parent), plan)
     env["DS_ACCELERATOR"] = recipe.accelerator
     return env, report, plan
@@ -100,10 +110,10 @@ def build_wheel(
     key = buildkey.build_key(inputs)
     if not force and (built := buildkey.find_built(ws.dist, key)):
         seconds = time.monotonic() - start
-        print(f"==> up to date: {built.name} (build key {key}, checked in {seconds:.1f}s)", file=sys.stderr)
+        output.step(f"up to date: {built.name} (build key {key}, checked in {seconds:.1f}s)")
         return BuildResult(wheel=built, seconds=seconds, log=log, key=key, reused=True)
     log.unlink(missing_ok=True)
-    print(f"==> build-wheel: recipe {recipe.name} ({recipe.path}), build key {key}; full log: {log}", file=sys.stderr)
+    output.step(f"build-wheel: recipe {recipe.name} ({recipe.path}), build key {key}; full log: {log}")
 
     src, python = prepare(recipe, ws, log, verbose)
     env, machine, toolchain = toolchain_env(recipe, python, ws)
@@ -117,11 +127,10 @@ def build_wheel(
     env.update(reproducible_env(env, src, python.parent.parent))
     env.update(ccache.environment(ws.cache / "ccache", use_ccache, env))
     ccache.zero(env)
-    print(
-        f"  version {plan.version}; ops {', '.join(o.name for o in plan.ops)}; "
+    output.note(
+        f"version {plan.version}; ops {', '.join(o.name for o in plan.ops)}; "
         f"archs {';'.join(archs) or '-'}; CPU target {recipe.cpu_target}; "
-        f"{plan.env.get('DS_BUILDER_PARALLEL', '1')} extension(s) at once, MAX_JOBS={plan.env['MAX_JOBS']} each",
-        file=sys.stderr,
+        f"{plan.env.get('DS_BUILDER_PARALLEL', '1')} extension(s) at once, MAX_JOBS={plan.env['MAX_JOBS']} each"
     )
 
     work = ws.recipe_dir(recipe)
@@ -141,17 +150,17 @@ def build_wheel(
             raise _compile_error(exc, log, plan) from exc
         cache_stats = ccache.stats(env)
         if cache_stats:
-            print(f"  {cache_stats.describe()}", file=sys.stderr)
+            output.note(f"{cache_stats.describe()}")
         raw = _single_wheel(raw_dir)
         verify(raw, plan.ops, plan.version)
-        tree = wheelfile.unpack(raw, python, Path(tmp) / "tree", log)
-        op_archs = verify_archs(tree, plan)
-        sizes = strip_debug(tree, log) if recipe.strip else so_sizes(tree)
+        tree = artifacts.unpack(raw, python, Path(tmp) / "tree", log)
+        op_archs = artifacts.verify_archs(tree, plan)
+        sizes = artifacts.strip_debug(tree, log) if recipe.strip else artifacts.so_sizes(tree)
         data = build_manifest(plan, sizes, op_archs, machine, toolchain)
         data.update({"build_key": key, "build_key_inputs": inputs})
         manifest = BuildManifest.from_dict(data, "the build manifest")  # the loader's checks hold for the writer
-        wheelfile.finish_tree(tree, manifest)
-        wheel = wheelfile.pack(tree, python, ws.dist, log, env)
+        artifacts.finish_tree(tree, manifest)
+        wheel = artifacts.pack(tree, python, ws.dist, log, env)
     shutil.rmtree(src, ignore_errors=True)
     seconds = time.monotonic() - start
     record = {"built_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -179,50 +188,6 @@ def _compile_error(exc: ToolError, log: Path, plan: BuildPlan) -> BuilderError:
         if ops
         else f"read the full log {log}",
     )
-
-
-def so_sizes(tree: Path) -> dict[str, dict[str, int]]:
-    return {str(p.relative_to(tree)): {"bytes": p.stat().st_size} for p in sorted(tree.rglob("*.so"))}
-
-
-def strip_debug(tree: Path, log: Path) -> dict[str, dict[str, int]]:
-    """Strip what debug info is left in every .so (-g is dropped already); sizes before and after.
-
-    The build-id is then recomputed over what is left, so stripped wheels are reproducible.
-    """
-    before = so_sizes(tree)
-    files = sorted(tree.rglob("*.so"))
-    if files:
-        cmd.run(["strip", "--strip-debug", *files], log=log, fix="install binutils (strip), or set strip = false")
-    for so in files:
-        buildid.rehash(so)
-    after = so_sizes(tree)
-    return {k: {"before": v["bytes"], "bytes": after[k]["bytes"]} for k, v in before.items()}
-
-
-def verify_archs(tree: Path, plan: BuildPlan) -> dict[str, list[str]]:
-    """Every op with device code must carry SASS (and PTX where asked) for every requested arch.
-
-    DeepSpeed narrows TORCH_CUDA_ARCH_LIST for later ops once one op filters archs (its issues
-    7972/7974), so this is read back from each .so rather than trusted.
-    """
-    found: dict[str, list[str]] = {}
-    problems = []
-    for op in plan.ops:
-        sos = sorted(tree.glob(op.so_prefix + "*.so"))
-        codes = set().union(*(archs.so_archs(p) for p in sos)) if sos else set()
-        found[op.name] = sorted(f"{c.kind}_{c.sm}" for c in codes)
-        if op.device_code and plan.archs:
-            missing = archs.missing_archs(codes, plan.archs)
-            if missing:
-                have = ", ".join(found[op.name]) or "no device code"
-                problems.append(f"{op.name}: no code for {', '.join(missing)} (has {have})")
-    if problems:
-        raise BuildError(
-            "CUDA ops lack requested archs:\n    " + "\n    ".join(problems),
-            "DeepSpeed narrowed TORCH_CUDA_ARCH_LIST while building; build the affected ops in a separate recipe",
-        )
-    return found
 
 
 # Zip timestamps of every wheel (wheel pack honours it) when the caller sets none: 1980-01-01,
@@ -309,11 +274,10 @@ def _summary(wheel: Path, plan: BuildPlan, seconds: float, log: Path, sizes: dic
     so_after = sum(v["bytes"] for v in sizes.values()) / 1e6
     so_before = sum(v.get("before", v["bytes"]) for v in sizes.values()) / 1e6
     stripped = f", stripped from {so_before:.1f} MB" if so_before != so_after else ""
-    print(
-        f"==> built {wheel.name} in {seconds:.0f}s\n"
+    output.step(
+        f"built {wheel.name} in {seconds:.0f}s\n"
         f"    wheel: {wheel} ({size:.1f} MB; .so files {so_after:.1f} MB{stripped})\n"
         f"    ops:   {', '.join(op.name for op in plan.ops)}\n"
         f"    archs: {';'.join(plan.archs) or '-'}\n"
-        f"    log:   {log}",
-        file=sys.stderr,
+        f"    log:   {log}"
     )

@@ -1,0 +1,242 @@
+"""One handler per command: each takes the parsed arguments, calls the stage it names, returns 0.
+
+Errors are raised, never printed here; `cli.main` turns them into one message and an exit code.
+Only the standard library is imported at the top: each handler imports what it needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from builder import output
+from builder.cli import DEFAULT_RECIPE
+from builder.errors import PublishError, SmokeError, ToolError, WheelhouseError
+from builder.workspace import Workspace
+
+
+def _workspace(args: argparse.Namespace, check: bool = True) -> Workspace:
+    ws = Workspace(args.work_dir.resolve())
+    if check:
+        ws.check_writable()
+    return ws
+
+
+def build_wheel(args: argparse.Namespace) -> int:
+    from builder import pipeline
+    from builder.recipe import load_recipe
+
+    recipes = [load_recipe(p) for p in (args.recipes or [DEFAULT_RECIPE])]  # all validated first
+    stages = pipeline.Stages(
+        smoke=not args.no_smoke,
+        publish=not (args.no_smoke or args.no_publish),
+        force=args.force,
+        use_ccache=not args.no_ccache,
+        verbose=args.verbose,
+    )
+    results = pipeline.run(recipes, _workspace(args, check=False), args.wheelhouse, stages)
+    if args.json:
+        output.result(json.dumps({"targets": [r.to_json() for r in results]}, indent=2))
+    return 0
+
+
+def smoke(args: argparse.Namespace) -> int:
+    from builder.smoke import smoke as smoke_wheel
+
+    ws = _workspace(args)
+    for wheel in args.wheels or [_newest_wheel(ws.dist)]:
+        smoke_wheel(wheel, ws, args.verbose, args.keep_env)
+    return 0
+
+
+def publish(args: argparse.Namespace) -> int:
+    from builder import pipeline
+
+    ws = _workspace(args)
+    pipeline.publish(args.wheels or _passed_wheels(ws.dist), args.wheelhouse, ws)
+    return 0
+
+
+def detect(args: argparse.Namespace) -> int:
+    from builder.build.ops import probe
+    from builder.build.wheel import prepare, toolchain_env
+    from builder.detect import detect as detect_machine
+    from builder.detect import render_table
+    from builder.recipe import load_recipe
+
+    if args.recipe:  # the recipe's build environment, and DeepSpeed's own answer for its ops
+        ws = _workspace(args)
+        recipe = load_recipe(args.recipe)
+        log = ws.logs / f"{recipe.name}-env.log"
+        src, python = prepare(recipe, ws, log, args.verbose)
+        env, report, _ = toolchain_env(recipe, python, ws, dry_run=True)
+        ops = probe(python, src, env, log).ops
+        report = dataclasses.replace(report, deepspeed_ops={n: {"compatible": o.compatible, "why": o.why}
+                                                            for n, o in ops.items()})  # fmt: skip
+    else:
+        report = detect_machine(os.environ, args.python or sys.executable)
+    output.result(report.to_json() if args.json else render_table(report))
+    return 0
+
+
+def toolchain(args: argparse.Namespace) -> int:
+    from builder.build.toolchain import apply, compose_env, plan_toolchain
+    from builder.build.wheel import prepare
+    from builder.detect import detect as detect_machine
+    from builder.recipe import load_recipe
+
+    ws = _workspace(args)
+    python, need_cuda = args.python or sys.executable, None
+    if args.recipe:
+        recipe = load_recipe(args.recipe)
+        _, built = prepare(recipe, ws, ws.logs / f"{recipe.name}-env.log", args.verbose)
+        python, need_cuda = str(built), recipe.accelerator == "cuda"
+    report = detect_machine(os.environ, python)
+    plan = plan_toolchain(report, args.folder or ws.root / "toolchain" / "bin", need_cuda=need_cuda
+                          if need_cuda is not None else bool(report.torch.cuda))  # fmt: skip
+    lines = [f"{'would ' if args.dry_run else ''}{action}" for action in apply(plan, args.dry_run)]
+    lines += [f"# {note}" for note in plan.notes]
+    env = compose_env(os.environ, plan)
+    lines += [
+        f"export {v}={shlex.quote(env[v])}" for v in [*plan.prepend, *plan.set_vars] if env.get(v) != os.environ.get(v)
+    ]
+    output.result("\n".join(lines))
+    return 0
+
+
+def verify(args: argparse.Namespace) -> int:
+    from builder.wheelhouse import load_manifest
+    from builder.wheelhouse import verify as verify_wheelhouse
+
+    house: Path = args.wheelhouse
+    problems = verify_wheelhouse(house)
+    if args.json:
+        output.result(json.dumps({"wheelhouse": str(house), "ok": not problems, "problems": problems}, indent=2))
+    if problems:
+        if not house.is_dir() or not (house / "manifest.json").is_file():
+            fix = "pass --wheelhouse with the folder publish wrote (build-wheel publishes into ./wheelhouse)"
+        elif any("interrupted publish" in p for p in problems):
+            fix = ("run `python -m builder repair` for what interrupted publishes left; for anything else, "
+                   "re-publish the affected wheels from their builds into a new wheelhouse")  # fmt: skip
+        else:
+            fix = "re-publish the affected wheels into a new wheelhouse; remove files you did not publish"
+        raise WheelhouseError(f"{house} failed verification:\n    " + "\n    ".join(problems), fix)
+    count = len(load_manifest(house).wheels)
+    output.step(f"{house}: {count} wheels; hashes, metadata, smoke reports, index and manifest agree")
+    return 0
+
+
+def repair(args: argparse.Namespace) -> int:
+    from builder.wheelhouse import repair as repair_wheelhouse
+
+    removed = repair_wheelhouse(args.wheelhouse)
+    output.step(f"{args.wheelhouse}: removed {len(removed)} leftovers; index rewritten from manifest.json")
+    return 0
+
+
+def lock(args: argparse.Namespace) -> int:
+    from builder.wheelhouse.lock import lock as lock_wheel
+
+    ws = _workspace(args)
+    lock_wheel(args.wheelhouse, args.wheel, ws.logs / "lock.log")
+    return 0
+
+
+def prune(args: argparse.Namespace) -> int:
+    from builder.recipe import load_recipe
+    from builder.wheelhouse import prune as prune_wheelhouse
+    from builder.wheelhouse.lock import locked_wheels
+
+    names = [load_recipe(p).name for p in sorted(args.recipes_dir.glob("*.toml"))]
+    gone = prune_wheelhouse(args.wheelhouse, names, locked_wheels(args.wheelhouse), args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    output.result("\n".join(f"{verb} {name}" for name in gone))
+    output.step(f"{verb} {len(gone)} wheels; kept those of recipes {', '.join(names)} and of locks")
+    return 0
+
+
+def provision(args: argparse.Namespace) -> int:
+    from builder.wheelhouse import provision as prov
+
+    ws = _workspace(args)
+    try:
+        text = args.hostfile.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ToolError(
+            f"cannot read the hostfile {args.hostfile}: {exc}", "pass --hostfile with a readable file"
+        ) from exc
+    hosts = prov.parse_hostfile(text, str(args.hostfile))
+    url = args.url or str(args.wheelhouse.resolve())
+    scripts = prov.write(hosts, url, args.out, prov.installer_sha256(args.wheelhouse))
+    output.step(f"wrote {len(scripts)} host scripts in {args.out}/ for wheelhouse {url}")
+    if args.run:
+        said = prov.run(hosts, args.out, args.launcher, ws.logs / "provision.log")
+        done = [h.name for h in hosts if f"{h.name}: ==> installed" in said]
+        output.step(f"installed on {len(done)}/{len(hosts)} hosts: {', '.join(done)}")
+        if len(done) != len(hosts):
+            raise ToolError(
+                f"provisioning did not finish on every host (log {ws.logs / 'provision.log'})",
+                "read the log for the hosts missing above",
+            )
+    return 0
+
+
+def bench(args: argparse.Namespace) -> int:
+    from builder.bench import bench as run_bench
+    from builder.recipe import load_recipe
+
+    run_bench(load_recipe(args.recipe), args.out.resolve(), args.runs)
+    return 0
+
+
+def serve(args: argparse.Namespace) -> int:
+    from builder.wheelhouse.serve import serve as serve_wheelhouse
+
+    serve_wheelhouse(args.wheelhouse, args.bind, args.port)
+    return 0
+
+
+def _newest_wheel(dist: Path) -> Path:
+    wheels = sorted(dist.glob("*.whl"), key=lambda p: p.stat().st_mtime)
+    if not wheels:
+        raise SmokeError(f"no wheels in {dist}", "build one first: python -m builder build-wheel")
+    return wheels[-1]
+
+
+def _passed_wheels(dist: Path) -> list[Path]:
+    from builder.smoke import report_path
+    from builder.wheelhouse import passing_report
+
+    passed = []
+    for wheel in sorted(dist.glob("*.whl")):
+        if not report_path(wheel).is_file():
+            continue
+        try:
+            passing_report(wheel)
+            passed.append(wheel)
+        except PublishError as exc:
+            output.note(f"skipping {wheel.name}: {exc.message}")
+    if not passed:
+        raise PublishError(f"no smoke-passed wheels in {dist}", "run build-wheel, or smoke on a built wheel")
+    return passed
+
+
+HANDLERS = {
+    "build-wheel": build_wheel,
+    "smoke": smoke,
+    "publish": publish,
+    "detect": detect,
+    "toolchain": toolchain,
+    "verify": verify,
+    "repair": repair,
+    "lock": lock,
+    "prune": prune,
+    "provision": provision,
+    "bench": bench,
+    "serve": serve,
+}

@@ -1,0 +1,98 @@
+"""Pure parsers: one per external fact, each tested against captured output."""
+
+from __future__ import annotations
+
+import re
+
+from packaging.version import Version
+
+from builder.detect.model import (
+    KNOWN_HOST_LIMITS,
+    Gpu,
+    HostRange,
+)
+
+# ---------------------------------------------------------------- pure parsers
+
+
+def parse_nvcc_version(text: str) -> str | None:
+    m = re.search(r"release (\d+\.\d+)", text)
+    return m.group(1) if m else None
+
+
+def parse_gpu_archs(text: str) -> tuple[str, ...]:
+    """`nvcc --list-gpu-arch` (compute_75 ...) as capabilities ("7.5", ...)."""
+    found = {m.group(1) for m in re.finditer(r"compute_(\d+)", text)}
+    return tuple(f"{int(n) // 10}.{int(n) % 10}" for n in sorted(found, key=int))
+
+
+def parse_host_config(text: str) -> HostRange | None:
+    """Host compiler limits from a toolkit's include/crt/host_config.h.
+
+    The `#if` line right before each "unsupported GNU version" / "unsupported clang version" error
+    holds the bounds (e.g. `#if __GNUC__ > 15`, `#if (__clang_major__ >= 21) || (__clang_major__ < 3) ...`).
+    """
+    lines = text.splitlines()
+    gcc_min = gcc_max = clang_min = clang_max = None
+    found = False
+    for i, line in enumerate(lines):
+        if not line.startswith("#error"):
+            continue
+        kind = "gcc" if "unsupported GNU version" in line else "clang" if "unsupported clang version" in line else None
+        if kind is None:
+            continue
+        cond = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].startswith("#if")), "")
+        var = "__GNUC__" if kind == "gcc" else "__clang_major__"
+        high = [int(n) for n in re.findall(rf"{var}\s*>\s*(\d+)", cond)]
+        high += [int(n) - 1 for n in re.findall(rf"{var}\s*>=\s*(\d+)", cond)]
+        low = [int(n) for n in re.findall(rf"{var}\s*<\s*(\d+)", cond)]
+        found = True
+        if kind == "gcc":
+            gcc_max, gcc_min = min(high, default=None), max(low, default=None)
+        else:
+            clang_max, clang_min = min(high, default=None), max(low, default=None)
+    return HostRange(gcc_min, gcc_max, clang_min, clang_max, "host_config.h") if found else None
+
+
+def host_range_fallback(version: str) -> HostRange | None:
+    limits = KNOWN_HOST_LIMITS.get(version)
+    return HostRange(None, limits[0], None, limits[1], "known-limits table") if limits else None
+
+
+def parse_compiler_version(text: str) -> str | None:
+    """`gcc -dumpfullversion` ("12.2.0") or `clang --version` ("Debian clang version 14.0.6")."""
+    m = re.search(r"clang version (\d+(?:\.\d+)*)", text) or re.match(r"\s*(\d+(?:\.\d+)*)\s*$", text)
+    return m.group(1) if m else None
+
+
+def parse_smi(text: str) -> tuple[list[Gpu], str | None]:
+    """`nvidia-smi --query-gpu=index,name,compute_cap,memory.total,driver_version --format=csv,noheader,nounits`."""
+    gpus, driver = [], None
+    for line in text.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 5 or not parts[0].isdigit():
+            continue
+        gpus.append(Gpu(int(parts[0]), parts[1], parts[2], int(float(parts[3]))))
+        driver = parts[4]
+    return gpus, driver
+
+
+def parse_smi_cuda(text: str) -> str | None:
+    """The highest CUDA the driver supports, from plain `nvidia-smi` ("CUDA Version: 13.0")."""
+    m = re.search(r"CUDA Version:\s*(\d+\.\d+)", text)
+    return m.group(1) if m else None
+
+
+def cuda_major_minor(version: str | None) -> str | None:
+    if not version:
+        return None
+    v = Version(version)
+    return f"{v.major}.{v.minor}"
+
+
+def parse_meminfo(text: str) -> float | None:
+    """MemAvailable from /proc/meminfo, in GB (None when absent)."""
+    for line in text.splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 1024**2
+    return None

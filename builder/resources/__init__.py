@@ -1,0 +1,15 @@
+"""Code that runs in another interpreter: a build or smoke venv, or a node.
+
+Each is a real file, linted and type-checked, run by path (`python FILE`), never kept as a
+string: ds_probe.py (DeepSpeed's op list, in the build env), torch_probe.py (torch facts),
+smoke_checks.py and smoke_dist.py (the smoke suite and its distributed worker, in the smoke venv).
+"""
+
+from pathlib import Path
+
+RESOURCES = Path(__file__).resolve().parent
+
+
+def resource(name: str) -> Path:
+    """The path of a resource script, to run with another interpreter."""
+    return RESOURCES / name

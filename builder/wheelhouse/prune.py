@@ -1,0 +1,45 @@
+"""prune: remove wheels of recipes that no longer exist; index and manifest first, files after."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+from pathlib import Path
+
+from filelock import FileLock
+
+from builder.errors import WheelhouseError
+from builder.wheelhouse.index import (
+    write_index,
+)
+from builder.wheelhouse.layout import (
+    LOCK,
+    MANIFEST,
+    _companions,
+    load_manifest,
+    write_manifest,
+)
+
+
+def prune(wheelhouse: Path, recipe_names: Iterable[str], keep: Iterable[str], dry_run: bool = False) -> list[str]:
+    """Remove wheels built from no current recipe and pinned by no lock; returns their names.
+
+    Only names from the validated manifest are ever joined to the wheelhouse path.
+    """
+    recipes, pinned = set(recipe_names), set(keep)
+    if not (wheelhouse / MANIFEST).is_file():
+        raise WheelhouseError(f"{wheelhouse} has no {MANIFEST}", "pass --wheelhouse with a published wheelhouse")
+    with FileLock(str(wheelhouse / LOCK)):
+        manifest = load_manifest(wheelhouse)
+        doomed = [n for n, e in sorted(manifest.wheels.items()) if e.recipe not in recipes and n not in pinned]
+        if dry_run or not doomed:
+            return doomed
+        kept = {n: e for n, e in manifest.wheels.items() if n not in doomed}
+        manifest = replace(manifest, wheels=kept)
+        # Index and manifest first, files after: a wheel is never linked while it is missing.
+        write_index(wheelhouse, manifest)
+        write_manifest(wheelhouse, manifest)
+        for name in doomed:
+            for path in (wheelhouse / name, *_companions(wheelhouse, name)):
+                path.unlink(missing_ok=True)
+    return doomed

@@ -1,0 +1,195 @@
+"""verify: everything wrong with a wheelhouse, recomputed from the files themselves.
+
+Every listed file is hash-checked; every manifest field that can be recomputed is (a wheel's facts
+from its embedded build manifest, its smoke result from the report beside it); every file nobody
+listed, every project or link the manifest does not know, and every leftover of a killed publish
+is reported.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import quote, unquote
+
+from builder.build.source import sha256_of
+from builder.contracts import BuildManifest, SmokeReport
+from builder.errors import WheelhouseError
+from builder.files import is_temp_name
+from builder.node import (
+    ManifestError,
+    WheelEntry,
+    WheelhouseManifest,
+    entry_differences,
+)
+from builder.wheelhouse.index import (
+    parse_links,
+)
+from builder.wheelhouse.layout import (
+    DOCS,
+    INTERRUPTED,
+    JOURNAL,
+    LOCK,
+    LOCKS,
+    MANIFEST,
+    load_manifest,
+)
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def verify(wheelhouse: Path) -> list[str]:
+    """Everything wrong with a wheelhouse; empty only when every file is listed, linked and hash-checked.
+
+    Every manifest field that can be recomputed is: a wheel's facts from its embedded build
+    manifest, its smoke result from the report published beside it.
+    """
+    if not wheelhouse.is_dir():
+        return [f"{wheelhouse} does not exist or is not a folder"]
+    if not (wheelhouse / MANIFEST).is_file():
+        return [f"{wheelhouse} has no {MANIFEST}: nothing was published there"]
+    try:
+        manifest = load_manifest(wheelhouse)
+    except WheelhouseError as exc:
+        return [exc.message]
+    problems: list[str] = []
+    if not manifest.wheels:
+        problems.append(f"{MANIFEST} lists no DeepSpeed wheel: the wheelhouse is empty")
+    for name, entry in sorted(manifest.wheels.items()):
+        problems += _verify_wheel(wheelhouse, name, entry)
+    for name, dep in sorted({**manifest.dependencies, **manifest.tools}.items()):
+        path = wheelhouse / name
+        if not path.is_file():
+            problems.append(f"{name}: listed in {MANIFEST} but missing")
+        elif sha256_of(path) != dep.sha256:
+            problems.append(f"{name}: sha256 differs from {MANIFEST} (tampered or replaced)")
+    problems += _verify_tree(wheelhouse, manifest)
+    problems += _verify_index(wheelhouse, manifest)
+    return problems
+
+
+def _verify_wheel(wheelhouse: Path, name: str, entry: WheelEntry) -> list[str]:
+    wheel = wheelhouse / name
+    if not wheel.is_file():
+        return [f"{name}: listed in {MANIFEST} but missing"]
+    problems = []
+    if sha256_of(wheel) != entry.sha256:
+        problems.append(f"{name}: sha256 differs from {MANIFEST} (tampered or replaced)")
+    else:  # the wheel's bytes are the published ones: its own build manifest is the truth
+        try:
+            build = BuildManifest.from_wheel(wheel)
+            problems += [f"{name}: {d}" for d in entry_differences(entry, build.data)]
+        except ManifestError as exc:
+            problems.append(f"{name}: {exc.message}")
+    for suffix, digest in ((".metadata", entry.metadata_sha256), (".smoke.json", entry.report_sha256)):
+        path = wheelhouse / f"{name}{suffix}"
+        if digest is None:
+            problems.append(f"{name}: {MANIFEST} records no sha256 for {name}{suffix} (published by an older toolkit)")
+        elif not path.is_file():
+            problems.append(f"{name}{suffix}: missing")
+        elif sha256_of(path) != digest:
+            problems.append(f"{name}{suffix}: sha256 differs from {MANIFEST}")
+        elif suffix == ".smoke.json":
+            problems += _verify_report(path, name, entry)
+    return problems
+
+
+def _verify_report(path: Path, name: str, entry: WheelEntry) -> list[str]:
+    try:
+        report = SmokeReport.from_json(path.read_bytes(), path.name)
+    except ManifestError as exc:
+        return [exc.message]
+    problems = []
+    if report.wheel != name or report.sha256 != entry.sha256:
+        problems.append(f"{path.name}: the report is for other bytes than {name}")
+    if report.passed != entry.smoke.passed or dict(report.summary_checks()) != dict(entry.smoke.checks):
+        problems.append(f"{name}: the smoke result in {MANIFEST} differs from {path.name}")
+    return problems
+
+
+def _verify_tree(wheelhouse: Path, manifest: WheelhouseManifest) -> list[str]:
+    """Files nobody listed: leftovers of a killed publish, and anything put there by hand."""
+    known = {MANIFEST, LOCK, "simple", "tools", LOCKS, *DOCS}
+    for name in manifest.wheels:
+        known |= {name, f"{name}.metadata", f"{name}.smoke.json"}
+    known |= set(manifest.dependencies)
+    problems = []
+    interrupted = INTERRUPTED
+    for path in sorted(wheelhouse.iterdir()):
+        if path.name == JOURNAL or is_temp_name(path.name):
+            problems.append(f"{path.name}: {interrupted}")
+        elif path.name not in known:
+            problems.append(f"{path.name}: in the wheelhouse but not in {MANIFEST}")
+    tools = wheelhouse / "tools"
+    if tools.is_dir():
+        for path in sorted(tools.iterdir()):
+            rel = f"tools/{path.name}"
+            if rel not in manifest.tools:
+                problems.append(f"{rel}: {interrupted if is_temp_name(path.name) else 'not in ' + MANIFEST}")
+    locks = wheelhouse / LOCKS
+    if locks.is_dir():
+        for path in sorted(locks.iterdir()):
+            if not (path.is_file() and path.suffix in (".lock", ".Containerfile")):
+                problems.append(f"{LOCKS}/{path.name}: not a lock or Containerfile written by `lock`")
+    return problems
+
+
+def _verify_index(wheelhouse: Path, manifest: WheelhouseManifest) -> list[str]:
+    problems: list[str] = []
+    simple = wheelhouse / "simple"
+    projects = manifest.projects()
+    root_text = _read_text(simple / "index.html")
+    if root_text is None:
+        return ["simple/index.html: missing or unreadable"]
+    root_links = [a.get("href") or "" for a in parse_links(root_text)]
+    for project in projects:
+        if f"{quote(project)}/" not in root_links:
+            problems.append(f"simple/index.html does not list {project}")
+    problems += [
+        f"simple/index.html links {href!r}, a project {MANIFEST} does not list"
+        for href in root_links
+        if href not in {f"{quote(p)}/" for p in projects}
+    ]
+    if simple.is_dir():
+        for path in sorted(simple.iterdir()):
+            if path.name == "index.html":
+                continue
+            if is_temp_name(path.name):
+                problems.append(f"simple/{path.name}: {INTERRUPTED}")
+            elif not path.is_dir() or path.name not in projects:
+                problems.append(f"simple/{path.name}: not a project {MANIFEST} lists")
+            else:
+                for p in sorted(path.iterdir()):
+                    if p.name == "index.html":
+                        continue
+                    what = INTERRUPTED if is_temp_name(p.name) else "a file no publish wrote"
+                    problems.append(f"simple/{path.name}/{p.name}: {what}")
+    for project, names in projects.items():
+        text = _read_text(simple / project / "index.html")
+        if text is None:
+            problems.append(f"simple/{project}/index.html: missing")
+            continue
+        seen: dict[str, tuple[str, str | None]] = {}
+        for a in parse_links(text):
+            href = a.get("href") or ""
+            target, _, fragment = href.partition("#")
+            if not target.startswith("../../") or "/" in target[len("../../") :]:
+                problems.append(f"simple/{project}/index.html: link {href[:120]!r} points outside the wheelhouse")
+                continue
+            seen[unquote(target[len("../../") :])] = (fragment, a.get("data-dist-info-metadata"))
+        for name in names:
+            if name not in seen:
+                problems.append(f"simple/{project}/index.html: no link to {name}")
+                continue
+            fragment, meta_attr = seen.pop(name)
+            if fragment != f"sha256={manifest.file_sha256(name)}":
+                problems.append(f"simple/{project}/index.html: wrong hash for {name}")
+            wheel = manifest.wheels.get(name)
+            if wheel and wheel.metadata_sha256 and meta_attr != f"sha256={wheel.metadata_sha256}":
+                problems.append(f"simple/{project}/index.html: wrong metadata hash for {name}")
+        problems += [f"simple/{project}/index.html: links {n}, which {MANIFEST} does not list" for n in seen]
+    return problems
