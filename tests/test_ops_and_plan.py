@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from builder.build.plan import cpu_target_env, local_label, max_jobs, plan_build
 from builder.build.source import patch_build_tree
 from builder.errors import BuildError, RecipeError, SourceError
 from builder.recipe import load_recipe
+from builder.resources import resource
 
 DATA = Path(__file__).with_name("data")
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,16 +168,27 @@ def build_tree(root: Path) -> Path:
     return root
 
 
+def hooks_importable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The patched files import the hooks module from the source tree, as under setup.py."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "ds_builder_hooks", raising=False)
+
+
 def test_patch_op_builder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ob = build_tree(tmp_path) / "op_builder"
     patch_build_tree(tmp_path)
     patch_build_tree(tmp_path)  # idempotent
+    hooks_importable(tmp_path, monkeypatch)
     text = (ob / "builder.py").read_text()
-    assert text.count("DS_BUILDER_CPU_ARCH") == 2 and text.count("DS_BUILDER_SIMD_WIDTH") == 2
+    assert text.count("__import__('ds_builder_hooks')") == 5  # one-line calls; the logic is a real file
+    assert (tmp_path / "ds_builder_hooks.py").read_bytes() == resource("ds_build_hooks.py").read_bytes()
     scope: dict[str, object] = {}
     exec(text, scope)
     builder = scope["OpBuilder"]()  # type: ignore[operator]
     assert builder.cpu_arch() == "-march=native"  # unchanged without the variable
+    monkeypatch.setenv("DS_BUILDER_CPU_ARCH", "-march=x86-64-v3")
+    monkeypatch.setenv("DS_BUILDER_SIMD_WIDTH", "-D__AVX256__")
+    assert builder.cpu_arch() == "-march=x86-64-v3" and builder.simd_width() == "-D__AVX256__"
     flags = ["-O3", "", "-g", "-Wno-reorder"]
     assert builder.strip_empty_entries(flags) == ["-O3", "-g", "-Wno-reorder"]
     monkeypatch.setenv("DS_BUILDER_NO_DEBUG", "1")
@@ -188,8 +201,9 @@ def test_patch_op_builder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 def test_parallel_extensions_each_get_their_own_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     patch_build_tree(build_tree(tmp_path))
     patch_build_tree(tmp_path)  # idempotent
+    hooks_importable(tmp_path, monkeypatch)
     text = (tmp_path / "setup.py").read_text()
-    assert text.count("_ParallelBuildExt(") == 1
+    assert text.count(".parallel_build_ext(") == 1
 
     calls: list[str | None] = []
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from builder.resources import resource
+
 import hashlib
 import re
 import shutil
@@ -82,61 +84,23 @@ def unpack(sdist: Path, dest: Path) -> Path:
     return roots[0]
 
 
-def _return_env(var: str) -> str:
-    return (
-        f"        if os.environ.get({var!r}):  # ds-wheel-builder: portable CPU target\n"
-        f"            return os.environ[{var!r}]\n"
-    )
+HOOKS_MODULE = "ds_builder_hooks"  # resources/ds_build_hooks.py, copied into the source tree
+_CALL = f"__import__({HOOKS_MODULE!r})"
+_MARK = "  # ds-wheel-builder"
 
-
-# Inserted at the top of methods of DeepSpeed's OpBuilder in the build tree's op_builder (the copy
-# setup.py imports; the package's own deepspeed/ops/op_builder is left as shipped).
+# One-line calls into the hooks module, inserted after their anchors in the build tree's op_builder
+# (the copy setup.py imports; the package's own deepspeed/ops/op_builder is left as shipped) and
+# in setup.py (after it picks torch's BuildExtension). The logic is in the resource file.
 _OP_BUILDER_HOOKS = {
-    "    def cpu_arch(self):\n": _return_env("DS_BUILDER_CPU_ARCH"),
-    "    def simd_width(self):\n": _return_env("DS_BUILDER_SIMD_WIDTH"),
+    "    def cpu_arch(self):\n": f"        if {_CALL}.cpu_arch():{_MARK}\n            return {_CALL}.cpu_arch()\n",
+    "    def simd_width(self):\n": f"        if {_CALL}.simd_width():{_MARK}\n            return {_CALL}.simd_width()\n",
     # Every op's compile flags pass through strip_empty_entries.
-    "    def strip_empty_entries(self, args):\n": (
-        "        if os.environ.get('DS_BUILDER_NO_DEBUG'):  # ds-wheel-builder: no debug info to strip\n"
-        "            args = [x for x in args if x != '-g']\n"
-    ),
+    "    def strip_empty_entries(self, args):\n": f"        args = {_CALL}.compile_args(args){_MARK}\n",
 }
-
-# Inserted after setup.py picks torch's BuildExtension. DS_BUILDER_PARALLEL builds that many
-# extensions at once (pip's PEP 517 build takes no build_ext options). torch's BuildExtension writes
-# every extension's ninja file to the one build_temp/build.ninja, so extensions built at once would
-# overwrite each other's (seen on the GPU machine: "ninja: premature end of file", then ld missing
-# cpu_adam.o); each extension gets its own folder under build_temp, named from its sources so that
-# it is the same on every build.
 _SETUP_HOOKS = {
-    "    cmdclass['build_ext'] = get_accelerator().build_extension().with_options(use_ninja=use_ninja)\n": """\
-    if os.environ.get('DS_BUILDER_PARALLEL'):  # ds-wheel-builder: extensions built at once
-        import hashlib as _hashlib
-        import threading as _threading
-
-        class _ParallelBuildExt(cmdclass['build_ext']):
-            _wrap_lock = _threading.Lock()
-
-            def finalize_options(self):
-                super().finalize_options()
-                self.parallel = int(os.environ['DS_BUILDER_PARALLEL'])
-
-            def build_extension(self, ext):
-                with self._wrap_lock:
-                    if not getattr(self.compiler, '_ds_own_temp', False):
-                        inner = self.compiler.compile
-
-                        def compile(sources, output_dir=None, *args, **kwargs):
-                            if output_dir:
-                                key = _hashlib.sha1('\\0'.join(sources).encode()).hexdigest()[:12]
-                                output_dir = os.path.join(output_dir, key)
-                            return inner(sources, output_dir, *args, **kwargs)
-
-                        self.compiler.compile = compile
-                        self.compiler._ds_own_temp = True
-                super().build_extension(ext)
-
-        cmdclass['build_ext'] = _ParallelBuildExt
-""",
+    "    cmdclass['build_ext'] = get_accelerator().build_extension().with_options(use_ninja=use_ninja)\n": (
+        f"    cmdclass['build_ext'] = {_CALL}.parallel_build_ext(cmdclass['build_ext']){_MARK}\n"
+    ),
 }
 
 
@@ -158,12 +122,10 @@ def _insert_hooks(path: Path, hooks: dict[str, str]) -> None:
 def patch_build_tree(src: Path) -> None:
     """Let DS_BUILDER_* variables set what DeepSpeed's build offers no setting for.
 
-    DS_BUILDER_CPU_ARCH / DS_BUILDER_SIMD_WIDTH replace -march=native and the host SIMD macro: a
-    wheel compiled with -march=native on an AVX-512 build host crashes on older nodes (DeepSpeed
-    issues 1886, 7556). DS_BUILDER_NO_DEBUG drops -g when the wheel will be stripped anyway:
-    generating debug info took a third of the compile time here (cpu_adam.cpp 30.6 s with -g,
-    20.2 s without) and -g does not change GCC's code. DS_BUILDER_PARALLEL: see _SETUP_HOOKS.
-    Without the variables the patched code behaves exactly as before.
+    The hooks (portable CPU target, no -g, extensions built at once) are resources/ds_build_hooks.py,
+    copied into the tree; each anchor gets a one-line call into it. Without the variables the
+    patched code behaves exactly as before.
     """
+    shutil.copyfile(resource("ds_build_hooks.py"), src / f"{HOOKS_MODULE}.py")
     _insert_hooks(src / "op_builder" / "builder.py", _OP_BUILDER_HOOKS)
     _insert_hooks(src / "setup.py", _SETUP_HOOKS)
