@@ -139,3 +139,22 @@ def test_cuda_wheel_smoke_report(cuda_build: tuple[Path, str]) -> None:
     assert checks["engine:zero2-offload"] == expected  # the CUDA accelerator's engine needs NCCL, so GPUs
     for name in ("quantized:int8:auto", "quantized:nf4:auto", "dist:gloo:1x2", "dist:gloo:2-nodes", "ds_report"):
         assert checks[name] == "passed", name
+
+
+def test_a_compile_failure_names_the_op_and_quotes_nvcc(cuda_build: tuple[Path, str], workspace: Path) -> None:
+    """DeepSpeed 0.19.8's fp_quantizer does not compile with nvcc 13.0: the error must say which op
+    and quote nvcc, not only "read the log" (the build environment is the one cuda_build made)."""
+    recipe = workspace / "fp-quantizer.toml"
+    text = (ROOT / "recipes" / "cu130-hopper-min.toml").read_text()
+    recipe.write_text(text.replace('name = "cu130-hopper-min"', 'name = "fp-quantizer"').replace(
+        'ops = ["fused_adam", "cpu_adam", "utils"]', 'ops = ["fp_quantizer"]'))  # fmt: skip
+    assert 'ops = ["fp_quantizer"]' in recipe.read_text()
+    done = subprocess.run(
+        [sys.executable, "-m", "builder", "build-wheel", "--recipe", str(recipe), "--work-dir", str(workspace),
+         "--no-smoke"],
+        cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 5, done.stderr[-4000:]
+    assert "op fp_quantizer failed to compile" in done.stderr, done.stderr[-4000:]
+    assert "error:" in done.stderr.split("op fp_quantizer failed to compile", 1)[1]
+    assert "drop fp_quantizer from the recipe" in done.stderr

@@ -582,3 +582,25 @@ def test_a_gcc_error_in_a_header_is_pinned_on_the_failing_op() -> None:
     ops = [OpInfo("cpu_adam", "X", "deepspeed.ops.adam.cpu_adam_op", True, sources=("csrc/adam/cpu_adam.cpp",))]
     (failure,) = find_failures(log, ops)
     assert failure.op == "cpu_adam" and "cusparse.h: No such file or directory" in failure.errors[0]
+
+
+@pytest.mark.parametrize("link", [".publish.lock", "simple", "tools", "simple/deepspeed"])
+def test_a_symlink_in_the_wheelhouse_is_never_written_through(house: Path, tmp_path: Path, link: str) -> None:
+    """A lock file linked to /etc/passwd would be truncated by the lock; a linked folder written into."""
+    victim_dir = tmp_path / "victim"
+    victim_dir.mkdir()
+    victim = victim_dir / "index.html"
+    victim.write_text("precious")
+    target = house / link
+    if target.is_dir():
+        shutil.rmtree(target)
+        target.symlink_to(victim_dir, target_is_directory=True)
+    else:
+        target.unlink(missing_ok=True)
+        target.symlink_to(victim)
+    assert f"{link}: a symlink where the toolkit writes" in verify(house)
+    with pytest.raises(WheelhouseError, match="holds symlinks where the toolkit writes"):
+        publish([fake_wheel(tmp_path / "dist", name=NAME.replace("0.19.8", "0.19.9"))], house)
+    with pytest.raises(WheelhouseError, match="holds symlinks"):
+        prune(house, [], keep=[])
+    assert victim.read_text() == "precious" and sorted(p.name for p in victim_dir.iterdir()) == ["index.html"]

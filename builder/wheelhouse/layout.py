@@ -6,7 +6,11 @@ simple/ (PEP 503); tools/ds-node-install.py; locks/; manifest.json (builder.node
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
+
+from filelock import FileLock
 
 from builder import node, output
 from builder.errors import WheelhouseError
@@ -63,3 +67,32 @@ def write_manifest(wheelhouse: Path, manifest: WheelhouseManifest) -> None:
     text = manifest.to_json()
     node.parse_manifest(text, "the manifest about to be written")
     write_atomic(wheelhouse / MANIFEST, text)
+
+
+def symlinked_folders(wheelhouse: Path) -> list[str]:
+    """Folders inside the wheelhouse that are symlinks: writing through them would write elsewhere."""
+    found = []
+    for rel in ("simple", "tools", LOCKS, LOCK, JOURNAL, MANIFEST):
+        if (wheelhouse / rel).is_symlink():
+            found.append(rel)
+    simple = wheelhouse / "simple"
+    if simple.is_dir() and not simple.is_symlink():
+        found += [f"simple/{p.name}" for p in simple.iterdir() if p.is_symlink()]
+    return found
+
+
+@contextlib.contextmanager
+def locked(wheelhouse: Path) -> Iterator[None]:
+    """The wheelhouse's publish lock, after checking that nothing it writes through is a symlink.
+
+    A lock file or folder that is a symlink would make the toolkit open, truncate or write files
+    outside the wheelhouse (as root: any file); such a wheelhouse is refused.
+    """
+    links = symlinked_folders(wheelhouse)
+    if links:
+        raise WheelhouseError(
+            f"{wheelhouse} holds symlinks where the toolkit writes: {', '.join(links)}",
+            "replace them with real files and folders (the toolkit never writes through a link)",
+        )
+    with FileLock(str(wheelhouse / LOCK)):
+        yield

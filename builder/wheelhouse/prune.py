@@ -6,17 +6,15 @@ from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
-from filelock import FileLock
-
 from builder.errors import WheelhouseError
 from builder.wheelhouse.index import (
     write_index,
 )
 from builder.wheelhouse.layout import (
-    LOCK,
     MANIFEST,
     _companions,
     load_manifest,
+    locked,
     write_manifest,
 )
 
@@ -29,7 +27,7 @@ def prune(wheelhouse: Path, recipe_names: Iterable[str], keep: Iterable[str], dr
     recipes, pinned = set(recipe_names), set(keep)
     if not (wheelhouse / MANIFEST).is_file():
         raise WheelhouseError(f"{wheelhouse} has no {MANIFEST}", "pass --wheelhouse with a published wheelhouse")
-    with FileLock(str(wheelhouse / LOCK)):
+    with locked(wheelhouse):
         manifest = load_manifest(wheelhouse)
         doomed = [n for n, e in sorted(manifest.wheels.items()) if e.recipe not in recipes and n not in pinned]
         if dry_run or not doomed:

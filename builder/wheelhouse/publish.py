@@ -28,7 +28,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from email.parser import Parser
 from pathlib import Path
 
-from filelock import FileLock
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
@@ -53,13 +52,13 @@ from builder.wheelhouse.index import (
 )
 from builder.wheelhouse.layout import (
     JOURNAL,
-    LOCK,
     LOCKS,
     MANIFEST,
     NOT_BUNDLED,
     _companions,
     _say,
     load_manifest,
+    locked,
     write_manifest,
 )
 
@@ -210,7 +209,7 @@ def publish(
     checked = [(w, passing_report(w), _build_of(w)) for w in wheels]  # refuse before writing anything
     _writable(wheelhouse)
     published = []
-    with FileLock(str(wheelhouse / LOCK)):
+    with locked(wheelhouse):
         manifest = load_manifest(wheelhouse)
         _clean(wheelhouse, manifest, _say)
         wheels_now = dict(manifest.wheels)
@@ -321,7 +320,7 @@ def repair(wheelhouse: Path) -> list[str]:
     """Remove what interrupted publishes left and rewrite the index from the manifest; what was removed."""
     if not (wheelhouse / MANIFEST).is_file():
         raise WheelhouseError(f"{wheelhouse} has no {MANIFEST}", "pass --wheelhouse with a published wheelhouse")
-    with FileLock(str(wheelhouse / LOCK)):
+    with locked(wheelhouse):
         manifest = load_manifest(wheelhouse)
         removed = _clean(wheelhouse, manifest, _say)
         write_index(wheelhouse, manifest)

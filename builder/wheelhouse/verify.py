@@ -32,6 +32,7 @@ from builder.wheelhouse.layout import (
     LOCKS,
     MANIFEST,
     load_manifest,
+    symlinked_folders,
 )
 
 
@@ -56,7 +57,7 @@ def verify(wheelhouse: Path) -> list[str]:
         manifest = load_manifest(wheelhouse)
     except WheelhouseError as exc:
         return [exc.message]
-    problems: list[str] = []
+    problems: list[str] = [f"{rel}: a symlink where the toolkit writes" for rel in symlinked_folders(wheelhouse)]
     if not manifest.wheels:
         problems.append(f"{MANIFEST} lists no DeepSpeed wheel: the wheelhouse is empty")
     for name, entry in sorted(manifest.wheels.items()):
