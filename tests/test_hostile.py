@@ -604,3 +604,18 @@ def test_a_symlink_in_the_wheelhouse_is_never_written_through(house: Path, tmp_p
     with pytest.raises(WheelhouseError, match="holds symlinks"):
         prune(house, [], keep=[])
     assert victim.read_text() == "precious" and sorted(p.name for p in victim_dir.iterdir()) == ["index.html"]
+
+
+@pytest.mark.spawns
+def test_install_dry_run_json_and_its_exit_codes(house: Path) -> None:
+    """The node installer's own CLI on this machine (torch CPU): a fit, then a tampered wheel (exit 8)."""
+    done = builder("install", "--wheelhouse", house.as_uri(), "--dry-run", "--json")
+    if done.returncode == 9:
+        pytest.skip(f"this machine is not a node the FAKE CPU wheel fits: {done.stderr[-300:]}")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["wheel"] == NAME and result["installed"] is False and result["node"]["python_tag"] == "cp311"
+    (house / NAME).write_bytes((house / NAME).read_bytes() + b"x")
+    bad = builder("install", "--wheelhouse", str(house), "--dry-run", "--json")
+    assert bad.returncode == 8 and "Traceback" not in bad.stderr
+    assert json.loads(bad.stdout)["exit_code"] == 8 and "has sha256" in json.loads(bad.stdout)["error"]
