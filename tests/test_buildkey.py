@@ -1,8 +1,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +49,14 @@ def test_system_torch_and_auto_arch_use_what_the_machine_has() -> None:
 
 
 def test_find_built(tmp_path: Path) -> None:
-    wheel = tmp_path / "deepspeed-0.19.8+cpu.torch2.13-cp311-cp311-linux_x86_64.whl"
-    with zipfile.ZipFile(wheel, "w") as zf:  # a fake wheel: only the embedded manifest matters here
-        zf.writestr("deepspeed-0.19.8+cpu.torch2.13.dist-info/ds_builder.json", json.dumps({"build_key": "abc"}))
+    from fakes import BUILD, fake_wheel
+
+    wheel = fake_wheel(tmp_path, build_key="abc123abc123")  # FAKE wheel: only the embedded manifest matters
     (tmp_path / "broken.whl").write_bytes(b"not a zip")
-    assert find_built(tmp_path, "abc") == wheel
+    assert find_built(tmp_path, "abc123abc123") == wheel
     assert find_built(tmp_path, "other") is None
+    # A wheel whose manifest does not pass the loader is rebuilt, never reused.
+    (tmp_path / "b").mkdir()
+    bad = fake_wheel(tmp_path / "b", build_key="abc123abc123", accelerator="tpu")
+    assert BUILD["accelerator"] == "cpu" and find_built(tmp_path / "b", "abc123abc123") is None
+    assert bad.is_file()

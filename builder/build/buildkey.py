@@ -71,13 +71,17 @@ def gather(recipe: Recipe, env: Mapping[str, str]) -> dict[str, Any]:
 
 
 def find_built(dist: Path, key: str) -> Path | None:
-    """A finished wheel in `dist` whose embedded manifest carries this build key."""
+    """A finished wheel in `dist` whose embedded build manifest (validated) carries this build key.
+
+    A wheel whose manifest does not pass the loader is never reused: it is rebuilt.
+    """
+    from builder.contracts import BuildManifest
+    from builder.node import ManifestError
+
     for wheel in sorted(dist.glob("*.whl"), key=lambda p: p.stat().st_mtime, reverse=True):
         try:
-            with zipfile.ZipFile(wheel) as zf:
-                name = next((n for n in zf.namelist() if n.endswith(".dist-info/ds_builder.json")), None)
-                if name and json.loads(zf.read(name)).get("build_key") == key:
-                    return wheel
-        except (zipfile.BadZipFile, OSError, ValueError):
+            if BuildManifest.from_wheel(wheel).build_key == key:
+                return wheel
+        except ManifestError:
             continue
     return None
