@@ -209,7 +209,7 @@ def test_detect_on_this_machine_sees_the_real_nvcc_and_compilers() -> None:
     assert report.default_gcc == cmd.query(["gcc", "-dumpfullversion"]).strip()
     assert any(c.name == "g++" for c in report.compilers)
     assert report.torch.version is None and report.torch.error  # that python does not exist
-    assert report.cpu["simd"]
+    assert report.cpu.simd
 
 
 def test_missing_headers_without_a_pip_provider_is_an_error(tmp_path: Path) -> None:

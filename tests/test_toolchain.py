@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from builder.build.toolchain import LINKS_RECORD, ToolchainPlan, apply, compose_env, plan_toolchain
-from builder.detect import Compiler, HostRange, Report, Toolkit, TorchFacts, detect
+from builder.detect import Compiler, Cpu, HostRange, Libraries, Report, Toolkit, TorchFacts, detect
 from builder.errors import ToolError
 
 KIT = Toolkit(
@@ -32,7 +32,7 @@ def report(
     default_gcc: str = "16.1.0", kit: Toolkit = KIT, torch_cuda: str = "13.0", headers: tuple[str, ...] = ()
 ) -> Report:
     torch = TorchFacts("python", "2.14.1+cu130", torch_cuda, True, pip_cuda_include=headers)
-    return Report((), "none", None, None, (kit,), kit.root, torch, tuple(GCC), default_gcc, {}, {})
+    return Report((), "none", None, None, (kit,), kit.root, torch, tuple(GCC), default_gcc, Cpu(), Libraries())
 
 
 def test_gcc_outside_nvccs_range_gets_the_newest_supported_pair(tmp_path: Path) -> None:

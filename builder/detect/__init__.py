@@ -18,8 +18,10 @@ from builder.detect.model import (
     NEEDED_HEADERS,
     SCHEMA_VERSION,
     Compiler,
+    Cpu,
     Gpu,
     HostRange,
+    Libraries,
     Problem,
     Report,
     Runner,
@@ -64,8 +66,10 @@ __all__ = [
     "NEEDED_HEADERS",
     "SCHEMA_VERSION",
     "Compiler",
+    "Cpu",
     "Gpu",
     "HostRange",
+    "Libraries",
     "Problem",
     "Report",
     "Runner",
@@ -122,7 +126,7 @@ def detect(
         compilers=tuple(compilers),
         default_gcc=default_gcc,
         cpu=cpu,
-        libraries={**probe_libraries(chosen.root if chosen else None, torch.site_packages), "nccl": torch.nccl},
+        libraries=probe_libraries(chosen.root if chosen else None, torch.site_packages, torch.nccl),
         problems=tuple(
             find_problems(gpus, toolkits, chosen, torch, compilers, default_gcc, driver_cuda, wanted_archs)
             + cpu_problems(cpu)

@@ -98,6 +98,20 @@ class Problem:
 
 
 @dataclass(frozen=True)
+class Cpu:
+    brand: str = ""
+    arch: str = ""
+    simd: tuple[str, ...] = ()  # the SIMD flags DeepSpeed's CPU ops care about
+
+
+@dataclass(frozen=True)
+class Libraries:
+    libaio: bool = False  # library and header, as async_io needs
+    cufile: str | None = None
+    nccl: str | None = None  # torch's
+
+
+@dataclass(frozen=True)
 class Report:
     gpus: tuple[Gpu, ...]
     gpu_source: str
@@ -108,8 +122,8 @@ class Report:
     torch: TorchFacts
     compilers: tuple[Compiler, ...]
     default_gcc: str | None
-    cpu: Mapping[str, Any]
-    libraries: Mapping[str, Any]
+    cpu: Cpu
+    libraries: Libraries
     problems: tuple[Problem, ...] = field(default=())
     # With a recipe: DeepSpeed's own answer, per op of its accelerator, {"compatible", "why"}.
     deepspeed_ops: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)

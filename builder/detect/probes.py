@@ -12,12 +12,13 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from builder.detect.model import (
     NEEDED_HEADERS,
     Compiler,
+    Cpu,
     Gpu,
+    Libraries,
     Runner,
     Toolkit,
     TorchFacts,
@@ -176,21 +177,21 @@ def probe_compilers(env: Mapping[str, str], run: Runner) -> tuple[list[Compiler]
     return sorted(seen.values(), key=lambda c: c.name), default.version if default else None
 
 
-def probe_cpu() -> dict[str, Any]:
+def probe_cpu() -> Cpu:
     import cpuinfo
 
     info = cpuinfo.get_cpu_info()
     flags = set(info.get("flags", []))
     simd = [f for f in ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_bf16", "amx_tile") if f in flags]
-    return {"brand": info.get("brand_raw", ""), "arch": info.get("arch", ""), "simd": simd}
+    return Cpu(brand=info.get("brand_raw", ""), arch=info.get("arch", ""), simd=tuple(simd))
 
 
-def probe_libraries(toolkit_root: str | None, site_packages: str | None) -> dict[str, Any]:
+def probe_libraries(toolkit_root: str | None, site_packages: str | None, nccl: str | None) -> Libraries:
     aio = bool(ctypes.util.find_library("aio")) and Path("/usr/include/libaio.h").is_file()
     bases = [Path(toolkit_root) / "lib64"] if toolkit_root else []
     bases += [Path(site_packages) / "nvidia"] if site_packages else []
     cufile = next((str(p) for base in bases if base.is_dir() for p in base.rglob("libcufile.so*")), None)
-    return {"libaio": aio, "cufile": cufile}
+    return Libraries(libaio=aio, cufile=cufile, nccl=nccl)
 
 
 def available_memory_gb() -> float | None:

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from packaging.version import Version
 
 from builder.detect.model import (
     INT8_MIN_CC,
     Compiler,
+    Cpu,
     Gpu,
     Problem,
     Toolkit,
@@ -130,8 +130,8 @@ def find_problems(
     return out
 
 
-def cpu_problems(cpu: Mapping[str, Any]) -> list[Problem]:
-    if "avx512f" in cpu.get("simd", []):
+def cpu_problems(cpu: Cpu) -> list[Problem]:
+    if "avx512f" in cpu.simd:
         return [Problem(
             "warning",
             "this CPU has AVX-512 and DeepSpeed compiles CPU ops with -march=native: a wheel built here "

@@ -36,10 +36,10 @@ def render_table(report: Report) -> str:
         rows.append(("torch", f"not usable in {tf.python}: {tf.error}"))
     for c in report.compilers:
         rows.append((c.name, f"{c.version} ({c.path})"))
-    rows.append(("CPU", f"{report.cpu.get('brand', '')}; SIMD {' '.join(report.cpu.get('simd', []))}"))
+    rows.append(("CPU", f"{report.cpu.brand}; SIMD {' '.join(report.cpu.simd)}"))
     libs = report.libraries
-    rows.append(("libraries", f"libaio {'yes' if libs.get('libaio') else 'no'}, cufile {libs.get('cufile') or 'no'}, "
-                              f"NCCL {libs.get('nccl') or 'no'}"))  # fmt: skip
+    rows.append(("libraries", f"libaio {'yes' if libs.libaio else 'no'}, cufile {libs.cufile or 'no'}, "
+                              f"NCCL {libs.nccl or 'no'}"))  # fmt: skip
     if report.deepspeed_ops:
         good = [n for n, o in sorted(report.deepspeed_ops.items()) if o["compatible"]]
         rows.append(("DeepSpeed ops", f"buildable here: {', '.join(good)}"))
