@@ -12,6 +12,7 @@ import json
 import sys
 import zipfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,20 +28,31 @@ RELEVANT_ENV = (
 )  # fmt: skip
 
 
-def key_inputs(recipe: Recipe, machine: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class MachineFacts:
+    """What the build key needs to know about this machine (`gather`), as the key records it."""
+
+    python: str  # 3.11.7
+    toolkits: tuple[str, ...] = ()  # 13.0@/usr/local/cuda-13.0
+    compilers: tuple[str, ...] = ()  # g++=12.2.0
+    system_torch: str | None = None  # for torch = "system"
+    gpu_archs: tuple[str, ...] = ()  # for arch = "auto"
+
+
+def key_inputs(recipe: Recipe, machine: MachineFacts, env: Mapping[str, str]) -> dict[str, Any]:
     """Everything the wheel depends on, as plain data (recorded in the wheel's manifest too)."""
     return {
         "builder": __version__,
-        "python": machine["python"],
+        "python": machine.python,
         "deepspeed_sdist_sha256": recipe.deepspeed.sha256,
         "accelerator": recipe.accelerator,
         "ops": sorted(recipe.ops),
-        "archs": list(recipe.archs) if not recipe.auto_arch else ["auto:" + ";".join(machine["gpu_archs"])],
+        "archs": list(recipe.archs) if not recipe.auto_arch else ["auto:" + ";".join(machine.gpu_archs)],
         "cpu_target": recipe.cpu_target,
         "strip": recipe.strip,
-        "torch": recipe.torch.version if not recipe.torch.system else "system:" + str(machine["system_torch"]),
-        "toolkits": machine["toolkits"],
-        "compilers": machine["compilers"],
+        "torch": recipe.torch.version if not recipe.torch.system else "system:" + str(machine.system_torch),
+        "toolkits": list(machine.toolkits),
+        "compilers": list(machine.compilers),
         "env": {k: env[k] for k in RELEVANT_ENV if env.get(k)},
     }
 
@@ -49,7 +61,7 @@ def build_key(inputs: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:24]
 
 
-def gather(recipe: Recipe, env: Mapping[str, str]) -> dict[str, Any]:
+def gather(recipe: Recipe, env: Mapping[str, str]) -> MachineFacts:
     """The machine facts the key needs, each from a quick query."""
     toolkits = (
         probe_toolkits(env, query, [Path("/usr/local"), Path("/opt")], None) if recipe.accelerator == "cuda" else []
@@ -61,13 +73,13 @@ def gather(recipe: Recipe, env: Mapping[str, str]) -> dict[str, Any]:
             [sys.executable, "-c", "import importlib.metadata as m; print(m.version('torch'))"]
         ).strip()
     gpu_archs = arch_list(probe_gpus(query)[0]) if recipe.auto_arch else []
-    return {
-        "python": sys.version.split()[0],
-        "toolkits": sorted(f"{t.version}@{t.root}" for t in toolkits),
-        "compilers": sorted(f"{c.name}={c.version}" for c in compilers),
-        "system_torch": system_torch,
-        "gpu_archs": gpu_archs,
-    }
+    return MachineFacts(
+        python=sys.version.split()[0],
+        toolkits=tuple(sorted(f"{t.version}@{t.root}" for t in toolkits)),
+        compilers=tuple(sorted(f"{c.name}={c.version}" for c in compilers)),
+        system_torch=system_torch,
+        gpu_archs=tuple(gpu_archs),
+    )
 
 
 def find_built(dist: Path, key: str) -> Path | None:
