@@ -543,17 +543,22 @@ def test_a_deepspeed_version_that_does_not_exist_exits_4(tmp_path: Path) -> None
 
 # ---------------------------------------------------------------- compile failures
 
-# As printed by DeepSpeed 0.19.8's fp_quantizer build with nvcc 13.0 (two extensions at once).
+# As DeepSpeed 0.19.8's fp_quantizer build with nvcc 13.0 printed it here (through pip -v, so indented;
+# trimmed), with a second extension building beside it.
 FP_QUANTIZER_LOG = """\
-building 'deepspeed.ops.fp_quantizer_op' extension
-building 'deepspeed.ops.adam.cpu_adam_op' extension
-[1/2] c++ -MMD -MF /w/src/build/temp.linux-x86_64-cpython-311/3f2a/csrc/adam/cpu_adam.o.d -c /w/src/csrc/adam/cpu_adam.cpp
-FAILED: /w/src/build/temp.linux-x86_64-cpython-311/9b1c/csrc/fp_quantizer/fp_quantize_impl.o
-/usr/local/cuda/bin/nvcc -c /w/src/csrc/fp_quantizer/fp_quantize_impl.cu -o /w/src/build/temp/fp_quantize_impl.o
-/w/src/csrc/fp_quantizer/fp_quantize_impl.cu(234): error: template parameter "q_exponent_bits" may not be redeclared in this scope
-/w/src/csrc/fp_quantizer/fp_quantize_impl.cu(413): error: template parameter "q_exponent_bits" may not be redeclared in this scope
-2 errors detected in the compilation of "/w/src/csrc/fp_quantizer/fp_quantize_impl.cu".
-ninja: build stopped: subcommand failed.
+  running build_ext
+  building 'deepspeed.ops.fp_quantizer.fp_quantizer_op' extension
+  building 'deepspeed.ops.adam.cpu_adam_op' extension
+  [1/2] /usr/local/cuda-13.0/bin/nvcc -MD -MF /w/src/build/temp.linux-x86_64-cpython-311/csrc/fp_quantizer/fp_quantize_impl.o.d
+  FAILED: [code=255] /w/src/build/temp.linux-x86_64-cpython-311/csrc/fp_quantizer/fp_quantize_impl.o
+  /usr/local/cuda-13.0/bin/nvcc -MD -MF /w/src/build/temp.linux-x86_64-cpython-311/csrc/fp_quantizer/fp_quantize_impl.o.d
+  /w/src/csrc/includes/reduction_utils.h(820): warning #1866-D: attribute does not apply to any entity
+  /w/src/csrc/fp_quantizer/fp_quantize_impl.cu(234): error: template parameter "q_exponent_bits" may not be redeclared in this scope
+        constexpr int q_exponent_bits = total_q_bits - mantisa_bits - 1;
+  /w/src/csrc/fp_quantizer/fp_quantize_impl.cu(413): error: template parameter "q_exponent_bits" may not be redeclared in this scope
+  2 errors detected in the compilation of "/w/src/csrc/fp_quantizer/fp_quantize_impl.cu".
+  [2/2] c++ -MMD -MF /w/src/build/temp.linux-x86_64-cpython-311/3f2a/csrc/adam/cpu_adam.o.d -c /w/src/csrc/adam/cpu_adam.cpp
+  ninja: build stopped: subcommand failed.
 """  # noqa: E501
 
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from builder.build.ops import OpInfo
 
-# ninja: "FAILED: /abs/build/temp.../<key>/csrc/fp_quantizer/fp_quantize_impl.o"
-_FAILED = re.compile(r"^FAILED: (\S+?)\.o\b")
+# ninja: "FAILED: [code=255] /abs/build/temp.../csrc/fp_quantizer/fp_quantize_impl.o" (older: no [code=N])
+_FAILED = re.compile(r"^FAILED: (?:\[code=\d+\] )?(\S+?)\.o\b")
 # nvcc: "csrc/x.cu(234): error: ..."; gcc/clang: "/abs/csrc/x.cpp:12:5: error: ..." / "fatal error: ..."
 _ERROR = re.compile(r"^(?P<file>\S+?)(?:\((?P<line>\d+)\)|:(?P<gline>\d+)(?::\d+)?):\s+(?:fatal )?error\b.*$")
 _SOURCE_SUFFIXES = (".cu", ".cpp", ".cc", ".c", ".cxx")
