@@ -18,9 +18,18 @@ from typing import Any
 
 from builder.node import (
     ACCELERATORS,
+    ARCH_RE,
     BUILD_MANIFEST,
     CHECK_STATUSES,
+    CPU_FLAG_RE,
     CPU_TARGETS,
+    CUDA_RE,
+    NAME_RE,
+    OP_RE,
+    PYTHON_TAG_RE,
+    SHA256_RE,
+    STAMP_RE,
+    VERSION_RE,
     Fields,
     ManifestError,
     check_wheel_name,
@@ -29,15 +38,7 @@ from builder.node import (
 
 BUILD_SCHEMA = 1
 SMOKE_SCHEMA = 1
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_PYTHON_TAG = re.compile(r"^cp3\d{1,2}$")
-_ARCH = re.compile(r"^\d{1,2}\.\d[af]?(\+PTX)?$")
-_OP = re.compile(r"^[a-z0-9_]{1,64}$")
-_VERSION = re.compile(r"^[A-Za-z0-9.+!_-]{1,80}$")
-_CUDA = re.compile(r"^\d{1,2}\.\d{1,2}(\.\d+)?$")
-_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
-_FLAG = re.compile(r"^[a-z0-9_.]{1,40}$")
-_STAMP = re.compile(r"^[0-9T:+.\-Z ]{0,40}$")
+_FLAG = CPU_FLAG_RE
 _ANY = re.compile(r"^.{0,200}$", re.DOTALL)
 
 
@@ -74,18 +75,18 @@ class BuildManifest:
         torch = Fields(f.get("torch", dict), f"{where}: torch")
         source = Fields(f.get("source", dict), f"{where}: source")
         return cls(
-            version=f.text("version", _VERSION),
-            recipe=recipe.text("name", _NAME),
-            recipe_torch=recipe.text("torch", _VERSION),
+            version=f.text("version", VERSION_RE),
+            recipe=recipe.text("name", NAME_RE),
+            recipe_torch=recipe.text("torch", VERSION_RE),
             accelerator=f.choice("accelerator", ACCELERATORS),
-            python_tag=f.text("python_tag", _PYTHON_TAG),
-            torch_version=torch.text("version", _VERSION),
-            torch_cuda=torch.text("cuda", _CUDA, optional=True),
-            archs=f.texts("archs", _ARCH),
+            python_tag=f.text("python_tag", PYTHON_TAG_RE),
+            torch_version=torch.text("version", VERSION_RE),
+            torch_cuda=torch.text("cuda", CUDA_RE, optional=True),
+            archs=f.texts("archs", ARCH_RE),
             cpu_target=f.choice("cpu_target", CPU_TARGETS),
             cpu_flags=f.texts("cpu_flags", _FLAG, optional=True),
-            ops=f.texts("ops", _OP),
-            source_sha256=source.text("sha256", _SHA256),
+            ops=f.texts("ops", OP_RE),
+            source_sha256=source.text("sha256", SHA256_RE),
             build_key=f.text("build_key", re.compile(r"^[0-9a-f]{8,64}$"), optional=True),
             data=dict(data),
         )
@@ -145,11 +146,11 @@ class SmokeReport:
         check_wheel_name(wheel, f"{where}: wheel")
         report = cls(
             wheel=wheel,
-            sha256=f.text("sha256", _SHA256),
+            sha256=f.text("sha256", SHA256_RE),
             passed=f.get("passed", bool),
             checks=tuple(checks),
             seconds=float(seconds),
-            finished_at=f.text("finished_at", _STAMP),
+            finished_at=f.text("finished_at", STAMP_RE),
         )
         if report.passed != verdict(report.checks):
             raise f.fail("passed", f"is {report.passed}, but its checks say {verdict(report.checks)}")

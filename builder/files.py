@@ -13,7 +13,9 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 FILE_MODE = 0o644
 DIR_MODE = 0o755
@@ -48,32 +50,13 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes | str, mode: int = FILE_MODE) -> Path:
-    """Replace `path` with `data` in one rename; the temporary file never outlives a failure."""
-    payload = data.encode("utf-8") if isinstance(data, str) else data
-    make_dirs(path.parent)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-            f.flush()
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-    return path
-
-
-def copy_atomic(source: Path, target: Path, mode: int = FILE_MODE) -> Path:
-    """Copy `source` to `target` with write_atomic's guarantee, without reading it all into memory."""
+def _replace(target: Path, fill: Callable[[BinaryIO], object], mode: int) -> Path:
+    """The guarantee itself: a temporary file beside `target`, filled, fsynced, chmodded, renamed."""
     make_dirs(target.parent)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as f, open(source, "rb") as src:
-            shutil.copyfileobj(src, f, 1 << 20)
+        with os.fdopen(fd, "wb") as f:
+            fill(f)
             f.flush()
             os.fchmod(f.fileno(), mode)
             os.fsync(f.fileno())
@@ -83,3 +66,19 @@ def copy_atomic(source: Path, target: Path, mode: int = FILE_MODE) -> Path:
         raise
     _fsync_dir(target.parent)
     return target
+
+
+def write_atomic(path: Path, data: bytes | str, mode: int = FILE_MODE) -> Path:
+    """Replace `path` with `data` in one rename; the temporary file never outlives a failure."""
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    return _replace(path, lambda f: f.write(payload), mode)
+
+
+def copy_atomic(source: Path, target: Path, mode: int = FILE_MODE) -> Path:
+    """Copy `source` to `target` with write_atomic's guarantee, without reading it all into memory."""
+
+    def fill(f: BinaryIO) -> None:
+        with open(source, "rb") as src:
+            shutil.copyfileobj(src, f, 1 << 20)
+
+    return _replace(target, fill, mode)

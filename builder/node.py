@@ -58,11 +58,11 @@ _WHEEL_NAME = re.compile(
     r"(?:-(?P<build>\d[A-Za-z0-9_.]*))?-(?P<python>[A-Za-z0-9_.]+)-(?P<abi>[A-Za-z0-9_.]+)"
     r"-(?P<platform>[A-Za-z0-9_.]+)\.whl$"
 )
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_PYTHON_TAG = re.compile(r"^cp3\d{1,2}$")
-_ARCH = re.compile(r"^\d{1,2}\.\d[af]?(\+PTX)?$")
-_OP = re.compile(r"^[a-z0-9_]{1,64}$")
-_CPU_FLAG = re.compile(r"^[a-z0-9_.]{1,40}$")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+PYTHON_TAG_RE = re.compile(r"^cp3\d{1,2}$")
+ARCH_RE = re.compile(r"^\d{1,2}\.\d[af]?(\+PTX)?$")
+OP_RE = re.compile(r"^[a-z0-9_]{1,64}$")
+CPU_FLAG_RE = re.compile(r"^[a-z0-9_.]{1,40}$")
 
 
 class InstallError(Exception):
@@ -260,10 +260,10 @@ class Fields:
         return value if value is not None else {}
 
 
-_VERSION = re.compile(r"^[A-Za-z0-9.+!_-]{1,80}$")
-_CUDA = re.compile(r"^\d{1,2}\.\d{1,2}(\.\d+)?$")
-_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
-_STAMP = re.compile(r"^[0-9T:+.\-Z ]{0,40}$")
+VERSION_RE = re.compile(r"^[A-Za-z0-9.+!_-]{1,80}$")
+CUDA_RE = re.compile(r"^\d{1,2}\.\d{1,2}(\.\d+)?$")
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+STAMP_RE = re.compile(r"^[0-9T:+.\-Z ]{0,40}$")
 
 
 def parse_wheel_entry(name: str, data: object, where: str) -> WheelEntry:
@@ -281,21 +281,21 @@ def parse_wheel_entry(name: str, data: object, where: str) -> WheelEntry:
         raise smoke.fail("passed", "is true, but its checks do not say so")
     entry = WheelEntry(
         name=name,
-        sha256=f.text("sha256", _SHA256),
-        version=f.text("version", _VERSION),
-        recipe=f.text("recipe", _NAME),
+        sha256=f.text("sha256", SHA256_RE),
+        version=f.text("version", VERSION_RE),
+        recipe=f.text("recipe", NAME_RE),
         accelerator=f.choice("accelerator", ACCELERATORS),
-        python_tag=f.text("python_tag", _PYTHON_TAG),
-        torch=f.text("torch", _VERSION),
-        cuda=f.text("cuda", _CUDA, optional=True),
-        archs=f.texts("archs", _ARCH),
+        python_tag=f.text("python_tag", PYTHON_TAG_RE),
+        torch=f.text("torch", VERSION_RE),
+        cuda=f.text("cuda", CUDA_RE, optional=True),
+        archs=f.texts("archs", ARCH_RE),
         cpu_target=f.choice("cpu_target", CPU_TARGETS),
-        cpu_flags=f.texts("cpu_flags", _CPU_FLAG, optional=True),
-        ops=f.texts("ops", _OP),
-        smoke=SmokeSummary(passed, smoke.text("finished_at", _STAMP), checks),
-        metadata_sha256=f.text("metadata_sha256", _SHA256, optional=True),
-        report_sha256=f.text("report_sha256", _SHA256, optional=True),
-        published_at=f.text("published_at", _STAMP, optional=True) or "",
+        cpu_flags=f.texts("cpu_flags", CPU_FLAG_RE, optional=True),
+        ops=f.texts("ops", OP_RE),
+        smoke=SmokeSummary(passed, smoke.text("finished_at", STAMP_RE), checks),
+        metadata_sha256=f.text("metadata_sha256", SHA256_RE, optional=True),
+        report_sha256=f.text("report_sha256", SHA256_RE, optional=True),
+        published_at=f.text("published_at", STAMP_RE, optional=True) or "",
     )
     if wheel.version != entry.version:
         raise f.fail("version", f"is {entry.version!r} but the file name says {wheel.version!r}")
@@ -311,7 +311,7 @@ def _file_entries(table: Mapping[str, Any], where: str, names_are_wheels: bool) 
             check_wheel_name(name, where)
         elif name != INSTALLER:
             raise ManifestError(f"{where}: unknown tool {name[:80]!r}", "re-publish the wheelhouse")
-        out[name] = FileEntry(name, Fields(value, f"{where}[{name}]").text("sha256", _SHA256))
+        out[name] = FileEntry(name, Fields(value, f"{where}[{name}]").text("sha256", SHA256_RE))
     return out
 
 
@@ -519,9 +519,9 @@ def parse_node_probe(output: str, flags: frozenset[str]) -> Node:
     try:
         data = json.loads(lines[-1]) if lines else None
         f = Fields(data, "the node probe")
-        gpus = f.texts("gpus", _ARCH)
-        return Node(f.text("python_tag", _PYTHON_TAG), f.text("torch", _VERSION, optional=True),
-                    f.text("cuda", _CUDA, optional=True), gpus, flags)  # fmt: skip
+        gpus = f.texts("gpus", ARCH_RE)
+        return Node(f.text("python_tag", PYTHON_TAG_RE), f.text("torch", VERSION_RE, optional=True),
+                    f.text("cuda", CUDA_RE, optional=True), gpus, flags)  # fmt: skip
     except (ValueError, ManifestError) as exc:
         raise InstallError(
             f"the node probe printed no usable report: {exc}", "pass --python with a working Python"
