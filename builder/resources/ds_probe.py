@@ -10,11 +10,12 @@ import contextlib
 import io
 import json
 import sys
+from typing import Any
 
 MARKER = "==== ds_probe json ===="
 
 
-def _sources(builder):
+def _sources(builder: Any) -> list[Any]:
     try:
         return builder.sources()
     except Exception:  # some builders compute sources from the accelerator; no .cu then

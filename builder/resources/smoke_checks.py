@@ -7,6 +7,9 @@ after the MARKER line. TORCH_EXTENSIONS_DIR must point at an empty folder: if an
 JIT-compiled instead of loaded from the wheel, files would appear there and the check fails.
 """
 
+from __future__ import annotations
+
+import functools
 import json
 import os
 import re
@@ -15,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 MARKER = "==== smoke json ===="
@@ -24,7 +28,7 @@ TOLERANCE = 1e-5
 STEPS = 5
 
 
-def _check(results, name, fn):
+def _check(results: list[dict[str, str]], name: str, fn: Callable[[], str | None]) -> None:
     try:
         detail = fn()
         results.append({"name": name, "status": "passed", "detail": detail or ""})
@@ -39,12 +43,12 @@ class _Skip(Exception):
     pass
 
 
-def _ext_dir_files():
+def _ext_dir_files() -> list[str]:
     root = os.environ["TORCH_EXTENSIONS_DIR"]
     return sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs)
 
 
-def check_import(expected_version):
+def check_import(expected_version: str) -> str:
     import deepspeed
 
     if deepspeed.__version__ != expected_version:
@@ -52,7 +56,7 @@ def check_import(expected_version):
     return f"deepspeed {deepspeed.__version__} from {os.path.dirname(deepspeed.__file__)}"
 
 
-def check_torch(expected):
+def check_torch(expected: dict[str, Any]) -> str:
     """The installed torch is the one the wheel was built against, CUDA build included."""
     import torch
 
@@ -65,7 +69,7 @@ def check_torch(expected):
     return f"torch {torch.__version__} (CUDA {torch.version.cuda}); {gpu}"
 
 
-def check_op_loads(op):
+def check_op_loads(op: str) -> str:
     import deepspeed
     from deepspeed.ops.op_builder.all_ops import ALL_OPS
 
@@ -104,7 +108,7 @@ def _compare(make_ours: Any, make_reference: Any, device: str = "cpu") -> str:
     return f"max |difference| {diff:.2g} after {STEPS} steps{where} (tolerance {TOLERANCE})"
 
 
-def check_cpu_adam():
+def check_cpu_adam() -> str:
     import torch
     from deepspeed.ops.adam import DeepSpeedCPUAdam
 
@@ -114,7 +118,7 @@ def check_cpu_adam():
     )
 
 
-def check_cpu_adagrad():
+def check_cpu_adagrad() -> str:
     import torch
     from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
 
@@ -146,7 +150,7 @@ class _ReferenceLion:
                 m.mul_(b2).add_(p.grad, alpha=1 - b2)
 
 
-def check_cpu_lion():
+def check_cpu_lion() -> str:
     from deepspeed.ops.lion import DeepSpeedCPULion
 
     return _compare(
@@ -155,7 +159,7 @@ def check_cpu_lion():
     )
 
 
-def check_fused_adam():
+def check_fused_adam() -> str:
     import torch
 
     if not torch.cuda.is_available():
@@ -175,7 +179,7 @@ def parse_ds_report(text: str) -> set[str]:
     return {m.group(1) for m in re.finditer(r"^(\w+)\s*\.*\s*\[YES\]", plain, re.MULTILINE)}
 
 
-def check_ds_report(spec):
+def check_ds_report(spec: dict[str, Any]) -> str:
     """`ds_report` runs and its installed column agrees with the ops the manifest says were built."""
     exe = os.path.join(os.path.dirname(sys.executable), "ds_report")
     done = subprocess.run([exe], capture_output=True, text=True, timeout=300)
@@ -189,13 +193,13 @@ def check_ds_report(spec):
     return f"ds_report: installed {', '.join(sorted(installed))}"
 
 
-def _free_port():
+def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def check_engine(accelerator):
+def check_engine(accelerator: str) -> str:
     """deepspeed.initialize, ZeRO stage 2 with the optimizer offloaded to CPU: the loss goes down.
 
     Runs with its own TORCH_EXTENSIONS_DIR and reports any op the engine JIT-compiled that the
@@ -262,7 +266,7 @@ def check_engine(accelerator):
 QUANT_TOLERANCE = {"int8": 0.10, "nf4": 0.60, "fp4": 0.60}
 
 
-def _tiny_llama(folder):
+def _tiny_llama(folder: str) -> Any:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -281,7 +285,7 @@ def _tiny_llama(folder):
     return model
 
 
-def check_quantized(kind, max_memory, state):
+def check_quantized(kind: str, max_memory: dict[Any, str] | None, state: dict[str, Any]) -> str:
     """Load the saved tiny Llama with bitsandbytes and check what really happened to its layers."""
     import torch
 
@@ -342,7 +346,7 @@ def check_quantized(kind, max_memory, state):
     )
 
 
-def check_fp16_and_offload(state):
+def check_fp16_and_offload(state: dict[str, Any]) -> str:
     """The same model in float16, and with one layer offloaded to disk: both match fp32."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -373,7 +377,7 @@ def check_fp16_and_offload(state):
     )
 
 
-def check_overflow_scan(state):
+def check_overflow_scan(state: dict[str, Any]) -> str:
     """A short float16 forward under transformers' DebugUnderflowOverflow; reports any inf/nan."""
     import contextlib
     import io
@@ -394,13 +398,15 @@ def check_overflow_scan(state):
     return "float16 forward: no inf/nan detected"
 
 
-def _torchrun(args, backend, extra_env=None, timeout=180):
+def _torchrun(
+    args: list[str], backend: str, extra_env: dict[str, str] | None = None, timeout: int = 180
+) -> subprocess.Popen[str]:
     env = {**os.environ, "SMOKE_BACKEND": backend, **(extra_env or {})}
     cmd = [sys.executable, "-m", "torch.distributed.run", *args]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def _collect(procs, world, backend, timeout=180):
+def _collect(procs: list[subprocess.Popen[str]], world: int, backend: str, timeout: int = 180) -> tuple[str, set[str]]:
     outputs = []
     for p in procs:
         try:
@@ -426,7 +432,7 @@ def parse_dist_output(text: str, world: int, backend: str) -> set[str]:
     return {n for _, _, n in ok if n}
 
 
-def check_gloo_one_node(worker):
+def check_gloo_one_node(worker: str) -> str:
     port = _free_port()
     _collect(
         [_torchrun(["--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={port}", worker], "gloo")],
@@ -436,7 +442,7 @@ def check_gloo_one_node(worker):
     return "torchrun 1 node x 2 processes: all_reduce and barrier OK, backend gloo"
 
 
-def check_gloo_two_nodes(worker):
+def check_gloo_two_nodes(worker: str) -> str:
     port = _free_port()
     common = [
         "--nnodes=2",
@@ -450,7 +456,7 @@ def check_gloo_two_nodes(worker):
     return "torchrun 2 nodes x 1 process over 127.0.0.1 (c10d rendezvous): all_reduce and barrier OK, backend gloo"
 
 
-def check_nccl(worker):
+def check_nccl(worker: str) -> str:
     import torch
     import torch.distributed as dist
 
@@ -483,7 +489,7 @@ NUMERICS = {
 }
 
 
-def main():
+def main() -> None:
     spec = json.loads(sys.argv[1])
     results: list[dict[str, str]] = []
     if _ext_dir_files():
@@ -491,7 +497,7 @@ def main():
     _check(results, "torch", lambda: check_torch(spec["torch"]))
     _check(results, "import", lambda: check_import(spec["version"]))
     for op in spec["ops"]:
-        _check(results, f"load:{op}", lambda op=op: check_op_loads(op))
+        _check(results, f"load:{op}", functools.partial(check_op_loads, op))
     for op in spec["ops"]:
         if op in NUMERICS:
             _check(results, f"numerics:{op}", NUMERICS[op])
@@ -499,12 +505,14 @@ def main():
     if spec.get("suite", "full") == "full":
         _check(results, "ds_report", lambda: check_ds_report(spec))
         _check(results, "engine:zero2-offload", lambda: check_engine(spec["accelerator"]))
-        state: dict[str, object] = {}
+        state: dict[str, Any] = {}
         for kind in ("int8", "nf4", "fp4"):
-            _check(results, f"quantized:{kind}:auto", lambda kind=kind: check_quantized(kind, None, state))
+            _check(results, f"quantized:{kind}:auto", functools.partial(check_quantized, kind, None, state))
         for kind in ("int8", "nf4"):
             _check(
-                results, f"quantized:{kind}:max_memory", lambda kind=kind: check_quantized(kind, _max_memory(), state)
+                results,
+                f"quantized:{kind}:max_memory",
+                functools.partial(lambda k: check_quantized(k, _max_memory(), state), kind),
             )
         _check(results, "load:fp16+disk-offload", lambda: check_fp16_and_offload(state))
         _check(results, "overflow-scan:fp16", lambda: check_overflow_scan(state))
@@ -516,7 +524,7 @@ def main():
     print(json.dumps(results))
 
 
-def _max_memory():
+def _max_memory() -> dict[Any, str]:
     import torch
 
     if torch.cuda.is_available():
@@ -524,7 +532,7 @@ def _max_memory():
     return {"cpu": "4GiB"}
 
 
-def _no_jit():
+def _no_jit() -> str:
     files = _ext_dir_files()
     if files:
         raise AssertionError(f"TORCH_EXTENSIONS_DIR is not empty after the checks: {files[:5]}")
