@@ -1,22 +1,126 @@
-"""Python virtual environments the toolkit builds and tests in.
+"""Python virtual environments the toolkit builds and tests in, made by uv.
+
+uv makes a venv and fills it from its cache in seconds where venv + pip took half a minute (torch
+2.13.0 CPU: 32.7 s with pip, 5.0 s with uv cold, 1.0 s warm). A venv whose files come from uv's
+cache is still a fresh environment: nothing of another venv is visible in it.
+
+uv reads no pip configuration, so the toolkit reads pip's (`pip config list`, PIP_* variables) and
+passes the same index, extra indexes and find-links to uv, and says which it used. pip's rule is
+"the best version from any source", so uv gets --index-strategy unsafe-best-match.
 
 Build environments are cached by what they hold and marked complete only after every install
 succeeded, so a killed install is redone rather than half-used. Smoke environments are always new.
+Environments that must see a torch installed elsewhere (torch = "system") are made with venv + pip:
+pip sees packages a .pth file adds; uv does not.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
 import sys
 import sysconfig
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from builder import cmd, output
+from builder.errors import ToolError
 
 COMPLETE = ".builder-complete"
+UV_VERSION = "0.13.9"  # also pinned in pyproject.toml
+BACKENDS = ("uv", "pip")
+# Where the toolkit installs uv when neither its own install nor PATH has one (a folder it owns).
+TOOLS = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ds-wheel-builder" / "tools"
+
+
+@dataclass(frozen=True)
+class PackageSources:
+    """Where pip on this machine finds packages, as pip's configuration says."""
+
+    index_url: str | None = None
+    extra_index_urls: tuple[str, ...] = ()
+    find_links: tuple[str, ...] = ()
+    no_index: bool = False
+
+    def uv_args(self) -> list[str]:
+        args = ["--index-strategy", "unsafe-best-match"]
+        if self.no_index:
+            args.append("--no-index")
+        if self.index_url:
+            args += ["--index-url", self.index_url]
+        for url in self.extra_index_urls:
+            args += ["--extra-index-url", url]
+        for link in self.find_links:
+            args += ["--find-links", link]
+        return args
+
+    def describe(self) -> str:
+        parts = [f"index {self.index_url}" if self.index_url else ("no index" if self.no_index else "PyPI")]
+        parts += [f"extra index {u}" for u in self.extra_index_urls]
+        parts += [f"find-links {f}" for f in self.find_links]
+        return ", ".join(parts)
+
+
+_PIP_KEYS = {"index-url": "index_url", "extra-index-url": "extra_index_urls", "find-links": "find_links",
+             "no-index": "no_index"}  # fmt: skip
+
+
+def parse_pip_config(text: str) -> PackageSources:
+    """`pip config list` output (`global.find-links='/opt/wheels'`, `:env:.index-url=...`)."""
+    found: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if not sep:
+            continue
+        name = key.rsplit(".", 1)[-1].strip()
+        if name in _PIP_KEYS:
+            found.setdefault(_PIP_KEYS[name], []).extend(value.strip().strip("'\"").split())
+    index = found.get("index_url", [])
+    no_index = found.get("no_index", [])
+    return PackageSources(
+        index_url=index[-1] if index else None,
+        extra_index_urls=tuple(dict.fromkeys(found.get("extra_index_urls", []))),
+        find_links=tuple(dict.fromkeys(found.get("find_links", []))),
+        no_index=bool(no_index) and no_index[-1].lower() in ("1", "true", "yes", "on"),
+    )
+
+
+@functools.cache
+def pip_sources() -> PackageSources:
+    """What this machine's pip would use (its config files and PIP_* variables), asked of pip once."""
+    return parse_pip_config(cmd.query([sys.executable, "-m", "pip", "config", "list"]))
+
+
+def backend() -> str:
+    """uv, unless BUILDER_ENV_BACKEND=pip asks for the plain venv + pip path (the bench compares both)."""
+    chosen = os.environ.get("BUILDER_ENV_BACKEND", "uv")
+    if chosen not in BACKENDS:
+        raise ToolError(f"BUILDER_ENV_BACKEND={chosen!r} is not one of {', '.join(BACKENDS)}", "unset it, or use uv")
+    return chosen
+
+
+@functools.cache
+def uv_binary(tools: Path) -> str:
+    """The pinned uv: the one installed with the toolkit, else on PATH, else pip-installed into `tools`."""
+    try:
+        from uv import find_uv_bin
+
+        return str(find_uv_bin())
+    except (ImportError, FileNotFoundError):
+        pass
+    on_path = shutil.which("uv")
+    if on_path:
+        return on_path
+    target = tools / f"uv-{UV_VERSION}"
+    binary = target / "bin" / "uv"
+    if not binary.is_file():
+        output.note(f"installing uv {UV_VERSION} into {target} (the toolkit makes its environments with it)")
+        cmd.run([sys.executable, "-m", "pip", "install", "--quiet", "--target", target, f"uv=={UV_VERSION}"],
+                fix="install uv (pip install uv), or set BUILDER_ENV_BACKEND=pip")  # fmt: skip
+    return str(binary)
 
 
 def python_in(venv: Path) -> Path:
@@ -27,6 +131,7 @@ def env_key(requirements: Sequence[str], system_site_packages: bool = False) -> 
     """A folder name for an environment with these requirements on this interpreter."""
     text = "\n".join(
         [sys.executable, sys.version, f"system-site-packages={system_site_packages}", *sorted(requirements)]
+        + ([] if system_site_packages else [f"backend={backend()}"])
     )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -44,13 +149,15 @@ def venv_environ(venv: Path, base: Mapping[str, str] | None = None) -> dict[str,
 def create(
     venv: Path, requirements: Sequence[str], log: Path, verbose: bool = False, system_site_packages: bool = False
 ) -> Path:
-    """Make a new venv at `venv` (replacing any there) and pip-install `requirements` into it.
+    """Make a new venv at `venv` (replacing any there) and install `requirements` into it.
 
     With system_site_packages the venv sees this interpreter's packages (its torch) and pip
     installs only what is missing, leaving the system torch untouched.
     """
     if venv.exists():
         shutil.rmtree(venv)
+    if backend() == "uv" and not system_site_packages:
+        return _create_with_uv(venv, requirements, log, verbose)
     flags = ["--system-site-packages"] if system_site_packages else []
     cmd.run([sys.executable, "-m", "venv", *flags, venv], log=log, verbose=verbose)
     if system_site_packages and sys.prefix != sys.base_prefix:
@@ -65,6 +172,27 @@ def create(
             fix="check the requirement names and versions, and that the package index is reachable",
         )
     return venv
+
+
+def _create_with_uv(venv: Path, requirements: Sequence[str], log: Path, verbose: bool) -> Path:
+    uv = uv_binary(TOOLS)
+    cmd.run([uv, "venv", "--quiet", "--python", sys.executable, venv], log=log, verbose=verbose)
+    if requirements:
+        sources = pip_sources()
+        output.note(f"uv installs from pip's sources: {sources.describe()}")
+        cmd.run(
+            [uv, "pip", "install", "--python", python_in(venv), *sources.uv_args(), *requirements],
+            env=venv_environ(venv),
+            log=log,
+            verbose=verbose,
+            progress=_uv_progress,
+            fix="check the requirement names and versions, and that the package index is reachable",
+        )
+    return venv
+
+
+def _uv_progress(line: str) -> str | None:
+    return line.strip() if line.lstrip().startswith(("Resolved ", "Prepared ", "Installed ")) else None
 
 
 def _see_parent_venv(venv: Path) -> None:

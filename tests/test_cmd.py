@@ -54,3 +54,27 @@ def test_relative_program_survives_cwd_change(tmp_path: Path, monkeypatch: pytes
     elsewhere.mkdir()
     monkeypatch.chdir(tmp_path)
     assert cmd.run(["bin/tool"], cwd=elsewhere).strip() == str(elsewhere)
+
+
+def test_pip_config_becomes_uv_sources() -> None:
+    """uv reads no pip configuration: the toolkit hands it what `pip config list` says (captured here)."""
+    from builder.envs import PackageSources, parse_pip_config
+
+    text = (
+        ":env:.cert='/etc/ssl/certs/ca-certificates.crt'\n:env:.find-links='/opt/wheels'\n"
+        "global.extra-index-url='file:///opt/pypi/simple file:///opt/pypi-more/simple'\n"
+        "global.find-links='/opt/wheels'\ninstall.index-url='https://mirror.example/simple'\n"
+    )
+    sources = parse_pip_config(text)
+    assert sources == PackageSources(
+        index_url="https://mirror.example/simple",
+        extra_index_urls=("file:///opt/pypi/simple", "file:///opt/pypi-more/simple"),
+        find_links=("/opt/wheels",),
+    )
+    assert sources.uv_args() == [
+        "--index-strategy", "unsafe-best-match", "--index-url", "https://mirror.example/simple",
+        "--extra-index-url", "file:///opt/pypi/simple", "--extra-index-url", "file:///opt/pypi-more/simple",
+        "--find-links", "/opt/wheels",
+    ]  # fmt: skip
+    assert parse_pip_config("global.no-index='true'\n").uv_args()[-1] == "--no-index"
+    assert parse_pip_config("") == PackageSources() and PackageSources().describe() == "PyPI"

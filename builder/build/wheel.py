@@ -40,7 +40,7 @@ from builder.build.toolchain import ToolchainPlan, apply, compose_env, plan_tool
 from builder.build.artifacts import verify
 from builder.workspace import Workspace
 
-BUILD_TOOLS = ("setuptools", "wheel", "ninja")
+BUILD_TOOLS = ("pip", "setuptools", "wheel", "ninja")  # pip: DeepSpeed is built with pip wheel
 _EXTENSION = re.compile(r"building '([\w.]+)' extension")
 _NINJA_STEP = re.compile(r"^\s*\[(\d+/\d+)\] .* -c (\S+) ")
 
