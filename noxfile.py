@@ -1,10 +1,37 @@
-"""Thin sessions: install the builder, call `python -m builder`, pass *session.posargs through."""
+"""Thin sessions: install the builder, call `python -m builder`, pass *session.posargs through.
+
+Sessions are made by uv where it is installed (`pip install 'nox[uv]'`), else by virtualenv. uv
+reads no pip configuration, so pip's find-links and indexes are handed to it here, as the
+builder does for the environments it makes itself (builder/envs.py).
+"""
+
+import os
+import subprocess
+import sys
 
 import nox
 
 nox.options.sessions = ["lint", "unit"]  # plain `nox`: seconds; `nox -s tests` runs everything
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = True
+nox.options.default_venv_backend = "uv|virtualenv"
+
+
+def _hand_pip_sources_to_uv() -> None:
+    said = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+    found: dict[str, list[str]] = {}
+    for line in said.splitlines():
+        key, _, value = line.partition("=")
+        found.setdefault(key.rsplit(".", 1)[-1], []).extend(value.strip("'\"").split())
+    pairs = {"UV_INDEX_URL": found.get("index-url", [])[-1:], "UV_EXTRA_INDEX_URL": found.get("extra-index-url", []),
+             "UV_FIND_LINKS": found.get("find-links", [])}  # fmt: skip
+    for var, values in pairs.items():
+        if values and var not in os.environ:
+            os.environ[var] = ("," if var == "UV_FIND_LINKS" else " ").join(dict.fromkeys(values))
+    os.environ.setdefault("UV_INDEX_STRATEGY", "unsafe-best-match")  # pip's rule: the best version anywhere
+
+
+_hand_pip_sources_to_uv()
 
 
 @nox.session(name="build-wheel", tags=["pipeline"])
