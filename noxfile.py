@@ -113,8 +113,8 @@ def provision(session: nox.Session) -> None:
 
 @nox.session(default=False, tags=["slow"])
 def bench(session: nox.Session) -> None:
-    """Toolkit vs plain DeepSpeed, as ratios (about 6 minutes a run): -- [--recipe R] [--runs N]."""
-    session.install(".")
+    """Toolkit vs plain DeepSpeed, uv vs pip, as ratios (about 15 minutes a run): -- [--recipe R] [--runs N]."""
+    session.install(".", "nox[uv]")  # the fresh-clone row runs `nox -s build-wheel` itself
     session.run("python", "-m", "builder", "bench", *session.posargs)
 
 
