@@ -17,6 +17,7 @@ from email.parser import Parser
 from pathlib import Path
 
 import pytest
+from nodes import node_venv
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,9 +115,7 @@ def test_the_printed_install_command_works_with_only_the_wheelhouse_reachable(
     command = shlex.split(printed[0].removeprefix("==> install it with: "))
     assert command[:3] == ["pip", "install", "--index-url"] and command[3].startswith("file://")
     env_dir = tmp_path / "node"
-    venv.create(env_dir, with_pip=True)
-    python = str(env_dir / "bin" / "python")
-    subprocess.run([python, "-m", "pip", "install", "-q", "torch==2.13.0"], check=True)  # nodes have torch
+    python = node_venv(env_dir, "torch==2.13.0")  # nodes have torch
     offline = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
     offline.update(PIP_CONFIG_FILE="/dev/null", PIP_NO_CACHE_DIR="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
     done = subprocess.run([str(env_dir / "bin" / "pip"), *command[1:]], capture_output=True, text=True, env=offline)
@@ -200,9 +199,7 @@ def test_node_installs_its_wheel_from_the_served_wheelhouse(
             except OSError:
                 time.sleep(0.1)
         node = tmp_path / "node"
-        venv.create(node, with_pip=True)
-        python = str(node / "bin" / "python")
-        subprocess.run([python, "-m", "pip", "install", "-q", "torch==2.13.0"], check=True)
+        python = node_venv(node, "torch==2.13.0")
         no_packaging = subprocess.run([python, "-c", "import packaging"], capture_output=True)
         assert no_packaging.returncode != 0  # the node has nothing of the builder's dependencies
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -311,9 +308,7 @@ def test_provision_installs_on_every_host_through_pdsh(
     house, _ = pipeline
     pythons = {}
     for host in ("node-a", "node-b"):
-        venv.create(tmp_path / host, with_pip=True)
-        pythons[host] = str(tmp_path / host / "bin" / "python")
-        subprocess.run([pythons[host], "-m", "pip", "install", "-q", "torch==2.13.0"], check=True)
+        pythons[host] = node_venv(tmp_path / host, "torch==2.13.0")
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("".join(f"{h} slots=1 python={py}\n" for h, py in pythons.items()))
     out = tmp_path / "provision"
