@@ -92,8 +92,22 @@ def fresh_node(recipe: Recipe, wheel: Path, out: Path, log: Path) -> tuple[float
     results = []
     for kind in ("wheel", "jit"):
         venv = out / f"node-{kind}"
-        deps = [f"torch=={recipe.torch.version}", "hjson", "msgpack", "numpy", "packaging", "psutil", "py-cpuinfo",
-                "pydantic>=2", "tqdm", "einops", "ninja", "setuptools", "wheel"]  # fmt: skip
+        deps = [
+            f"torch=={recipe.torch.version}",
+            "hjson",
+            "msgpack",
+            "numpy",
+            "packaging",
+            "psutil",
+            "py-cpuinfo",
+            "pydantic>=2",
+            "tqdm",
+            "einops",
+            "ninja",
+            "setuptools",
+            "wheel",
+            "pip",
+        ]  # fmt: skip  (nodes use pip)
         envs.create(venv, deps, log)  # not timed: both nodes start with torch and DeepSpeed's needs
         ext = out / f"ext-{kind}"
         shutil.rmtree(ext, ignore_errors=True)
