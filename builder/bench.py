@@ -166,6 +166,13 @@ def smoke_times(wheel: Path, ws: Workspace) -> dict[str, float]:
 
 
 REPO = Path(__file__).resolve().parents[1]
+_OUTPUTS = {"build", ".nox", ".git", "wheelhouse", "provision", ".mypy_cache", ".ruff_cache", ".pytest_cache"}
+
+
+def _not_in_a_clone(folder: str, names: list[str]) -> set[str]:
+    """What a fresh clone lacks: the repository's outputs and caches (top level), and bytecode."""
+    top = {n for n in names if n in _OUTPUTS} if Path(folder) == REPO else set()
+    return top | {n for n in names if n == "__pycache__" or n.endswith(".egg-info")}
 
 
 def fresh_clone(out: Path, log: Path) -> dict[str, float]:
@@ -174,8 +181,7 @@ def fresh_clone(out: Path, log: Path) -> dict[str, float]:
     for name, nox_backend in (("uv", "uv"), ("pip", "virtualenv")):
         clone = out / f"clone-{name}"
         shutil.rmtree(clone, ignore_errors=True)
-        ignore = shutil.ignore_patterns("build", ".nox", ".git", "wheelhouse", "provision", "__pycache__", "*.egg-info")
-        shutil.copytree(REPO, clone, ignore=ignore)
+        shutil.copytree(REPO, clone, ignore=_not_in_a_clone)
         env = {**os.environ, "BUILDER_ENV_BACKEND": name}
         run = functools.partial(
             cmd.run,
