@@ -108,7 +108,8 @@ def fresh_node(recipe: Recipe, wheel: Path, out: Path, log: Path) -> tuple[float
             "wheel",
             "pip",
         ]  # fmt: skip  (nodes use pip)
-        envs.create(venv, deps, log)  # not timed: both nodes start with torch and DeepSpeed's needs
+        with env_backend("pip"):  # as a node has them: pip-installed, bytecode compiled (uv compiles none)
+            envs.create(venv, deps, log)  # not timed: both nodes start with torch and DeepSpeed's needs
         ext = out / f"ext-{kind}"
         shutil.rmtree(ext, ignore_errors=True)
         ext.mkdir()

@@ -49,12 +49,18 @@ def parse_stats(text: str) -> Stats:
     return Stats(hits=hits, misses=values.get("cache_miss", 0))
 
 
+def _ccache(env: Mapping[str, str]) -> str | None:
+    """The ccache the build runs (the build env's, from PyPI), not whichever this process's PATH has."""
+    return which("ccache", env) if "CCACHE_DIR" in env else None
+
+
 def zero(env: Mapping[str, str]) -> None:
-    if "CCACHE_DIR" in env:
-        query(["env", f"CCACHE_DIR={env['CCACHE_DIR']}", "ccache", "--zero-stats"])
+    if program := _ccache(env):
+        query(["env", f"CCACHE_DIR={env['CCACHE_DIR']}", program, "--zero-stats"])
 
 
 def stats(env: Mapping[str, str]) -> Stats | None:
-    if "CCACHE_DIR" not in env:
+    program = _ccache(env)
+    if program is None:
         return None
-    return parse_stats(query(["env", f"CCACHE_DIR={env['CCACHE_DIR']}", "ccache", "--print-stats"]))
+    return parse_stats(query(["env", f"CCACHE_DIR={env['CCACHE_DIR']}", program, "--print-stats"]))
