@@ -17,9 +17,9 @@ def node_venv(path: Path, *packages: str) -> str:
     from builder.envs import pip_sources, uv_binary
 
     uv = uv_binary(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ds-wheel-builder" / "tools")
-    subprocess.run([uv, "venv", "--quiet", "--seed", "--python", sys.executable, str(path)], check=True)
+    subprocess.run([uv, "venv", "--quiet", "--python", sys.executable, str(path)], check=True)
     python = str(path / "bin" / "python")
-    if packages:
-        subprocess.run([uv, "pip", "install", "--quiet", "--python", python, *pip_sources().uv_args(), *packages],
-                       check=True)  # fmt: skip
+    # pip alone, not uv's --seed (whose `wheel` brings `packaging`: a node has nothing it need not have).
+    subprocess.run([uv, "pip", "install", "--quiet", "--python", python, *pip_sources().uv_args(), "pip", *packages],
+                   check=True)  # fmt: skip
     return python
