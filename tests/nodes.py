@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,9 +13,9 @@ def node_venv(path: Path, *packages: str) -> str:
     Made with uv from pip's own sources, as the toolkit makes its environments: a node's torch
     takes seconds instead of half a minute to set up. Returns the venv's python.
     """
-    from builder.envs import pip_sources, uv_binary
+    from builder.envs import TOOLS, pip_sources, uv_binary
 
-    uv = uv_binary(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ds-wheel-builder" / "tools")
+    uv = uv_binary(TOOLS)
     subprocess.run([uv, "venv", "--quiet", "--python", sys.executable, str(path)], check=True)
     python = str(path / "bin" / "python")
     # pip alone, not uv's --seed (whose `wheel` brings `packaging`: a node has nothing it need not have).
