@@ -12,7 +12,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from builder import node, output
+from builder import node
 from builder.errors import WheelhouseError
 from builder.files import write_atomic
 from builder.node import (
@@ -56,10 +56,6 @@ def load_manifest(wheelhouse: Path) -> WheelhouseManifest:
 
 def _companions(wheelhouse: Path, name: str) -> list[Path]:
     return [wheelhouse / f"{name}.metadata", wheelhouse / f"{name}.smoke.json"]
-
-
-def _say(message: str) -> None:
-    output.note(message.removeprefix("  "))
 
 
 def write_manifest(wheelhouse: Path, manifest: WheelhouseManifest) -> None:

@@ -31,7 +31,7 @@ from pathlib import Path
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from builder import node
+from builder import node, output
 from builder.build.source import sha256_of
 from builder.contracts import BuildManifest, SmokeReport
 from builder.errors import PublishError, WheelhouseError
@@ -56,7 +56,6 @@ from builder.wheelhouse.layout import (
     MANIFEST,
     NOT_BUNDLED,
     _companions,
-    _say,
     load_manifest,
     locked,
     write_manifest,
@@ -186,14 +185,14 @@ def _leftovers(wheelhouse: Path, manifest: WheelhouseManifest) -> tuple[list[Pat
     return doomed, notes
 
 
-def _clean(wheelhouse: Path, manifest: WheelhouseManifest, say: Callable[[str], None]) -> list[str]:
+def _clean(wheelhouse: Path, manifest: WheelhouseManifest) -> list[str]:
     doomed, notes = _leftovers(wheelhouse, manifest)
     for path in doomed:
         path.unlink(missing_ok=True)
         if path.name != JOURNAL:
-            say(f"  removed {path.relative_to(wheelhouse)}, left by an interrupted publish")
+            output.note(f"removed {path.relative_to(wheelhouse)}, left by an interrupted publish")
     for note in notes:
-        say(f"  note: {note}")
+        output.note(f"note: {note}")
     return [str(p.relative_to(wheelhouse)) for p in doomed]
 
 
@@ -211,7 +210,7 @@ def publish(
     published = []
     with locked(wheelhouse):
         manifest = load_manifest(wheelhouse)
-        _clean(wheelhouse, manifest, _say)
+        _clean(wheelhouse, manifest)
         wheels_now = dict(manifest.wheels)
         for wheel, report, _ in checked:
             target = wheelhouse / wheel.name
@@ -228,11 +227,11 @@ def publish(
         for wheel, report, build in checked:
             target = wheelhouse / wheel.name
             if target.is_file() and sha256_of(target) == report.sha256:
-                _say(f"  {wheel.name} is already published (same sha256)")
+                output.note(f"{wheel.name} is already published (same sha256)")
                 os.chmod(target, 0o644)
             else:
                 copy_atomic(wheel, target)
-                _say(f"  published {target}")
+                output.note(f"published {target}")
             metadata = wheel_metadata(target)
             write_atomic(wheelhouse / f"{wheel.name}.metadata", metadata)
             report_text = report_path(wheel).read_bytes()
@@ -261,7 +260,7 @@ def _closure(
     missing = [r for r in wanted if normalize(Requirement(r).name) not in present]
     if not missing:
         return {}
-    _say(f"  fetching DeepSpeed's runtime dependencies for {python_tag}: {', '.join(missing)}")
+    output.note(f"fetching DeepSpeed's runtime dependencies for {python_tag}: {', '.join(missing)}")
     added: dict[str, FileEntry] = {}
     make_dirs(wheelhouse)
     with tempfile.TemporaryDirectory(dir=wheelhouse, prefix=".deps-") as tmp:
@@ -278,7 +277,7 @@ def _closure(
                     raise PublishError(f"{target} exists and is not the file pip downloaded", "move it away")
                 copy_atomic(path, target)
             added[path.name] = FileEntry(path.name, digest)
-    _say(f"  the wheelhouse carries {len(added)} dependency wheels for {python_tag}")
+    output.note(f"the wheelhouse carries {len(added)} dependency wheels for {python_tag}")
     return added
 
 
@@ -322,6 +321,6 @@ def repair(wheelhouse: Path) -> list[str]:
         raise WheelhouseError(f"{wheelhouse} has no {MANIFEST}", "pass --wheelhouse with a published wheelhouse")
     with locked(wheelhouse):
         manifest = load_manifest(wheelhouse)
-        removed = _clean(wheelhouse, manifest, _say)
+        removed = _clean(wheelhouse, manifest)
         write_index(wheelhouse, manifest)
     return removed
