@@ -120,9 +120,14 @@ def bench(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Unit tests, then the integration tests that build, smoke and publish a real wheel."""
+    """Unit tests and the integration tests that build, smoke and publish real wheels.
+
+    Two pytest workers, one test file at a time each (a file's tests share its build): one
+    worker's compile overlaps the other's environment installs and smoke runs, which leave the
+    cores idle half the time. Pass `-- -n 0` to run in one process.
+    """
     session.install(".[test]")
-    session.run("pytest", *session.posargs)
+    session.run("pytest", "-n", "2", "--dist", "loadfile", *session.posargs)
 
 
 @nox.session

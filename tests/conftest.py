@@ -43,9 +43,11 @@ def _no_accidental_processes(request: pytest.FixtureRequest, monkeypatch: pytest
 
 @pytest.fixture(scope="session")
 def workspace(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """One work folder for every integration test, so the sdist and build env are fetched once.
+    """One work folder for every integration test of a pytest worker, so the sdist and build env
+    are fetched once per worker (xdist workers run test files side by side; each gets its own).
 
     BUILDER_TEST_WORK_DIR reuses a folder across runs (its cache) when set.
     """
     fixed = os.environ.get("BUILDER_TEST_WORK_DIR")
-    yield Path(fixed) if fixed else tmp_path_factory.mktemp("work")
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    yield (Path(fixed) / worker if worker else Path(fixed)) if fixed else tmp_path_factory.mktemp("work")
