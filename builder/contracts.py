@@ -12,7 +12,7 @@ import json
 import re
 import zipfile
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from builder.node import (
     VERSION_RE,
     Fields,
     ManifestError,
+    arch_table,
     check_wheel_name,
     embedded_build_manifest,
 )
@@ -64,6 +65,7 @@ class BuildManifest:
     source_sha256: str
     build_key: str | None
     data: Mapping[str, Any]
+    narrowed_ops: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str) -> BuildManifest:
@@ -89,6 +91,7 @@ class BuildManifest:
             source_sha256=source.text("sha256", SHA256_RE),
             build_key=f.text("build_key", re.compile(r"^[0-9a-f]{8,64}$"), optional=True),
             data=dict(data),
+            narrowed_ops=arch_table(f, "narrowed_ops"),
         )
 
     def to_json(self) -> str:

@@ -191,6 +191,23 @@ def _create_with_uv(venv: Path, requirements: Sequence[str], log: Path, verbose:
     return venv
 
 
+def install_into(folder: Path, requirements: Sequence[str], log: Path, verbose: bool = False) -> None:
+    """Install `requirements` as plain files into `folder` (pip's --target), for tools such as
+    nvcc's wheels that are used from their folder rather than imported."""
+    fix = "check that pip's package index is reachable and has these versions"
+    if backend() == "uv":
+        sources = pip_sources()
+        output.note(f"uv installs from pip's sources: {sources.describe()}")
+        cmd.run(
+            [uv_binary(TOOLS), "pip", "install", "--quiet", "--python", sys.executable, "--target", folder,
+             *sources.uv_args(), *requirements],
+            log=log, verbose=verbose, fix=fix,
+        )  # fmt: skip
+    else:
+        cmd.run([sys.executable, "-m", "pip", "install", "--quiet", "--target", folder, *requirements],
+                log=log, verbose=verbose, fix=fix)  # fmt: skip
+
+
 def _uv_progress(line: str) -> str | None:
     return line.strip() if line.lstrip().startswith(("Resolved ", "Prepared ", "Installed ")) else None
 

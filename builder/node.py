@@ -145,6 +145,7 @@ class WheelEntry:
     metadata_sha256: str | None = None
     report_sha256: str | None = None
     published_at: str = ""
+    narrowed_ops: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # op -> the fewer archs it holds
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -159,6 +160,7 @@ class WheelEntry:
             "cpu_target": self.cpu_target,
             "cpu_flags": list(self.cpu_flags),
             "ops": list(self.ops),
+            "narrowed_ops": {op: list(archs) for op, archs in self.narrowed_ops.items()},
             "smoke": {
                 "passed": self.smoke.passed,
                 "finished_at": self.smoke.finished_at,
@@ -262,8 +264,19 @@ class Fields:
 
 VERSION_RE = re.compile(r"^[A-Za-z0-9.+!_-]{1,80}$")
 CUDA_RE = re.compile(r"^\d{1,2}\.\d{1,2}(\.\d+)?$")
+GLIBC_RE = re.compile(r"^\d{1,2}\.\d{1,3}$")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 STAMP_RE = re.compile(r"^[0-9T:+.\-Z ]{0,40}$")
+
+
+def arch_table(f: Fields, key: str) -> dict[str, tuple[str, ...]]:
+    """An optional {op: [arch, ...]} field, every name and arch checked."""
+    table = f.table(key, optional=True)
+    inner = Fields(table, f"{f.where}.{key}")
+    for op in table:
+        if not OP_RE.match(op):
+            raise f.fail(key, f"holds an invalid op name {op[:80]!r}")
+    return {op: inner.texts(op, ARCH_RE) for op in table}
 
 
 def parse_wheel_entry(name: str, data: object, where: str) -> WheelEntry:
@@ -292,6 +305,7 @@ def parse_wheel_entry(name: str, data: object, where: str) -> WheelEntry:
         cpu_target=f.choice("cpu_target", CPU_TARGETS),
         cpu_flags=f.texts("cpu_flags", CPU_FLAG_RE, optional=True),
         ops=f.texts("ops", OP_RE),
+        narrowed_ops=arch_table(f, "narrowed_ops"),
         smoke=SmokeSummary(passed, smoke.text("finished_at", STAMP_RE), checks),
         metadata_sha256=f.text("metadata_sha256", SHA256_RE, optional=True),
         report_sha256=f.text("report_sha256", SHA256_RE, optional=True),
@@ -366,6 +380,7 @@ def facts_of_build(build: Mapping[str, Any]) -> dict[str, Any]:
         "cpu_target": build.get("cpu_target"),
         "cpu_flags": list(build.get("cpu_flags") or []),
         "ops": list(build.get("ops") or []),
+        "narrowed_ops": dict(build.get("narrowed_ops") or {}),
     }
 
 
@@ -386,16 +401,46 @@ class Node:
     cuda: str | None
     gpus: tuple[str, ...] = ()
     cpu_flags: frozenset[str] = field(default_factory=frozenset)
+    glibc: str | None = None  # "2.36"; None where the C library is not glibc or unknown
 
     def describe(self) -> str:
         gpus = ", ".join(self.gpus) or "none"
         simd = " ".join(sorted(f for f in self.cpu_flags if f.startswith(("avx", "fma", "sse4")))) or "-"
         return (f"python {self.python_tag}, torch {self.torch or 'not installed'}, CUDA {self.cuda or 'none'}, "
-                f"GPU compute capabilities {gpus}, CPU {simd}")  # fmt: skip
+                f"GPU compute capabilities {gpus}, CPU {simd}, glibc {self.glibc or 'unknown'}")  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
         return {"python_tag": self.python_tag, "torch": self.torch, "cuda": self.cuda, "gpus": list(self.gpus),
-                "cpu_flags": sorted(self.cpu_flags)}  # fmt: skip
+                "cpu_flags": sorted(self.cpu_flags), "glibc": self.glibc}  # fmt: skip
+
+
+_MANYLINUX = re.compile(r"^manylinux_(\d+)_(\d+)_")
+_LEGACY_MANYLINUX = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
+
+
+def glibc_floor(platform_tag: str) -> tuple[int, int] | None:
+    """The glibc (major, minor) a wheel's platform tag needs (manylinux_2_35_x86_64: 2.35); None
+    for a plain linux tag, which promises nothing."""
+    floors = []
+    for tag in platform_tag.split("."):
+        m = _MANYLINUX.match(tag)
+        if m:
+            floors.append((int(m[1]), int(m[2])))
+        elif tag.split("_")[0] in _LEGACY_MANYLINUX:
+            floors.append(_LEGACY_MANYLINUX[tag.split("_")[0]])
+    return min(floors) if floors else None
+
+
+def glibc_mismatch(entry_name: str, node: Node) -> str | None:
+    """Why a wheel's glibc floor rules this node out (None: it does not)."""
+    floor = glibc_floor(check_wheel_name(entry_name).platform)
+    if floor is None or node.glibc is None:
+        return None  # pip's own tag check still applies on the node
+    have = tuple(int(x) for x in node.glibc.split(".")[:2])
+    if have < floor:
+        return (f"needs glibc {floor[0]}.{floor[1]} or newer (built on a newer OS), "
+                f"node has {node.glibc}")  # fmt: skip
+    return None
 
 
 def _public(version: str) -> str:
@@ -464,9 +509,22 @@ def mismatches(entry: WheelEntry, node: Node) -> list[str]:
     cpu = cpu_mismatch(entry, node)
     if cpu:
         why.append(cpu)
+    glibc = glibc_mismatch(entry.name, node)
+    if glibc:
+        why.append(glibc)
     if not entry.smoke.passed:
         why.append("its smoke tests did not pass")
     return why
+
+
+def narrowed_for(entry: WheelEntry, node: Node) -> list[str]:
+    """Ops of a fitting wheel that hold no code for one of the node's GPUs (the recipe let them
+    build for fewer archs): they would fail to load there, everything else works."""
+    return [
+        f"op {op} has code only for {', '.join(archs)}, not for this node's GPU {', '.join(missing)}"
+        for op, archs in sorted(entry.narrowed_ops.items())
+        if (missing := sorted({g for g in node.gpus if not arch_covers(archs, g)}))
+    ]
 
 
 def choose(manifest: WheelhouseManifest, node: Node) -> WheelEntry:
@@ -496,6 +554,11 @@ try:
         out["gpus"] = [f"{major}.{minor}" for major, minor in caps]
 except ImportError:
     pass
+try:
+    import os
+    out["glibc"] = os.confstr("CS_GNU_LIBC_VERSION").split()[-1]
+except (AttributeError, ValueError, OSError, IndexError):
+    out["glibc"] = None
 print(json.dumps(out))
 """
 
@@ -521,7 +584,8 @@ def parse_node_probe(output: str, flags: frozenset[str]) -> Node:
         f = Fields(data, "the node probe")
         gpus = f.texts("gpus", ARCH_RE)
         return Node(f.text("python_tag", PYTHON_TAG_RE), f.text("torch", VERSION_RE, optional=True),
-                    f.text("cuda", CUDA_RE, optional=True), gpus, flags)  # fmt: skip
+                    f.text("cuda", CUDA_RE, optional=True), gpus, flags,
+                    f.text("glibc", GLIBC_RE, optional=True))  # fmt: skip
     except (ValueError, ManifestError) as exc:
         raise InstallError(
             f"the node probe printed no usable report: {exc}", "pass --python with a working Python"
@@ -652,9 +716,12 @@ def install(wheelhouse: str, python: str, dry_run: bool = False, pip_args: Seque
     entry = choose(manifest, node)
     say(f"==> chosen: {entry.name} (torch {entry.torch}, archs {', '.join(entry.archs) or '-'}, "
         f"ops {', '.join(entry.ops)})")  # fmt: skip
+    for line in narrowed_for(entry, node):
+        say(f"warning: {line}")
     data = checked_wheel(base, entry)
     say(f"==> {entry.name}: sha256 {entry.sha256[:16]}... verified, build manifest agrees")
-    result = {"wheel": entry.name, "sha256": entry.sha256, "node": node.to_json(), "installed": False}
+    result = {"wheel": entry.name, "sha256": entry.sha256, "node": node.to_json(), "installed": False,
+              "ops_without_code_for_this_gpu": narrowed_for(entry, node)}  # fmt: skip
     if dry_run:
         return result
     tmp = tempfile.mkdtemp(prefix="ds-install-")

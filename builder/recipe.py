@@ -32,6 +32,9 @@ _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
         "arch": (str, list),
         "cpu_target": str,
         "strip": bool,
+        "narrow_ops": list,
+        "compress_device_code": bool,
+        "cuda_toolkit": str,
         "deepspeed": dict,
         "torch": dict,
     },
@@ -50,6 +53,7 @@ _KIND: dict[type | tuple[type, ...], str] = {
     bool: "true or false",
     (str, list): "a string or a list",
 }
+CUDA_TOOLKITS = ("auto", "system", "pip")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -96,6 +100,9 @@ class Recipe:
     auto_arch: bool = False  # arch = "auto": the archs of this machine's GPUs, from detect
     cpu_target: str = "x86-64-v3"
     strip: bool = True
+    narrow_ops: tuple[str, ...] = ()  # ops allowed to build for fewer archs than `archs` (their builder filters)
+    compress_device_code: bool = True  # nvcc -Xfatbin -compress-all, as PyTorch's own wheels
+    cuda_toolkit: str = "auto"  # auto | system | pip: where nvcc comes from (see build.cudakit)
     description: str = ""
     path: Path | None = None
 
@@ -163,9 +170,29 @@ def parse_recipe(data: Mapping[str, Any], path: Path | None = None) -> Recipe:
             f'{where}: unknown cpu_target "{cpu_target}"{did_you_mean(cpu_target, CPU_TARGETS)}',
             f"use one of: {', '.join(CPU_TARGETS)} (x86-64-v3 = AVX2, v4 = AVX-512; native ties the wheel to this CPU)",
         )
+    narrow = data.get("narrow_ops", [])
+    if not all(isinstance(op, str) for op in narrow):
+        raise RecipeError(f"{where}: narrow_ops must be a list of op names", 'e.g. narrow_ops = ["fp_quantizer"]')
+    stray = [op for op in narrow if op not in ops]
+    if stray:
+        raise RecipeError(
+            f"{where}: narrow_ops names {', '.join(stray)}, which ops does not list",
+            "list in narrow_ops only ops the recipe builds",
+        )
+    if narrow and accelerator != "cuda":
+        raise RecipeError(f"{where}: narrow_ops is only for cuda recipes", "remove narrow_ops")
+    toolkit = data.get("cuda_toolkit", "auto")
+    if toolkit not in CUDA_TOOLKITS:
+        raise RecipeError(
+            f'{where}: unknown cuda_toolkit "{toolkit}"{did_you_mean(toolkit, CUDA_TOOLKITS)}',
+            "use auto (a toolkit here matching torch's CUDA, else nvcc from pip), system or pip",
+        )
     return Recipe(
         name=name,
         archs=archs,
+        narrow_ops=tuple(narrow),
+        compress_device_code=data.get("compress_device_code", True),
+        cuda_toolkit=toolkit,
         auto_arch=auto_arch,
         cpu_target=cpu_target,
         strip=data.get("strip", True),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -86,6 +87,16 @@ def load_report(wheel: Path) -> SmokeReport | None:
         raise SmokeError(exc.message, f"smoke the wheel again: python -m builder smoke {wheel}") from exc
 
 
+def without_toolkit(env: dict[str, str]) -> dict[str, str]:
+    """A GPU node's environment: the driver and torch's pip CUDA libraries, but no CUDA toolkit
+    (CUDA_HOME and CUDA_PATH unset, no nvcc on PATH), where a CUDA wheel must import and load."""
+    out = {k: v for k, v in env.items() if k not in ("CUDA_HOME", "CUDA_PATH")}
+    out["PATH"] = os.pathsep.join(
+        d for d in env.get("PATH", "").split(os.pathsep) if d and not (Path(d) / "nvcc").exists()
+    )
+    return out
+
+
 def smoke(wheel: Path, ws: Workspace, verbose: bool = False, keep_env: bool = False) -> SmokeReport:
     """Install `wheel` in a fresh venv, run the checks, write and return the report."""
     start = time.monotonic()
@@ -113,6 +124,8 @@ def smoke(wheel: Path, ws: Workspace, verbose: bool = False, keep_env: bool = Fa
         ext_dir.mkdir()
         env = envs.venv_environ(venv)
         env.update({"TORCH_EXTENSIONS_DIR": str(ext_dir), "DS_ACCELERATOR": manifest.accelerator})
+        if manifest.accelerator == "cuda":
+            env = without_toolkit(env)
         said = cmd.run(
             [envs.python_in(venv), CHECKS_SCRIPT, json.dumps(smoke_spec(manifest))],
             env=env,

@@ -1,7 +1,8 @@
-"""A CUDA wheel built for real on a machine without a GPU: fused_adam + cpu_adam + utils for sm_90.
+"""A CUDA wheel built for real on a machine without a GPU: fused_adam + cpu_adam + utils for sm_80
+and sm_90, with no system toolkit visible (nvcc 13.0 comes from pip's nvidia-cuda-nvcc wheels).
 
-Needs nvcc (CUDA 13) and installs the CUDA 13.0 build of torch 2.14.1 (about 5.5 GB) into the
-build and smoke environments; about 4 to 5 minutes on 2 cores.
+Installs the CUDA 13.0 build of torch 2.14.1 (about 5.5 GB) into the build and smoke
+environments; about 4 to 5 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -12,20 +13,21 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from collections.abc import Mapping
 from email.parser import Parser
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-VERSION = "0.19.8+cu130.torch2.14.sm90"
+VERSION = "0.19.8+cu130.torch2.14.sm80.sm90"
+RECIPE = "cu130-multi-min"
 WHEEL = f"deepspeed-{VERSION}-cp311-cp311-linux_x86_64.whl"
 # Measured with DeepSpeed's plain build for the same ops (see README): a 15.6 MB wheel.
 PLAIN_WHEEL_BYTES = 15_600_000
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(not Path("/usr/local/cuda/bin/nvcc").exists(), reason="no CUDA toolkit (nvcc) on this machine"),
     pytest.mark.skipif(
         sys.version_info[:2] != (3, 11), reason="the recipe's torch 2.14.1 wheel here is for Python 3.11"
     ),
@@ -54,12 +56,43 @@ def supported_gcc() -> str | None:
     return None
 
 
+# As root, a private mount namespace can hide this machine's toolkit folders (empty tmpfs over
+# each /usr/local/cuda*), for the build and for the smoke, as on a GPU node that has none; torch
+# otherwise falls back to /usr/local/cuda by itself. Nothing outside the namespace changes.
+_MASK = 'for d in /usr/local/cuda*; do mount -t tmpfs none "$(readlink -f "$d")" || exit 97; done; exec "$@"'
+
+
+def _can_hide_toolkit() -> bool:
+    if not shutil.which("unshare") or os.geteuid() != 0:
+        return False
+    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", _MASK, "sh", "true"],
+                           capture_output=True)  # fmt: skip
+    return probe.returncode == 0
+
+
+HIDE_TOOLKIT = _can_hide_toolkit()
+
+
+def hidden_toolkit(args: list[str]) -> list[str]:
+    """`args` run where /usr/local/cuda* look empty, when this machine allows it."""
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c", _MASK, "sh", *args] if HIDE_TOOLKIT else args
+
+
+def without_system_toolkit(base: Mapping[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in base.items() if k not in ("CUDA_HOME", "CUDA_PATH")}
+    env["PATH"] = os.pathsep.join(d for d in base["PATH"].split(os.pathsep) if d and not Path(d, "nvcc").exists())
+    env["DS_BUILDER_CUDA_SEARCH"] = ""  # /usr/local/cuda* and /opt/cuda* are not looked at
+    return env
+
+
 @pytest.fixture(scope="module")
 def cuda_build(workspace: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """Build with a FAKE gcc/g++ 16 first on PATH (nvcc 13 rejects gcc 16, and the fake compiles
-    nothing): the build only succeeds if build-wheel really uses the repaired toolchain."""
+    """Build with no system CUDA toolkit visible (CUDA_HOME unset, no nvcc on PATH, no cuda*
+    folder searched), so nvcc must come from pip; and with a FAKE gcc/g++ 16 first on PATH (nvcc 13
+    rejects gcc 16, and the fake compiles nothing), so the build only succeeds if build-wheel
+    really uses the repaired toolchain."""
     house = tmp_path_factory.mktemp("cuda-wheelhouse")
-    env = dict(os.environ)
+    env = without_system_toolkit(os.environ)
     if supported_gcc():
         fake = tmp_path_factory.mktemp("fake-gcc16")
         for name in ("gcc", "g++", "cc", "c++"):
@@ -71,15 +104,17 @@ def cuda_build(workspace: Path, tmp_path_factory: pytest.TempPathFactory) -> tup
             script.chmod(0o755)
         env["PATH"] = f"{fake}{os.pathsep}{env['PATH']}"
     result = subprocess.run(
-        [sys.executable, "-m", "builder", "build-wheel", "--recipe", "recipes/cu130-hopper-min.toml",
-         "--work-dir", str(workspace), "--wheelhouse", str(house)],
+        hidden_toolkit([sys.executable, "-m", "builder", "build-wheel", "--recipe", f"recipes/{RECIPE}.toml",
+                        "--work-dir", str(workspace), "--wheelhouse", str(house)]),
         cwd=ROOT, capture_output=True, text=True, env=env,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-5000:]
     return house, result.stderr
 
 
-def test_cuda_wheel_holds_every_op_for_sm90(cuda_build: tuple[Path, str], workspace: Path, tmp_path: Path) -> None:
+def test_cuda_wheel_holds_every_op_for_both_archs_built_with_nvcc_from_pip(
+    cuda_build: tuple[Path, str], workspace: Path, tmp_path: Path
+) -> None:
     house, stderr = cuda_build
     wheel = house / WHEEL
     assert wheel.is_file(), sorted(p.name for p in house.iterdir())
@@ -96,9 +131,14 @@ def test_cuda_wheel_holds_every_op_for_sm90(cuda_build: tuple[Path, str], worksp
     assert "torch==2.14.1" in (meta.get_all("Requires-Dist") or [])
     assert "'fused_adam': 1" in installed and "'cpu_adam': 1" in installed and "'utils': 1" in installed
     assert "accelerator_name='cuda'" in installed
-    assert manifest["archs"] == ["9.0"] and manifest["flags"]["TORCH_CUDA_ARCH_LIST"] == "9.0"
-    assert manifest["op_archs"]["fused_adam"] == ["sass_90"]  # read back from the .so's fatbin
+    assert manifest["archs"] == ["8.0", "9.0"] and manifest["flags"]["TORCH_CUDA_ARCH_LIST"] == "8.0;9.0"
+    assert manifest["op_archs"]["fused_adam"] == ["sass_80", "sass_90"]  # read back from the .so's fatbin
+    assert manifest["narrowed_ops"] == {} and manifest["device_code_compressed"] is True
     assert manifest["toolchain"]["nvcc"] == "13.0" and manifest["torch"]["cuda"] == "13.0"
+    # No system toolkit was visible: nvcc was installed from pip into the work folder's cache.
+    assert manifest["toolchain"]["toolkit_source"].startswith("pip nvidia-cuda-nvcc==13.0.")
+    assert manifest["toolchain"]["cuda_home"].startswith(str(workspace / "cache" / "toolkits" / "cuda-13.0"))
+    assert "toolkit: installing nvcc for CUDA 13.0 from pip" in stderr or "/toolkits/cuda-13.0/" in stderr
     if gcc:
         assert manifest["toolchain"]["gcc"] == "16.1.0"  # the default it had to work around
         assert manifest["toolchain"]["host_compiler"] == shutil.which(gcc.replace("gcc", "g++"))
@@ -107,9 +147,11 @@ def test_cuda_wheel_holds_every_op_for_sm90(cuda_build: tuple[Path, str], worksp
     # section, and the wheel stays well under the plain one. The build record next to the wheel
     # keeps the sizes before stripping (the wheel cannot: they may vary between clean builds).
     assert manifest["stripped"] is True and manifest["flags"]["DS_BUILDER_NO_DEBUG"] == "1"
-    compiles = [line for line in (workspace / "logs" / "cu130-hopper-min-build.log").read_text().splitlines()
+    compiles = [line for line in (workspace / "logs" / f"{RECIPE}-build.log").read_text().splitlines()
                 if " -c " in line and ("c++ " in line or "nvcc" in line)]  # fmt: skip
     assert compiles and not [line for line in compiles if " -g " in f"{line} "]
+    nvcc = [line for line in compiles if "nvcc" in line]
+    assert nvcc and all("-Xfatbin -compress-all" in line for line in nvcc)  # compressed device code
     record = json.loads((workspace / "dist" / f"{WHEEL}.build.json").read_text())
     sizes = record["shared_objects"]
     assert {p: s["bytes"] for p, s in manifest["shared_objects"].items()} == {p: s["bytes"] for p, s in sizes.items()}
@@ -128,7 +170,7 @@ def test_cuda_wheel_smoke_report(cuda_build: tuple[Path, str]) -> None:
     house, _ = cuda_build
     entry = json.loads((house / "manifest.json").read_text())["wheels"][WHEEL]
     checks = {name: check["status"] for name, check in entry["smoke"]["checks"].items()}
-    assert entry["smoke"]["passed"] and entry["archs"] == ["9.0"] and entry["cuda"] == "13.0"
+    assert entry["smoke"]["passed"] and entry["archs"] == ["8.0", "9.0"] and entry["cuda"] == "13.0"
     for op in ("fused_adam", "cpu_adam", "utils"):
         assert checks[f"load:{op}"] == "passed"
     assert checks["numerics:cpu_adam"] == "passed"
@@ -139,22 +181,53 @@ def test_cuda_wheel_smoke_report(cuda_build: tuple[Path, str]) -> None:
     assert checks["engine:zero2-offload"] == expected  # the CUDA accelerator's engine needs NCCL, so GPUs
     for name in ("quantized:int8:auto", "quantized:nf4:auto", "dist:gloo:1x2", "dist:gloo:2-nodes", "ds_report"):
         assert checks[name] == "passed", name
+    # Smoked as on a GPU node without a CUDA toolkit: import, ds_report and every op load above ran
+    # with torch finding none. Where the toolkit cannot be hidden, the check says why it skipped.
+    no_toolkit = entry["smoke"]["checks"]["no-toolkit"]
+    if HIDE_TOOLKIT:
+        assert no_toolkit["status"] == "passed", no_toolkit["detail"]
+    else:
+        assert no_toolkit["status"] == "skipped" and "still finds a CUDA toolkit" in no_toolkit["detail"]
 
 
 def test_a_compile_failure_names_the_op_and_quotes_nvcc(cuda_build: tuple[Path, str], workspace: Path) -> None:
     """DeepSpeed 0.19.8's fp_quantizer does not compile with nvcc 13.0: the error must say which op
     and quote nvcc, not only "read the log" (the build environment is the one cuda_build made)."""
     recipe = workspace / "fp-quantizer.toml"
-    text = (ROOT / "recipes" / "cu130-hopper-min.toml").read_text()
-    recipe.write_text(text.replace('name = "cu130-hopper-min"', 'name = "fp-quantizer"').replace(
+    text = (ROOT / "recipes" / f"{RECIPE}.toml").read_text()
+    recipe.write_text(text.replace(f'name = "{RECIPE}"', 'name = "fp-quantizer"').replace(
         'ops = ["fused_adam", "cpu_adam", "utils"]', 'ops = ["fp_quantizer"]'))  # fmt: skip
     assert 'ops = ["fp_quantizer"]' in recipe.read_text()
     done = subprocess.run(
         [sys.executable, "-m", "builder", "build-wheel", "--recipe", str(recipe), "--work-dir", str(workspace),
          "--no-smoke"],
-        cwd=ROOT, capture_output=True, text=True,
+        cwd=ROOT, capture_output=True, text=True, env=without_system_toolkit(os.environ),
     )  # fmt: skip
     assert done.returncode == 5, done.stderr[-4000:]
     assert "op fp_quantizer failed to compile" in done.stderr, done.stderr[-4000:]
     assert "error:" in done.stderr.split("op fp_quantizer failed to compile", 1)[1]
     assert "drop fp_quantizer from the recipe" in done.stderr
+
+
+def test_an_op_that_would_drop_a_requested_arch_is_refused_before_compiling(
+    cuda_build: tuple[Path, str], workspace: Path
+) -> None:
+    """fp_quantizer's builder keeps only 8.0+: asked for 7.5 too, the build stops before compiling
+    and names the op, the arch and the three ways out (DeepSpeed itself would drop 7.5 silently,
+    and for every op built after it)."""
+    recipe = workspace / "fp-quantizer-turing.toml"
+    text = (ROOT / "recipes" / f"{RECIPE}.toml").read_text()
+    text = text.replace(f'name = "{RECIPE}"', 'name = "fp-quantizer-turing"')
+    text = text.replace('arch = ["8.0", "9.0"]', 'arch = ["7.5", "9.0"]')
+    recipe.write_text(text.replace('ops = ["fused_adam", "cpu_adam", "utils"]', 'ops = ["fused_adam", "fp_quantizer"]'))
+    assert 'arch = ["7.5", "9.0"]' in recipe.read_text()
+    done = subprocess.run(
+        [sys.executable, "-m", "builder", "build-wheel", "--recipe", str(recipe), "--work-dir", str(workspace),
+         "--no-smoke"],
+        cwd=ROOT, capture_output=True, text=True, env=without_system_toolkit(os.environ),
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-4000:]
+    assert "op fp_quantizer does not build for arch 7.5" in done.stderr
+    assert 'narrow_ops = ["fp_quantizer"]' in done.stderr and "drop 7.5 from arch" in done.stderr
+    log = (workspace / "logs" / "fp-quantizer-turing-build.log").read_text()
+    assert "nvcc" not in "".join(line for line in log.splitlines() if " -c " in line)  # nothing compiled

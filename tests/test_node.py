@@ -11,12 +11,14 @@ import pytest
 
 from builder.node import (
     InstallError,
+    ManifestError,
     Node,
     WheelEntry,
     WheelhouseManifest,
     arch_covers,
     choose,
     mismatches,
+    narrowed_for,
     parse_wheel_entry,
 )
 
@@ -69,6 +71,22 @@ def test_each_node_gets_its_wheel() -> None:
     assert choose(MANIFEST, a100x8) == AMPERE
     bare = Node("cp311", None, None, (), AVX2)  # no torch yet: pip installs the pinned one
     assert choose(MANIFEST, bare) == CPU
+
+
+def test_the_node_says_which_narrowed_ops_have_no_code_for_its_gpu() -> None:
+    both = entry("cu130.torch2.14.sm75.sm90", torch="2.14.1+cu130", accelerator="cuda", cuda="13.0",
+                 archs=["7.5", "9.0"], ops=["fused_adam", "fp_quantizer"],
+                 narrowed_ops={"fp_quantizer": ["9.0"]})  # fmt: skip
+    assert both.narrowed_ops == {"fp_quantizer": ("9.0",)}
+    t4 = Node("cp311", "2.14.1+cu130", "13.0", ("7.5",), AVX2)
+    assert not mismatches(both, t4)  # the wheel fits: fused_adam has code for the T4
+    assert narrowed_for(both, t4) == ["op fp_quantizer has code only for 9.0, not for this node's GPU 7.5"]
+    assert narrowed_for(both, Node("cp311", "2.14.1+cu130", "13.0", ("9.0",), AVX2)) == []
+    with pytest.raises(ManifestError, match="narrowed_ops"):
+        entry("cu130.torch2.14.sm90", accelerator="cuda", cuda="13.0", archs=["9.0"], narrowed_ops={"x/../y": ["9.0"]})
+    with pytest.raises(ManifestError, match=r"narrowed_ops: field 'fp_quantizer' holds an invalid item"):
+        entry("cu130.torch2.14.sm90", accelerator="cuda", cuda="13.0", archs=["9.0"],
+              narrowed_ops={"fp_quantizer": ["sm_90; rm -rf"]})  # fmt: skip
 
 
 def test_no_fit_says_what_the_node_needs_and_what_the_wheelhouse_has() -> None:

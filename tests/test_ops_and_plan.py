@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from builder.build.ops import ProbeReport, check_requested, parse_probe
+from builder.build.ops import OpInfo, ProbeReport, check_archs, check_requested, parse_probe
 from builder.build.plan import cpu_target_env, local_label, max_jobs, plan_build, resolve_archs, schedule
 from builder.build.source import patch_build_tree
 from builder.errors import BuildError, RecipeError, SourceError
@@ -118,10 +120,45 @@ def test_nvcc_threads_only_where_there_are_several_archs(probe: ProbeReport) -> 
     recipe = dataclasses.replace(load_recipe(ROOT / "recipes" / "cpu.toml"), accelerator="cuda")
     cuda_probe = dataclasses.replace(probe, accelerator="cuda", torch=dataclasses.replace(probe.torch, cuda="13.0"))
     one = plan_build(recipe, cuda_probe, cores=16, archs=("9.0",), mem_gb=128.0)
-    assert "NVCC_APPEND_FLAGS" not in one.env and one.env["MAX_JOBS"] == "16"
+    assert one.env["NVCC_APPEND_FLAGS"] == "-Xfatbin -compress-all" and one.env["MAX_JOBS"] == "16"
     three = plan_build(recipe, cuda_probe, cores=16, archs=("8.0", "9.0", "10.0"), mem_gb=128.0)
-    assert three.env["NVCC_APPEND_FLAGS"] == "--threads 3"
+    assert three.env["NVCC_APPEND_FLAGS"] == "--threads 3 -Xfatbin -compress-all"
     assert three.env["MAX_JOBS"] == "7"  # 64 GB per extension / (3 GB x 3 threads)
+    assert three.env["DS_BUILDER_ARCH_LIST"] == "8.0;9.0;10.0"  # DeepSpeed's narrowing is undone per op
+    plain = plan_build(dataclasses.replace(recipe, compress_device_code=False), cuda_probe, cores=16, archs=("9.0",))
+    assert "NVCC_APPEND_FLAGS" not in plain.env
+
+
+def _fp_quantizer(accepted: tuple[str, ...] | None) -> OpInfo:
+    return OpInfo("fp_quantizer", "DS_BUILD_FP_QUANTIZER", "deepspeed.ops.fp_quantizer.fp_quantizer_op", True,
+                  device_code=True, accepted_archs=accepted)  # fmt: skip
+
+
+def test_an_op_that_would_drop_an_arch_is_an_error_before_compiling() -> None:
+    fp = _fp_quantizer(("8.0", "9.0"))  # what its filter_ccs keeps of 7.5;8.0;9.0 (8.0+ only)
+    adam = OpInfo("fused_adam", "DS_BUILD_FUSED_ADAM", "deepspeed.ops.adam.fused_adam_op", True, device_code=True)
+    with pytest.raises(RecipeError) as err:
+        check_archs((adam, fp), ("7.5", "8.0", "9.0"), narrow_ops=())
+    assert "op fp_quantizer does not build for arch 7.5" in err.value.message
+    assert "keeps only 8.0, 9.0 of 7.5, 8.0, 9.0" in err.value.message
+    assert "drop 7.5 from arch" in err.value.fix and 'narrow_ops = ["fp_quantizer"]' in err.value.fix
+    held = check_archs((adam, fp), ("7.5", "8.0", "9.0"), narrow_ops=("fp_quantizer",))
+    assert held == {"fused_adam": ("7.5", "8.0", "9.0"), "fp_quantizer": ("8.0", "9.0")}
+    with pytest.raises(RecipeError, match="builds for none of 7.5"):
+        check_archs((_fp_quantizer(()),), ("7.5",), narrow_ops=("fp_quantizer",))
+
+
+def test_the_plan_knows_which_ops_are_narrowed(probe: ProbeReport) -> None:
+    recipe = dataclasses.replace(
+        load_recipe(ROOT / "recipes" / "cpu.toml"), accelerator="cuda", ops=("fp_quantizer",),
+        narrow_ops=("fp_quantizer",),
+    )  # fmt: skip
+    cuda_probe = dataclasses.replace(
+        probe, accelerator="cuda", torch=dataclasses.replace(probe.torch, cuda="13.0"),
+        ops={"fp_quantizer": _fp_quantizer(("8.0",))},
+    )  # fmt: skip
+    plan = plan_build(recipe, cuda_probe, cores=2, archs=("7.5", "8.0"))
+    assert plan.archs_of("fp_quantizer") == ("8.0",) and plan.narrowed == {"fp_quantizer": ["8.0"]}
 
 
 def test_cpu_target_reaches_the_build_env(probe: ProbeReport) -> None:
@@ -244,3 +281,41 @@ def test_parallel_extensions_each_get_their_own_folder(tmp_path: Path, monkeypat
     (tmp_path / "setup.py").write_text("import os\nsetup()\n")
     with pytest.raises(SourceError, match="cmdclass"):
         patch_build_tree(tmp_path)
+
+
+def test_one_ops_arch_filter_no_longer_narrows_the_ops_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DeepSpeed 0.19.8's compute_capability_args writes the filtered list back to the variable
+    (its issues 7972/7974); with the hook every op filters the recipe's full list."""
+    ds_lines = (
+        "    def compute_capability_args(self, ccs):\n"
+        "        ccs = self.filter_ccs(ccs)\n"
+        "        arch_tokens = ['.'.join(cc) for cc in ccs]\n"
+        '        os.environ["TORCH_CUDA_ARCH_LIST"] = ";".join(arch_tokens)\n'
+        "        return arch_tokens\n"
+    )
+    build_tree(tmp_path)
+    ob = tmp_path / "op_builder" / "builder.py"
+    ob.write_text(OP_BUILDER_PY + "\n" + ds_lines)
+    patch_build_tree(tmp_path)
+    hooks_importable(tmp_path, monkeypatch)
+    scope: dict[str, object] = {}
+    exec(ob.read_text(), scope)
+
+    base: Any = scope["OpBuilder"]
+
+    class FpQuantizer(base):  # type: ignore[misc]
+        def filter_ccs(self, ccs: list[str]) -> list[list[str]]:
+            return [cc.split(".") for cc in ccs if int(cc.split(".")[0]) >= 8]
+
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "7.5;8.0")
+    assert FpQuantizer().compute_capability_args(["7.5", "8.0"]) == ["8.0"]
+    assert os.environ["TORCH_CUDA_ARCH_LIST"] == "8.0"  # as shipped: the next op would lose 7.5
+    monkeypatch.setenv("DS_BUILDER_ARCH_LIST", "7.5;8.0")
+    assert FpQuantizer().compute_capability_args(["7.5", "8.0"]) == ["8.0"]  # the op itself still narrows
+    assert os.environ["TORCH_CUDA_ARCH_LIST"] == "7.5;8.0"  # the ops after it get every arch
+    # A DeepSpeed without that line is patched as before (the hook is optional; the .so check stays).
+    ob.write_text(OP_BUILDER_PY)
+    patch_build_tree(tmp_path)
+    assert "arch_list(" not in ob.read_text()

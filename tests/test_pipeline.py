@@ -22,7 +22,9 @@ from nodes import node_venv
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[1]
 VERSION = "0.19.8+cpu.torch2.13"
-WHEEL = f"deepspeed-{VERSION}-cp311-cp311-linux_x86_64.whl"
+# The glibc floor of a wheel built on this Debian 12 image with gcc 12 (GLIBC_2.34, GLIBCXX_3.4.30).
+PLATFORM = "manylinux_2_35_x86_64"
+WHEEL = f"deepspeed-{VERSION}-cp311-cp311-{PLATFORM}.whl"
 OPS = ("cpu_adam", "cpu_adagrad", "cpu_lion")
 
 
@@ -167,6 +169,33 @@ def test_pip_finds_the_wheel_with_no_index_and_find_links(
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert (tmp_path / WHEEL).read_bytes() == (house / WHEEL).read_bytes()
+
+
+def test_pip_on_an_older_os_refuses_the_wheel(
+    pipeline: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path
+) -> None:
+    """Tagged with its glibc floor: pip for an older platform (RHEL 8: glibc 2.28) finds nothing
+    instead of installing a wheel that fails at import; this host's own platform accepts it."""
+    house, _ = pipeline
+    with zipfile.ZipFile(house / WHEEL) as zf:
+        wheel_file = zf.read(f"deepspeed-{VERSION}.dist-info/WHEEL").decode()
+        manifest = json.loads(zf.read(f"deepspeed-{VERSION}.dist-info/ds_builder.json"))
+    assert f"Tag: cp311-cp311-{PLATFORM}" in wheel_file and "linux_x86_64\n" not in wheel_file.replace(PLATFORM, "")
+    needs = {"GLIBC": "2.34", "GLIBCXX": "3.4.30", "CXXABI": "1.3.9"}
+    assert manifest["platform"] == {"tags": [PLATFORM], "needs": needs}
+
+    def download(*platform: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-index", "--find-links", str(house),
+             "--only-binary=:all:", "--python-version", "3.11", *platform, "-d", str(tmp_path),
+             f"deepspeed=={VERSION}"],
+            capture_output=True, text=True,
+        )  # fmt: skip
+
+    old = download("--platform", "manylinux_2_28_x86_64")
+    assert old.returncode != 0 and "No matching distribution found for deepspeed" in old.stderr, old.stderr
+    assert download("--platform", "manylinux_2_35_x86_64").returncode == 0
+    assert download().returncode == 0  # this machine's own platform (glibc 2.36)
 
 
 def _free_port() -> int:

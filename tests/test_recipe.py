@@ -77,7 +77,8 @@ def test_unknown_key_lists_allowed_keys() -> None:
     with pytest.raises(RecipeError) as err:
         parse_recipe(with_change(("colour",), "blue"))
     assert (
-        "allowed keys: name, description, accelerator, ops, arch, cpu_target, strip, deepspeed, torch" in err.value.fix
+        "allowed keys: name, description, accelerator, ops, arch, cpu_target, strip, narrow_ops, compress_device_code, "
+        "cuda_toolkit, deepspeed, torch" in err.value.fix
     )
 
 
@@ -101,6 +102,11 @@ def test_cuda_recipe_archs_are_normalised() -> None:
         ({**GOOD, "arch": ["9.0"]}, "arch is only for cuda recipes"),
         ({**GOOD, "cpu_target": "x86-64-v5"}, 'unknown cpu_target "x86-64-v5" (did you mean "x86-64-v4"?)'),
         ({**GOOD, "strip": "yes"}, "strip must be true or false"),
+        ({**CUDA, "narrow_ops": ["fp_quantizer"]}, "narrow_ops names fp_quantizer, which ops does not list"),
+        ({**GOOD, "narrow_ops": ["cpu_adam"]}, "narrow_ops is only for cuda recipes"),
+        ({**CUDA, "narrow_ops": [3]}, "narrow_ops must be a list of op names"),
+        ({**CUDA, "cuda_toolkit": "pipx"}, 'unknown cuda_toolkit "pipx" (did you mean "pip"?)'),
+        ({**CUDA, "compress_device_code": "no"}, "compress_device_code must be true or false"),
     ],
 )
 def test_bad_arch_and_targets(data: dict[str, Any], expected: str) -> None:
@@ -112,6 +118,10 @@ def test_bad_arch_and_targets(data: dict[str, Any], expected: str) -> None:
 def test_defaults_are_portable_and_stripped() -> None:
     recipe = parse_recipe(GOOD)
     assert recipe.cpu_target == "x86-64-v3" and recipe.strip is True
+    cuda = parse_recipe(CUDA)
+    assert cuda.compress_device_code and cuda.cuda_toolkit == "auto" and cuda.narrow_ops == ()
+    narrow = parse_recipe({**CUDA, "ops": ["fused_adam", "fp_quantizer"], "narrow_ops": ["fp_quantizer"]})
+    assert narrow.narrow_ops == ("fp_quantizer",)
 
 
 def test_shipped_recipes_load() -> None:

@@ -164,7 +164,7 @@ def verify_archs(tree: Path, plan: BuildPlan) -> dict[str, list[str]]:
         codes = set().union(*(archs.so_archs(p) for p in sos)) if sos else set()
         found[op.name] = sorted(f"{c.kind}_{c.sm}" for c in codes)
         if op.device_code and plan.archs:
-            missing = archs.missing_archs(codes, plan.archs)
+            missing = archs.missing_archs(codes, plan.archs_of(op.name))
             if missing:
                 have = ", ".join(found[op.name]) or "no device code"
                 problems.append(f"{op.name}: no code for {', '.join(missing)} (has {have})")

@@ -19,6 +19,7 @@ from typing import Any
 from builder import __version__
 from builder.cmd import query
 from builder.detect import arch_list, probe_compilers, probe_gpus, probe_toolkits
+from builder.build.cudakit import search_roots
 from builder.recipe import Recipe
 
 # Variables that change what the compilers produce (MAX_JOBS and friends only change how fast).
@@ -50,6 +51,12 @@ def key_inputs(recipe: Recipe, machine: MachineFacts, env: Mapping[str, str]) ->
         "archs": list(recipe.archs) if not recipe.auto_arch else ["auto:" + ";".join(machine.gpu_archs)],
         "cpu_target": recipe.cpu_target,
         "strip": recipe.strip,
+        **({"narrow_ops": sorted(recipe.narrow_ops)} if recipe.narrow_ops else {}),
+        **(
+            {"compress_device_code": recipe.compress_device_code, "cuda_toolkit": recipe.cuda_toolkit}
+            if recipe.accelerator == "cuda"
+            else {}
+        ),
         "torch": recipe.torch.version if not recipe.torch.system else "system:" + str(machine.system_torch),
         "toolkits": list(machine.toolkits),
         "compilers": list(machine.compilers),
@@ -64,7 +71,7 @@ def build_key(inputs: Mapping[str, Any]) -> str:
 def gather(recipe: Recipe, env: Mapping[str, str]) -> MachineFacts:
     """The machine facts the key needs, each from a quick query."""
     toolkits = (
-        probe_toolkits(env, query, [Path("/usr/local"), Path("/opt")], None) if recipe.accelerator == "cuda" else []
+        probe_toolkits(env, query, search_roots(env), None) if recipe.accelerator == "cuda" else []
     )
     compilers, _ = probe_compilers(env, query)
     system_torch = None

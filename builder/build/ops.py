@@ -29,6 +29,7 @@ class OpInfo:
     why: str = ""
     device_code: bool = False  # has .cu sources, so its .so must hold code for every requested arch
     sources: tuple[str, ...] = ()  # as DeepSpeed's builder lists them (csrc/adam/cpu_adam.cpp)
+    accepted_archs: tuple[str, ...] | None = None  # of the requested archs, those its filter_ccs keeps
 
     @property
     def so_prefix(self) -> str:
@@ -62,15 +63,51 @@ def parse_probe(output: str) -> ProbeReport:
         torch=TorchInfo(**data["torch"]),
         python_tag=data["python_tag"],
         ops={
-            name: OpInfo(name=name, **{**info, "sources": tuple(info.get("sources", ()))})
+            name: OpInfo(
+                name=name,
+                **{
+                    **info,
+                    "sources": tuple(info.get("sources", ())),
+                    "accepted_archs": None if info.get("accepted_archs") is None else tuple(info["accepted_archs"]),
+                },
+            )
             for name, info in data["ops"].items()
         },
     )
 
 
-def probe(python: Path, source: Path, env: Mapping[str, str], log: Path) -> ProbeReport:
-    """Ask DeepSpeed (at `source`, under the build env's `python`) for its op list."""
-    return parse_probe(cmd.run([python, PROBE_SCRIPT], env=env, cwd=source, log=log))
+def probe(
+    python: Path, source: Path, env: Mapping[str, str], log: Path, archs: tuple[str, ...] = ()
+) -> ProbeReport:
+    """Ask DeepSpeed (at `source`, under the build env's `python`) for its op list, and each op
+    which of `archs` it accepts."""
+    return parse_probe(cmd.run([python, PROBE_SCRIPT, ";".join(archs)], env=env, cwd=source, log=log))
+
+
+def check_archs(
+    infos: tuple[OpInfo, ...], archs: tuple[str, ...], narrow_ops: tuple[str, ...]
+) -> dict[str, tuple[str, ...]]:
+    """The archs each device-code op will hold; an op that would drop a requested arch is an error
+    before compiling unless the recipe lets it narrow (narrow_ops)."""
+    held: dict[str, tuple[str, ...]] = {}
+    for info in infos:
+        if not info.device_code or not archs:
+            continue
+        kept = archs if info.accepted_archs is None else info.accepted_archs
+        dropped = [a for a in archs if a not in kept]
+        if dropped and info.name not in narrow_ops:
+            raise RecipeError(
+                f"op {info.name} does not build for arch {', '.join(dropped)}: DeepSpeed's {info.name} builder "
+                f"keeps only {', '.join(kept) or 'none'} of {', '.join(archs)}",
+                f"drop {', '.join(dropped)} from arch, drop {info.name} from ops, or allow it to build for fewer "
+                f'archs with narrow_ops = ["{info.name}"] (recorded per op in the build manifest)',
+            )
+        if not kept:
+            raise RecipeError(
+                f"op {info.name} builds for none of {', '.join(archs)}", f"drop {info.name} from ops or add its archs"
+            )
+        held[info.name] = tuple(kept)
+    return held
 
 
 def check_requested(requested: tuple[str, ...], report: ProbeReport) -> tuple[OpInfo, ...]:

@@ -6,14 +6,14 @@ Nothing here touches the disk or runs a program, so every rule is unit-tested an
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from packaging.version import Version
 
 from builder.build.archs import label as arch_label
 from builder.build.archs import normalize_all
 from builder.errors import BuildError
-from builder.build.ops import OpInfo, ProbeReport, check_requested
+from builder.build.ops import OpInfo, ProbeReport, check_archs, check_requested
 from builder.recipe import Recipe
 
 
@@ -27,6 +27,16 @@ class BuildPlan:
     torch_cuda: str | None
     python_tag: str
     archs: tuple[str, ...] = ()
+    op_archs: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # device-code op -> archs it must hold
+
+    def archs_of(self, op: str) -> tuple[str, ...]:
+        """The archs an op's .so must hold: all requested, or fewer where narrow_ops allowed it."""
+        return tuple(self.op_archs.get(op, self.archs))
+
+    @property
+    def narrowed(self) -> dict[str, list[str]]:
+        """Ops that hold fewer archs than requested, with the archs they hold."""
+        return {op: list(held) for op, held in self.op_archs.items() if tuple(held) != self.archs}
 
     @property
     def local_label(self) -> str:
@@ -130,6 +140,7 @@ def plan_build(
             "check DS_ACCELERATOR in your environment",
         )
     ops = check_requested(recipe.ops, probe)
+    op_archs = check_archs(ops, archs, recipe.narrow_ops)
     label = local_label(recipe.accelerator, probe.torch.version, probe.torch.cuda, archs)
     # nvcc compiles a file's archs one after another unless told --threads; each thread is a
     # compile of its own in memory.
@@ -149,8 +160,12 @@ def plan_build(
     }
     if archs:
         env["TORCH_CUDA_ARCH_LIST"] = ";".join(archs)
-    if nvcc_threads > 1:
-        env["NVCC_APPEND_FLAGS"] = f"--threads {nvcc_threads}"
+        env["DS_BUILDER_ARCH_LIST"] = env["TORCH_CUDA_ARCH_LIST"]  # an op's filtering stays its own
+    nvcc_flags = [f"--threads {nvcc_threads}"] if nvcc_threads > 1 else []
+    if archs and recipe.compress_device_code:
+        nvcc_flags.append("-Xfatbin -compress-all")  # as PyTorch's own wheels: smaller .so files
+    if nvcc_flags:
+        env["NVCC_APPEND_FLAGS"] = " ".join(nvcc_flags)
     return BuildPlan(
         recipe=recipe,
         version=f"{recipe.deepspeed.version}+{label}",
@@ -160,4 +175,5 @@ def plan_build(
         torch_cuda=probe.torch.cuda,
         python_tag=probe.python_tag,
         archs=archs,
+        op_archs=op_archs,
     )

@@ -97,6 +97,13 @@ _OP_BUILDER_HOOKS = {
     # Every op's compile flags pass through strip_empty_entries.
     "    def strip_empty_entries(self, args):\n": f"        args = {_CALL}.compile_args(args){_MARK}\n",
 }
+# Anchors DeepSpeed versions need not have: where one is missing, the build behaves as shipped and
+# the check it exists for still runs afterwards (the arch list is read back from every .so).
+_OPTIONAL_OP_BUILDER_HOOKS = {
+    '        os.environ["TORCH_CUDA_ARCH_LIST"] = ";".join(arch_tokens)\n': (
+        f'        os.environ["TORCH_CUDA_ARCH_LIST"] = {_CALL}.arch_list(os.environ["TORCH_CUDA_ARCH_LIST"]){_MARK}\n'
+    ),
+}
 _SETUP_HOOKS = {
     "    cmdclass['build_ext'] = get_accelerator().build_extension().with_options(use_ninja=use_ninja)\n": (
         f"    cmdclass['build_ext'] = {_CALL}.parallel_build_ext(cmdclass['build_ext']){_MARK}\n"
@@ -104,10 +111,12 @@ _SETUP_HOOKS = {
 }
 
 
-def _insert_hooks(path: Path, hooks: dict[str, str]) -> None:
-    """Insert each hook after its anchor line, once (idempotent); refuse a file that lacks one."""
+def _insert_hooks(path: Path, hooks: dict[str, str], optional: dict[str, str] | None = None) -> None:
+    """Insert each hook after its anchor line, once (idempotent); refuse a file that lacks one
+    (optional hooks are skipped where their anchor is missing)."""
     text = path.read_text(encoding="utf-8")
-    for line, hook in hooks.items():
+    present = {line: hook for line, hook in (optional or {}).items() if text.count(line) == 1}
+    for line, hook in {**hooks, **present}.items():
         if text.count(line) != 1 or not re.search(r"^import os$", text, re.MULTILINE):
             raise SourceError(
                 f"cannot find {line.strip()!r} in {path}: this DeepSpeed version differs from the one "
@@ -127,5 +136,5 @@ def patch_build_tree(src: Path) -> None:
     patched code behaves exactly as before.
     """
     shutil.copyfile(resource("ds_build_hooks.py"), src / f"{HOOKS_MODULE}.py")
-    _insert_hooks(src / "op_builder" / "builder.py", _OP_BUILDER_HOOKS)
+    _insert_hooks(src / "op_builder" / "builder.py", _OP_BUILDER_HOOKS, _OPTIONAL_OP_BUILDER_HOOKS)
     _insert_hooks(src / "setup.py", _SETUP_HOOKS)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from builder import output
 
+import dataclasses
 import datetime
 import json
 import os
@@ -25,7 +26,9 @@ from builder.build import archs
 from builder.build import buildid
 from builder.build import buildkey
 from builder.build import ccache
+from builder.build import cudakit
 from builder.build import diagnose
+from builder.build import glibc
 from builder.build import ops
 from builder.build import source
 from builder.build import artifacts
@@ -92,8 +95,12 @@ def toolchain_env(
     recipe: Recipe, python: Path, ws: Workspace, dry_run: bool = False
 ) -> tuple[dict[str, str], Report, ToolchainPlan]:
     """Detect the machine for the build env's torch and compose the environment the build runs in."""
-    report = detect(os.environ, str(python))
-    plan = plan_toolchain(report, ws.root / "toolchain" / "bin", need_cuda=recipe.accelerator == "cuda")
+    report = detect(os.environ, str(python), search=cudakit.search_roots(os.environ))
+    need_cuda = recipe.accelerator == "cuda"
+    if need_cuda and (cuda := cudakit.pip_version_for(recipe.cuda_toolkit, report)):
+        kit = cudakit.pip_toolkit(cudakit.install(cuda, ws.cache / "toolkits", ws.logs / f"{recipe.name}-build.log"))
+        report = dataclasses.replace(report, toolkits=(*report.toolkits, kit), chosen_toolkit=kit.root)
+    plan = plan_toolchain(report, ws.root / "toolchain" / "bin", need_cuda=need_cuda)
     for action in apply(plan, dry_run):
         output.note(f"toolchain: {action}")
     for note in plan.notes:
@@ -122,9 +129,9 @@ def build_wheel(
     env, machine, toolchain = toolchain_env(recipe, python, ws)
     (ws.logs / f"{recipe.name}-detect.json").write_text(machine.to_json(), encoding="utf-8")
     source.patch_build_tree(src)
-    report = ops.probe(python, src, env, log)
     kit = next((t for t in machine.toolkits if t.root == machine.chosen_toolkit), None)
     archs = resolve_archs(recipe, machine.arch_list, kit.archs if kit else (), kit.version if kit else "-")
+    report = ops.probe(python, src, env, log, archs)  # each op says which archs it accepts, before compiling
     plan = plan_build(recipe, report, os.cpu_count() or 1, archs, available_memory_gb())
     env.update(plan.env)
     env.update(reproducible_env(env, src, python.parent.parent))
@@ -159,8 +166,12 @@ def build_wheel(
         tree = artifacts.unpack(raw, python, Path(tmp) / "tree", log)
         op_archs = artifacts.verify_archs(tree, plan)
         sizes = artifacts.strip_debug(tree, log) if recipe.strip else artifacts.so_sizes(tree)
+        needs = glibc.needed_versions(tree)
+        tags = glibc.platform_tags(needs)
+        glibc.retag(tree, tags)  # manylinux_2_N: pip on a node with an older glibc refuses the wheel
         data = build_manifest(plan, sizes, op_archs, machine, toolchain)
-        data.update({"build_key": key, "build_key_inputs": inputs})
+        data.update({"build_key": key, "build_key_inputs": inputs,
+                     "platform": {"tags": list(tags), "needs": glibc.newest(needs)}})  # fmt: skip
         manifest = BuildManifest.from_dict(data, "the build manifest")  # the loader's checks hold for the writer
         artifacts.finish_tree(tree, manifest)
         wheel = artifacts.pack(tree, python, ws.dist, log, env)
@@ -243,6 +254,8 @@ def build_manifest(
         "toolchain": {
             "nvcc": toolchain.toolkit.version if toolchain.toolkit else None,
             "cuda_home": toolchain.toolkit.root if toolchain.toolkit else None,
+            # Where nvcc came from: how detect found it, or the pip wheel it was installed from.
+            "toolkit_source": ", ".join(toolchain.toolkit.found_by) if toolchain.toolkit else None,
             "gcc": machine.default_gcc,
             "host_compiler": dict(toolchain.links).get("g++"),
             "cxx11_abi": machine.torch.cxx11_abi,
@@ -252,6 +265,10 @@ def build_manifest(
         "accelerator": recipe.accelerator,
         "archs": list(plan.archs),
         "op_archs": op_archs,
+        # Ops the recipe let build for fewer archs (narrow_ops), with the archs they hold: a node
+        # whose GPU is not among them has no code for that op.
+        "narrowed_ops": plan.narrowed,
+        "device_code_compressed": bool(plan.archs) and recipe.compress_device_code,
         "cpu_target": recipe.cpu_target,
         # -march=native ties the CPU ops to this CPU: a node must have every one of its flags.
         "cpu_flags": sorted(cpu_flags()) if recipe.cpu_target == "native" else [],

@@ -16,6 +16,10 @@ variables every hook returns what DeepSpeed would have used.
   build_temp/build.ninja, so extensions built at once would overwrite each other's (seen on the GPU
   machine: "ninja: premature end of file", then ld missing cpu_adam.o); each extension gets its own
   folder under build_temp, named from its sources so that it is the same on every build.
+- DS_BUILDER_ARCH_LIST is the recipe's full arch list. An op builder that filters archs
+  (fp_quantizer keeps 8.0+) writes its narrowed list back to TORCH_CUDA_ARCH_LIST, and every op
+  built after it gets the narrowed list too (DeepSpeed issues 7972/7974); the list is put back
+  after each op, so only the op that filters loses archs.
 """
 
 from __future__ import annotations
@@ -34,6 +38,11 @@ def cpu_arch() -> str | None:
 def simd_width() -> str | None:
     """The SIMD macro (-D__AVX256__ ...) to use instead of the build host's, if one is set."""
     return os.environ.get("DS_BUILDER_SIMD_WIDTH") or None
+
+
+def arch_list(narrowed: str) -> str:
+    """What TORCH_CUDA_ARCH_LIST holds after an op filtered it: the recipe's list, if one is set."""
+    return os.environ.get("DS_BUILDER_ARCH_LIST") or narrowed
 
 
 def compile_args(args: list[str]) -> list[str]:

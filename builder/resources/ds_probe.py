@@ -4,6 +4,10 @@ Run as a script by the build environment's Python with the DeepSpeed source as w
 (it imports `op_builder` and `accelerator` from there, exactly as DeepSpeed's setup.py does), so
 the op list is DeepSpeed's, not a hand-kept copy. Standard library only besides torch/DeepSpeed.
 Prints one JSON document after the MARKER line; everything before it is DeepSpeed's own chatter.
+
+With an arch list as its argument ("8.0;9.0+PTX") it also asks every op's `filter_ccs`, before
+anything compiles, which of those archs the op accepts: DeepSpeed drops the others silently
+while building (and narrows the list for the ops built after it).
 """
 
 import contextlib
@@ -22,7 +26,21 @@ def _sources(builder: Any) -> list[Any]:
         return []
 
 
+def _accepted(builder: Any, archs: list[str]) -> list[str] | None:
+    """The requested archs this op's builder keeps, in torch's spelling; None if it cannot say."""
+    if not archs or not hasattr(builder, "filter_ccs"):
+        return None
+    with contextlib.redirect_stdout(io.StringIO()):
+        try:
+            kept = builder.filter_ccs(list(archs))
+        except Exception:
+            return None
+    kept_pairs = {(str(cc[0]), str(cc[1]).split("+")[0]) for cc in kept}
+    return [a for a in archs if tuple(a.split("+")[0].split(".")) in kept_pairs]
+
+
 def main() -> None:
+    archs = [a for a in (sys.argv[1] if len(sys.argv) > 1 else "").split(";") if a]
     sys.path.insert(0, ".")
     import torch
     from op_builder.all_ops import ALL_OPS, accelerator_name
@@ -48,6 +66,7 @@ def main() -> None:
             "why": "" if compatible else why,
             "device_code": any(str(src).endswith(".cu") for src in _sources(builder)),
             "sources": [str(src) for src in _sources(builder)],
+            "accepted_archs": _accepted(builder, archs),
         }
     report = {
         "accelerator": accelerator_name,

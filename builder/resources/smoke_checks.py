@@ -502,6 +502,8 @@ def main() -> None:
         if op in NUMERICS:
             _check(results, f"numerics:{op}", NUMERICS[op])
     _check(results, "no-jit", lambda: _no_jit())
+    if spec["accelerator"] == "cuda":
+        _check(results, "no-toolkit", check_no_toolkit)
     if spec.get("suite", "full") == "full":
         _check(results, "ds_report", lambda: check_ds_report(spec))
         _check(results, "engine:zero2-offload", lambda: check_engine(spec["accelerator"]))
@@ -530,6 +532,19 @@ def _max_memory() -> dict[Any, str]:
     if torch.cuda.is_available():
         return {0: "20GiB", "cpu": "4GiB"}
     return {"cpu": "4GiB"}
+
+
+def check_no_toolkit() -> str:
+    """The checks above ran as on a GPU node with no CUDA toolkit: torch finds none (smoke unset
+    CUDA_HOME and took nvcc off PATH; torch's last fallback is /usr/local/cuda)."""
+    from torch.utils import cpp_extension
+
+    if cpp_extension.CUDA_HOME:
+        raise _Skip(
+            f"torch still finds a CUDA toolkit at {cpp_extension.CUDA_HOME} (its /usr/local/cuda fallback), so "
+            "this machine cannot show that the wheel works without one; smoke it where no toolkit is installed"
+        )
+    return "torch sees no CUDA toolkit (no CUDA_HOME, no nvcc): import, ds_report and every op load ran without one"
 
 
 def _no_jit() -> str:

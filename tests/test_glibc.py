@@ -1,0 +1,65 @@
+"""The glibc floor: symbol versions read from real .so files, the manylinux tag they allow, the
+WHEEL file retagged, and the node's own check."""
+
+from __future__ import annotations
+
+import _ctypes
+import os
+import shutil
+from pathlib import Path
+
+from builder.build.glibc import needed_versions, newest, platform_tags, retag
+from builder.node import Node, glibc_floor, glibc_mismatch
+
+# What the cpu recipe's .so files need when built on this Debian 12 host with gcc 12 (read with
+# auditwheel show): GLIBC_2.34 and GLIBCXX_3.4.30 are newer than manylinux_2_28 allows.
+DEBIAN12_BUILD = {
+    "libc.so.6": {"GLIBC_2.2.5", "GLIBC_2.14", "GLIBC_2.17", "GLIBC_2.32", "GLIBC_2.34"},
+    "libm.so.6": {"GLIBC_2.2.5", "GLIBC_2.29"},
+    "libstdc++.so.6": {"GLIBCXX_3.4", "GLIBCXX_3.4.30", "CXXABI_1.3", "CXXABI_1.3.9"},
+    "libgcc_s.so.1": {"GCC_3.0"},
+}
+
+
+def test_symbol_versions_give_the_manylinux_floor() -> None:
+    assert platform_tags(DEBIAN12_BUILD) == ("manylinux_2_35_x86_64",)
+    assert newest(DEBIAN12_BUILD) == {"GLIBC": "2.34", "GLIBCXX": "3.4.30", "CXXABI": "1.3.9"}
+    old = {"libc.so.6": {"GLIBC_2.2.5", "GLIBC_2.14"}, "libstdc++.so.6": {"GLIBCXX_3.4.11"}}
+    assert platform_tags(old) == ("manylinux2014_x86_64", "manylinux_2_17_x86_64")
+    assert platform_tags({"libc.so.6": {"GLIBC_9.99"}}) == ("linux_x86_64",)  # nothing covers it
+
+
+def test_a_real_shared_object_is_read(tmp_path: Path) -> None:
+    shutil.copy(_ctypes.__file__, tmp_path / "x.so")
+    needs = needed_versions(tmp_path)
+    assert any(v.startswith("GLIBC_") for v in needs["libc.so.6"])
+    (tag,) = [t for t in platform_tags(needs) if t.startswith("manylinux_")]
+    floor = glibc_floor(tag)
+    host = tuple(int(x) for x in os.confstr("CS_GNU_LIBC_VERSION").split()[-1].split("."))  # type: ignore[union-attr]
+    assert floor is not None and floor <= host  # built here, so it runs here
+
+
+def test_retag_rewrites_every_tag_line(tmp_path: Path) -> None:
+    info = tmp_path / "deepspeed-0.19.8.dist-info"
+    info.mkdir()
+    # As setuptools writes it: a blank line after the headers (a Tag line after it would be body).
+    (info / "WHEEL").write_text("Wheel-Version: 1.0\nRoot-Is-Purelib: false\nTag: cp311-cp311-linux_x86_64\n\n")
+    retag(tmp_path, ("manylinux2014_x86_64", "manylinux_2_17_x86_64"))
+    assert (info / "WHEEL").read_text().splitlines() == [
+        "Wheel-Version: 1.0",
+        "Root-Is-Purelib: false",
+        "Tag: cp311-cp311-manylinux2014_x86_64",
+        "Tag: cp311-cp311-manylinux_2_17_x86_64",
+    ]
+
+
+def test_the_node_checks_the_floor() -> None:
+    assert glibc_floor("manylinux_2_35_x86_64") == (2, 35)
+    assert glibc_floor("manylinux2014_x86_64.manylinux_2_17_x86_64") == (2, 17)
+    assert glibc_floor("linux_x86_64") is None
+    name = "deepspeed-0.19.8+cpu.torch2.13-cp311-cp311-manylinux_2_35_x86_64.whl"
+    rocky8 = Node("cp311", "2.13.0+cpu", None, (), frozenset(), glibc="2.28")
+    assert glibc_mismatch(name, rocky8) == "needs glibc 2.35 or newer (built on a newer OS), node has 2.28"
+    assert glibc_mismatch(name, Node("cp311", None, None, glibc="2.36")) is None
+    assert glibc_mismatch(name, Node("cp311", None, None, glibc="2.100")) is None  # compared as numbers
+    assert glibc_mismatch(name.replace("manylinux_2_35", "linux"), rocky8) is None
