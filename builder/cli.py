@@ -80,6 +80,22 @@ def parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help=f"recipe TOML; repeat for several (default: {DEFAULT_RECIPE})",
     )
+    b.add_argument(
+        "--python",
+        action="append",
+        dest="pythons",
+        metavar="PY",
+        help="build for this interpreter (3.12, or a path); repeat for several (default: the recipe's python "
+        "list, else the interpreter running the builder). Found on this machine (PATH, pyenv), never downloaded",
+    )
+    b.add_argument(
+        "--matrix",
+        type=Path,
+        metavar="FILE",
+        help="matrix.toml (recipes x pythons, optionally x DeepSpeed versions): build, smoke and publish every "
+        "target, go on past a failed one, and write a coverage report (exit 11 if any failed)",
+    )
+    b.add_argument("--jobs", type=int, help="targets built at once (default: the matrix file's jobs, else 1)")
     b.add_argument("--no-smoke", action="store_true", help="only build and verify (implies --no-publish)")
     b.add_argument("--no-publish", action="store_true", help="build and smoke-test, do not publish")
     b.add_argument("--force", action="store_true", help="build even if a wheel with the same build key exists")

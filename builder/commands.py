@@ -28,10 +28,17 @@ def _workspace(args: argparse.Namespace, check: bool = True) -> Workspace:
 
 
 def build_wheel(args: argparse.Namespace) -> int:
-    from builder import pipeline
+    from builder import coverage, pipeline
+    from builder.errors import MatrixError, RecipeError
     from builder.recipe import load_recipe
+    from builder.targets import load_matrix, targets_for
 
-    recipes = [load_recipe(p) for p in (args.recipes or [DEFAULT_RECIPE])]  # all validated first
+    if args.matrix and args.recipes:
+        raise RecipeError("--matrix and --recipe both name what to build", "pass one of them")
+    matrix = load_matrix(args.matrix) if args.matrix else None
+    recipes = list(matrix.recipes) if matrix else [load_recipe(p) for p in (args.recipes or [DEFAULT_RECIPE])]
+    pythons = args.pythons or (list(matrix.python) if matrix else [])
+    targets = targets_for(recipes, pythons)  # every recipe and interpreter checked before the first build
     stages = pipeline.Stages(
         smoke=not args.no_smoke,
         publish=not (args.no_smoke or args.no_publish),
@@ -39,9 +46,21 @@ def build_wheel(args: argparse.Namespace) -> int:
         use_ccache=not args.no_ccache,
         verbose=args.verbose,
     )
-    results = pipeline.run(recipes, _workspace(args, check=False), args.wheelhouse, stages)
+    ws = _workspace(args, check=False)
+    jobs = args.jobs or (matrix.jobs if matrix else 1)
+    results = pipeline.run(targets, ws, args.wheelhouse, stages, keep_going=matrix is not None, jobs=jobs)
     if args.json:
         output.result(json.dumps({"targets": [r.to_json() for r in results]}, indent=2))
+    if matrix is not None:
+        js, md = coverage.write(results, ws.root / "coverage", str(matrix.path))
+        output.step("coverage:\n    " + "\n    ".join(coverage.table(results)))
+        output.step(f"coverage report: {md} (JSON: {js})")
+        failed = [r.target for r in results if not r.ok]
+        if failed:
+            raise MatrixError(
+                f"{len(failed)} of {len(targets)} targets failed: {', '.join(failed)}",
+                f"read the reasons in {md}; the other targets were built, smoked and published",
+            )
     return 0
 
 

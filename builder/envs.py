@@ -127,10 +127,11 @@ def python_in(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
-def env_key(requirements: Sequence[str], system_site_packages: bool = False) -> str:
-    """A folder name for an environment with these requirements on this interpreter."""
+def env_key(requirements: Sequence[str], system_site_packages: bool = False, base: Path | None = None) -> str:
+    """A folder name for an environment with these requirements on this interpreter (or `base`)."""
+    interpreter = [sys.executable, sys.version] if base is None else [str(base)]
     text = "\n".join(
-        [sys.executable, sys.version, f"system-site-packages={system_site_packages}", *sorted(requirements)]
+        [*interpreter, f"system-site-packages={system_site_packages}", *sorted(requirements)]
         + ([] if system_site_packages else [f"backend={backend()}"])
     )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -147,19 +148,26 @@ def venv_environ(venv: Path, base: Mapping[str, str] | None = None) -> dict[str,
 
 
 def create(
-    venv: Path, requirements: Sequence[str], log: Path, verbose: bool = False, system_site_packages: bool = False
+    venv: Path,
+    requirements: Sequence[str],
+    log: Path,
+    verbose: bool = False,
+    system_site_packages: bool = False,
+    base: Path | None = None,
 ) -> Path:
-    """Make a new venv at `venv` (replacing any there) and install `requirements` into it.
+    """Make a new venv at `venv` (replacing any there) on `base` (default: the interpreter running
+    the builder) and install `requirements` into it.
 
     With system_site_packages the venv sees this interpreter's packages (its torch) and pip
     installs only what is missing, leaving the system torch untouched.
     """
     if venv.exists():
         shutil.rmtree(venv)
+    python = base or Path(sys.executable)
     if backend() == "uv" and not system_site_packages:
-        return _create_with_uv(venv, requirements, log, verbose)
+        return _create_with_uv(venv, requirements, log, verbose, python)
     flags = ["--system-site-packages"] if system_site_packages else []
-    cmd.run([sys.executable, "-m", "venv", *flags, venv], log=log, verbose=verbose)
+    cmd.run([python, "-m", "venv", *flags, venv], log=log, verbose=verbose)
     if system_site_packages and sys.prefix != sys.base_prefix:
         _see_parent_venv(venv)
     if requirements:
@@ -174,9 +182,9 @@ def create(
     return venv
 
 
-def _create_with_uv(venv: Path, requirements: Sequence[str], log: Path, verbose: bool) -> Path:
+def _create_with_uv(venv: Path, requirements: Sequence[str], log: Path, verbose: bool, base: Path) -> Path:
     uv = uv_binary(TOOLS)
-    cmd.run([uv, "venv", "--quiet", "--python", sys.executable, venv], log=log, verbose=verbose)
+    cmd.run([uv, "venv", "--quiet", "--python", base, venv], log=log, verbose=verbose)
     if requirements:
         sources = pip_sources()
         output.note(f"uv installs from pip's sources: {sources.describe()}")
@@ -225,14 +233,19 @@ def _see_parent_venv(venv: Path) -> None:
 
 
 def cached(
-    root: Path, requirements: Sequence[str], log: Path, verbose: bool = False, system_site_packages: bool = False
+    root: Path,
+    requirements: Sequence[str],
+    log: Path,
+    verbose: bool = False,
+    system_site_packages: bool = False,
+    base: Path | None = None,
 ) -> Path:
     """A complete venv with `requirements` under `root`, made once and reused."""
-    venv = root / env_key(requirements, system_site_packages)
+    venv = root / env_key(requirements, system_site_packages, base)
     if (venv / COMPLETE).is_file():
         output.note(f"reusing environment {venv}")
         return venv
-    create(venv, requirements, log, verbose, system_site_packages)
+    create(venv, requirements, log, verbose, system_site_packages, base)
     (venv / COMPLETE).write_text("\n".join(requirements) + "\n", encoding="utf-8")
     return venv
 

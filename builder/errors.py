@@ -67,3 +67,9 @@ class FolderError(BuilderError):
     """A folder the toolkit must write to (work folder, wheelhouse, toolchain folder) is unusable."""
 
     exit_code = 10
+
+
+class MatrixError(BuilderError):
+    """Some targets of a matrix failed; the others were built, smoked and published."""
+
+    exit_code = 11

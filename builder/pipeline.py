@@ -1,4 +1,4 @@
-"""The stage order, in one place: build -> smoke -> publish, for each recipe of a run.
+"""The stage order, in one place: build -> smoke -> publish, for each target of a run.
 
 Every recipe is validated and every output folder checked before the first build, so a bad
 recipe or an unwritable wheelhouse fails in a second, not after minutes of compiling. A stage is
@@ -7,14 +7,18 @@ skipped only when its result is already proven for the same bytes (build key, sm
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from builder import output
-from builder.errors import PublishError
-from builder.recipe import Recipe
+from builder.errors import BuilderError, PublishError
+from builder.targets import Target
 from builder.workspace import Workspace, check_writable
 
 
@@ -28,24 +32,58 @@ class Stages:
 
 
 @dataclass(frozen=True)
-class TargetResult:
-    """What happened to one recipe: the `build-wheel --json` record."""
+class StageResult:
+    """One stage of one target: passed, reused (an identical result was found), failed or skipped,
+    with the reason of every failure and skip."""
 
+    status: str  # passed | reused | failed | skipped
+    reason: str = ""
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"status": self.status, "reason": self.reason, "seconds": round(self.seconds, 1)}
+
+
+STAGES = ("build", "smoke", "publish")
+
+
+@dataclass(frozen=True)
+class TargetResult:
+    """What happened to one target: the `build-wheel --json` record and a coverage report row."""
+
+    target: str
     recipe: str
-    wheel: Path
-    reused: bool  # the build key found an identical build; nothing was compiled
-    smoke: str  # passed | already-passed | not-run
-    published: Path | None
-    install_command: str | None
+    python: str
+    wheel: Path | None
+    stages: Mapping[str, StageResult]
+    published: Path | None = None
+    install_command: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not any(r.status == "failed" for r in self.stages.values())
+
+    @property
+    def reused(self) -> bool:
+        return self.stages["build"].status == "reused"
+
+    @property
+    def smoke(self) -> str:
+        """passed | already-passed | not-run (the older --json field)."""
+        status = self.stages["smoke"].status
+        return {"passed": "passed", "reused": "already-passed"}.get(status, "not-run")
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "target": self.target,
             "recipe": self.recipe,
-            "wheel": str(self.wheel),
+            "python": self.python,
+            "wheel": str(self.wheel) if self.wheel else None,
             "reused": self.reused,
             "smoke": self.smoke,
             "published": str(self.published) if self.published else None,
             "install_command": self.install_command,
+            "stages": {name: r.to_json() for name, r in self.stages.items()},
         }
 
 
@@ -74,35 +112,90 @@ def publish(wheels: Sequence[Path], wheelhouse: Path, ws: Workspace) -> list[Pat
     return published
 
 
-def run(recipes: Sequence[Recipe], ws: Workspace, wheelhouse: Path, stages: Stages) -> list[TargetResult]:
-    """Build, smoke and publish each recipe in turn; stops at the first failure (its own error)."""
-    from builder.build.wheel import build_wheel
-    from builder.smoke import smoke
-
+def run(
+    targets: Sequence[Target], ws: Workspace, wheelhouse: Path, stages: Stages, keep_going: bool = False, jobs: int = 1
+) -> list[TargetResult]:
+    """Build, smoke and publish each target. Without keep_going the first failure raises its own
+    error; with it (a matrix) every target runs and its failure is recorded with the reason.
+    `jobs` targets run at once, each compiling with its share of the cores."""
     ws.check_writable()
     if stages.smoke and stages.publish:
         check_writable(wheelhouse, "--wheelhouse")  # before minutes of building, not after
-    results = []
-    for recipe in recipes:
-        built = build_wheel(recipe, ws, stages.verbose, stages.force, use_ccache=stages.use_ccache)
-        smoked, published = "not-run", None
-        if stages.smoke:
-            if built.reused and smoke_passed(built.wheel):
-                output.note(f"{built.wheel.name} already passed its smoke tests")
-                smoked = "already-passed"
+    jobs = max(1, min(jobs, len(targets)))
+    cores = max(1, (os.cpu_count() or 1) // jobs)
+    if jobs == 1:
+        return [_run_one(t, ws, wheelhouse, stages, keep_going, None) for t in targets]
+    output.step(f"{len(targets)} targets, {jobs} at once, {cores} cores each")
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(lambda t: _run_one(t, ws, wheelhouse, stages, keep_going, cores), targets))
+
+
+def _run_one(
+    target: Target, ws: Workspace, wheelhouse: Path, stages: Stages, keep_going: bool, cores: int | None
+) -> TargetResult:
+    from builder.build.wheel import build_wheel
+    from builder.smoke import smoke
+
+    results: dict[str, StageResult] = {}
+    wheel = published = None
+
+    def failed(stage: str, exc: BuilderError, started: float) -> None:
+        results[stage] = StageResult("failed", f"{exc.message} (fix: {exc.fix})" if exc.fix else exc.message,
+                                     time.monotonic() - started)  # fmt: skip
+        output.error(f"{target.name}: {stage} failed: {exc.message}")
+
+    started = time.monotonic()
+    try:
+        built = build_wheel(target.recipe, ws, stages.verbose, stages.force, stages.use_ccache, target.python, cores)
+        wheel = built.wheel
+        results["build"] = StageResult("reused" if built.reused else "passed",
+                                       "same build key" if built.reused else "", built.seconds)  # fmt: skip
+    except BuilderError as exc:
+        if not keep_going:
+            raise
+        failed("build", exc, started)
+    if wheel is None:
+        results["smoke"] = StageResult("skipped", "the build failed")
+    elif not stages.smoke:
+        results["smoke"] = StageResult("skipped", "--no-smoke")
+    else:
+        started = time.monotonic()
+        try:
+            if results["build"].status == "reused" and smoke_passed(wheel):
+                output.note(f"{wheel.name} already passed its smoke tests")
+                results["smoke"] = StageResult("reused", "already passed for these bytes")
             else:
-                smoke(built.wheel, ws, stages.verbose)
-                smoked = "passed"
-            if stages.publish:
-                (published,) = publish([built.wheel], wheelhouse, ws)
-        results.append(
-            TargetResult(
-                recipe=recipe.name,
-                wheel=built.wheel,
-                reused=built.reused,
-                smoke=smoked,
-                published=published,
-                install_command=install_command(wheelhouse, published) if published else None,
-            )
-        )
-    return results
+                smoke(wheel, ws, stages.verbose)
+                results["smoke"] = StageResult("passed", "", time.monotonic() - started)
+        except BuilderError as exc:
+            if not keep_going:
+                raise
+            failed("smoke", exc, started)
+    smoked = results["smoke"]
+    if smoked.status not in ("passed", "reused"):
+        why = "the smoke tests failed" if smoked.status == "failed" else smoked.reason
+        results["publish"] = StageResult("skipped", why)
+    elif not stages.publish:
+        results["publish"] = StageResult("skipped", "--no-publish")
+    else:
+        started = time.monotonic()
+        try:
+            with _PUBLISH:  # one writer at a time within this process (the file lock covers others)
+                (published,) = publish([wheel], wheelhouse, ws)  # type: ignore[list-item]
+            results["publish"] = StageResult("passed", "", time.monotonic() - started)
+        except BuilderError as exc:
+            if not keep_going:
+                raise
+            failed("publish", exc, started)
+    return TargetResult(
+        target=target.name,
+        recipe=target.recipe.name,
+        python=target.python.version,
+        wheel=wheel,
+        stages=results,
+        published=published,
+        install_command=install_command(wheelhouse, published) if published else None,
+    )
+
+
+_PUBLISH = threading.Lock()

@@ -35,6 +35,7 @@ _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
         "narrow_ops": list,
         "compress_device_code": bool,
         "cuda_toolkit": str,
+        "python": list,
         "deepspeed": dict,
         "torch": dict,
     },
@@ -103,6 +104,8 @@ class Recipe:
     narrow_ops: tuple[str, ...] = ()  # ops allowed to build for fewer archs than `archs` (their builder filters)
     compress_device_code: bool = True  # nvcc -Xfatbin -compress-all, as PyTorch's own wheels
     cuda_toolkit: str = "auto"  # auto | system | pip: where nvcc comes from (see build.cudakit)
+    python: tuple[str, ...] = ()  # interpreters to build for ("3.10", "3.12", or paths); () = the builder's
+    deepspeed_suffix: bool = False  # a matrix varied the DeepSpeed version: it goes into the target name
     description: str = ""
     path: Path | None = None
 
@@ -187,9 +190,13 @@ def parse_recipe(data: Mapping[str, Any], path: Path | None = None) -> Recipe:
             f'{where}: unknown cuda_toolkit "{toolkit}"{did_you_mean(toolkit, CUDA_TOOLKITS)}',
             "use auto (a toolkit here matching torch's CUDA, else nvcc from pip), system or pip",
         )
+    pythons = data.get("python", [])
+    if not all(isinstance(p, str) and p for p in pythons):
+        raise RecipeError(f"{where}: python must list versions or interpreter paths", 'e.g. python = ["3.10", "3.12"]')
     return Recipe(
         name=name,
         archs=archs,
+        python=tuple(pythons),
         narrow_ops=tuple(narrow),
         compress_device_code=data.get("compress_device_code", True),
         cuda_toolkit=toolkit,

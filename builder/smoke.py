@@ -87,6 +87,16 @@ def load_report(wheel: Path) -> SmokeReport | None:
         raise SmokeError(exc.message, f"smoke the wheel again: python -m builder smoke {wheel}") from exc
 
 
+def interpreter_for(python_tag: str) -> Path | None:
+    """The interpreter a wheel for `python_tag` is smoked with: the builder's own when it fits
+    (None), else that Python found on this machine."""
+    from builder.targets import find_interpreter, this_interpreter
+
+    if this_interpreter().tag == python_tag:
+        return None
+    return find_interpreter(f"{python_tag[2]}.{python_tag[3:]}").path
+
+
 def without_toolkit(env: dict[str, str]) -> dict[str, str]:
     """A GPU node's environment: the driver and torch's pip CUDA libraries, but no CUDA toolkit
     (CUDA_HOME and CUDA_PATH unset, no nvcc on PATH), where a CUDA wheel must import and load."""
@@ -118,8 +128,9 @@ def smoke(wheel: Path, ws: Workspace, verbose: bool = False, keep_env: bool = Fa
         # The public version: pip's files may be named 2.14.1 while torch reports 2.14.1+cu130.
         torch_req = f"torch=={Version(manifest.torch_version).public}"
         venv = envs.create(
-            tmp / "venv", [torch_req, str(wheel), *SMOKE_EXTRAS], log, verbose, system_site_packages=system
-        )
+            tmp / "venv", [torch_req, str(wheel), *SMOKE_EXTRAS], log, verbose, system_site_packages=system,
+            base=interpreter_for(manifest.python_tag),
+        )  # fmt: skip
         ext_dir = tmp / "torch_extensions"
         ext_dir.mkdir()
         env = envs.venv_environ(venv)

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.errors import FolderError
-from builder.recipe import Recipe
 
 
 def check_writable(folder: Path, option: str) -> None:
@@ -50,5 +49,6 @@ class Workspace:
     def check_writable(self) -> None:
         check_writable(self.root, "--work-dir")
 
-    def recipe_dir(self, recipe: Recipe) -> Path:
-        return self.root / "recipes" / recipe.name
+    def recipe_dir(self, name: str) -> Path:
+        """The work folder of one target (a recipe, or a recipe for another Python: cpu-cp312)."""
+        return self.root / "recipes" / name

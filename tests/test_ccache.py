@@ -25,6 +25,11 @@ def test_environment(tmp_path: Path) -> None:
     (fake_bin / "ccache").chmod(0o755)
     env = {"PATH": f"{fake_bin}{os.pathsep}/usr/bin"}
     on = environment(tmp_path / "cc", True, env)
-    assert on == {"CCACHE_DIR": str(tmp_path / "cc"), "CCACHE_NOHASHDIR": "1"}
+    assert on["CCACHE_DIR"] == str(tmp_path / "cc") and on["CCACHE_NOHASHDIR"] == "1"
+    # nvcc flags given through the environment are invisible to ccache's hash of the command line:
+    # they go into its namespace, so a compressed and an uncompressed build never share objects.
+    compressed = environment(tmp_path / "cc", True, {**env, "NVCC_APPEND_FLAGS": "-Xfatbin -compress-all"})
+    assert on["CCACHE_NAMESPACE"].startswith("nvcc-") and compressed["CCACHE_NAMESPACE"] != on["CCACHE_NAMESPACE"]
+    assert environment(tmp_path / "cc", True, env) == on
     assert environment(tmp_path / "cc", False, env) == {"TORCH_NO_COMPILER_WRAPPER": "1"}
     assert environment(tmp_path / "cc", True, {"PATH": str(tmp_path / "empty")}) == {"TORCH_NO_COMPILER_WRAPPER": "1"}

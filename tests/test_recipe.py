@@ -78,7 +78,7 @@ def test_unknown_key_lists_allowed_keys() -> None:
         parse_recipe(with_change(("colour",), "blue"))
     assert (
         "allowed keys: name, description, accelerator, ops, arch, cpu_target, strip, narrow_ops, compress_device_code, "
-        "cuda_toolkit, deepspeed, torch" in err.value.fix
+        "cuda_toolkit, python, deepspeed, torch" in err.value.fix
     )
 
 

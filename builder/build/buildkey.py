@@ -68,7 +68,7 @@ def build_key(inputs: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:24]
 
 
-def gather(recipe: Recipe, env: Mapping[str, str]) -> MachineFacts:
+def gather(recipe: Recipe, env: Mapping[str, str], python_version: str | None = None) -> MachineFacts:
     """The machine facts the key needs, each from a quick query."""
     toolkits = (
         probe_toolkits(env, query, search_roots(env), None) if recipe.accelerator == "cuda" else []
@@ -81,7 +81,7 @@ def gather(recipe: Recipe, env: Mapping[str, str]) -> MachineFacts:
         ).strip()
     gpu_archs = arch_list(probe_gpus(query)[0]) if recipe.auto_arch else []
     return MachineFacts(
-        python=sys.version.split()[0],
+        python=python_version or sys.version.split()[0],
         toolkits=tuple(sorted(f"{t.version}@{t.root}" for t in toolkits)),
         compilers=tuple(sorted(f"{c.name}={c.version}" for c in compilers)),
         system_torch=system_torch,

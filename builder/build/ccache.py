@@ -11,6 +11,8 @@ disabled so the build is plain.
 
 from __future__ import annotations
 
+import hashlib
+
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,10 +34,19 @@ class Stats:
         return f"ccache: {self.hits} hits, {self.misses} misses ({self.rate:.0%} hit rate)"
 
 
+# Variables nvcc reads that change its output but never appear on the command line ccache hashes.
+NVCC_ENV = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN")
+
+
 def environment(cache_dir: Path, enabled: bool, env: Mapping[str, str]) -> dict[str, str]:
+    """ccache's settings for a build; the nvcc flags given through the environment (-Xfatbin
+    -compress-all, -ccbin) go into its namespace, which ccache hashes with every compile, so an
+    object built with other flags is never a hit."""
     if not enabled or which("ccache", env) is None:
         return {"TORCH_NO_COMPILER_WRAPPER": "1"}
-    return {"CCACHE_DIR": str(cache_dir), "CCACHE_NOHASHDIR": "1"}
+    flags = "\n".join(f"{k}={env.get(k, '')}" for k in NVCC_ENV)
+    namespace = "nvcc-" + hashlib.sha256(flags.encode()).hexdigest()[:16]
+    return {"CCACHE_DIR": str(cache_dir), "CCACHE_NOHASHDIR": "1", "CCACHE_NAMESPACE": namespace}
 
 
 def parse_stats(text: str) -> Stats:

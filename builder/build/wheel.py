@@ -39,6 +39,7 @@ from builder.files import write_atomic
 from builder.node import cpu_flags
 from builder.build.plan import BuildPlan, plan_build, resolve_archs
 from builder.recipe import Recipe
+from builder.targets import Interpreter, Target, this_interpreter
 from builder.build.toolchain import ToolchainPlan, apply, compose_env, plan_toolchain
 from builder.build.artifacts import verify
 from builder.workspace import Workspace
@@ -80,14 +81,20 @@ def build_requirements(recipe: Recipe, src: Path) -> list[str]:
     return list(dict.fromkeys(wanted))
 
 
-def prepare(recipe: Recipe, ws: Workspace, log: Path, verbose: bool = False) -> tuple[Path, Path]:
+def prepare(
+    recipe: Recipe, ws: Workspace, log: Path, verbose: bool = False, python: Interpreter | None = None
+) -> tuple[Path, Path]:
     """The verified, freshly unpacked source and the (cached) build environment's Python."""
+    target = Target(recipe, python or this_interpreter())
     sdist = source.fetch(recipe.deepspeed, ws.cache, log, verbose)
-    src = source.unpack(sdist, ws.recipe_dir(recipe) / "src")
+    src = source.unpack(sdist, ws.recipe_dir(target.name) / "src")
     if recipe.torch.system:
         output.note(f'torch = "system": building against the torch installed for {sys.executable}')
+    elif not target.python.own:
+        output.note(f"Python {target.python.version}: {target.python.path}")
     reqs = build_requirements(recipe, src)
-    venv = envs.cached(ws.cache / "envs", reqs, log, verbose, system_site_packages=recipe.torch.system)
+    base = None if target.python.own else target.python.path
+    venv = envs.cached(ws.cache / "envs", reqs, log, verbose, system_site_packages=recipe.torch.system, base=base)
     return src, envs.python_in(venv)
 
 
@@ -111,30 +118,42 @@ def toolchain_env(
 
 
 def build_wheel(
-    recipe: Recipe, ws: Workspace, verbose: bool = False, force: bool = False, use_ccache: bool = True
+    recipe: Recipe,
+    ws: Workspace,
+    verbose: bool = False,
+    force: bool = False,
+    use_ccache: bool = True,
+    python: Interpreter | None = None,
+    cores: int | None = None,
 ) -> BuildResult:
+    """Build one target: `recipe` for `python` (default: the interpreter running the builder),
+    compiling with `cores` (default: all of them)."""
     start = time.monotonic()
+    target = Target(recipe, python or this_interpreter())
     ws.logs.mkdir(parents=True, exist_ok=True)
-    log = ws.logs / f"{recipe.name}-build.log"
-    inputs = buildkey.key_inputs(recipe, buildkey.gather(recipe, os.environ), os.environ)
+    log = ws.logs / f"{target.name}-build.log"
+    inputs = buildkey.key_inputs(recipe, buildkey.gather(recipe, os.environ, target.python.version), os.environ)
     key = buildkey.build_key(inputs)
     if not force and (built := buildkey.find_built(ws.dist, key)):
         seconds = time.monotonic() - start
         output.step(f"up to date: {built.name} (build key {key}, checked in {seconds:.1f}s)")
         return BuildResult(wheel=built, seconds=seconds, log=log, key=key, reused=True)
     log.unlink(missing_ok=True)
-    output.step(f"build-wheel: recipe {recipe.name} ({recipe.path}), build key {key}; full log: {log}")
+    output.step(
+        f"build-wheel: recipe {recipe.name} ({recipe.path}) for Python {target.python.version}, build key {key}; "
+        f"full log: {log}"
+    )
 
-    src, python = prepare(recipe, ws, log, verbose)
-    env, machine, toolchain = toolchain_env(recipe, python, ws)
-    (ws.logs / f"{recipe.name}-detect.json").write_text(machine.to_json(), encoding="utf-8")
+    src, env_python = prepare(recipe, ws, log, verbose, target.python)
+    env, machine, toolchain = toolchain_env(recipe, env_python, ws)
+    (ws.logs / f"{target.name}-detect.json").write_text(machine.to_json(), encoding="utf-8")
     source.patch_build_tree(src)
     kit = next((t for t in machine.toolkits if t.root == machine.chosen_toolkit), None)
     archs = resolve_archs(recipe, machine.arch_list, kit.archs if kit else (), kit.version if kit else "-")
-    report = ops.probe(python, src, env, log, archs)  # each op says which archs it accepts, before compiling
-    plan = plan_build(recipe, report, os.cpu_count() or 1, archs, available_memory_gb())
+    report = ops.probe(env_python, src, env, log, archs)  # each op says which archs it accepts, before compiling
+    plan = plan_build(recipe, report, cores or os.cpu_count() or 1, archs, available_memory_gb())
     env.update(plan.env)
-    env.update(reproducible_env(env, src, python.parent.parent))
+    env.update(reproducible_env(env, src, env_python.parent.parent))
     env.update(ccache.environment(ws.cache / "ccache", use_ccache, env))
     ccache.zero(env)
     output.note(
@@ -143,13 +162,13 @@ def build_wheel(
         f"{plan.env.get('DS_BUILDER_PARALLEL', '1')} extension(s) at once, MAX_JOBS={plan.env['MAX_JOBS']} each"
     )
 
-    work = ws.recipe_dir(recipe)
+    work = ws.recipe_dir(target.name)
     ws.dist.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=work, prefix="wheel-") as tmp:
         raw_dir = Path(tmp) / "raw"
         try:
             cmd.run(
-                [python, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-v", "-w", raw_dir, src],
+                [env_python, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-v", "-w", raw_dir, src],
                 env=env,
                 log=log,
                 verbose=verbose,
@@ -163,7 +182,7 @@ def build_wheel(
             output.note(f"{cache_stats.describe()}")
         raw = _single_wheel(raw_dir)
         verify(raw, plan.ops, plan.version)
-        tree = artifacts.unpack(raw, python, Path(tmp) / "tree", log)
+        tree = artifacts.unpack(raw, env_python, Path(tmp) / "tree", log)
         op_archs = artifacts.verify_archs(tree, plan)
         sizes = artifacts.strip_debug(tree, log) if recipe.strip else artifacts.so_sizes(tree)
         needs = glibc.needed_versions(tree)
@@ -174,7 +193,7 @@ def build_wheel(
                      "platform": {"tags": list(tags), "needs": glibc.newest(needs)}})  # fmt: skip
         manifest = BuildManifest.from_dict(data, "the build manifest")  # the loader's checks hold for the writer
         artifacts.finish_tree(tree, manifest)
-        wheel = artifacts.pack(tree, python, ws.dist, log, env)
+        wheel = artifacts.pack(tree, env_python, ws.dist, log, env)
     shutil.rmtree(src, ignore_errors=True)
     seconds = time.monotonic() - start
     record = {"built_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

@@ -1,0 +1,207 @@
+"""What a run builds: targets (a recipe for one Python), found interpreters, and matrix files.
+
+A cluster runs several Pythons (images with 3.10 to 3.12): each interpreter named by a recipe's
+`python = [...]`, by `--python`, or by a matrix file gets its own build environment, wheel (its cp
+tag), smoke and manifest entry. Interpreters are found on this machine (PATH, then pyenv's
+versions), never downloaded. Candidate listing and matrix expansion are pure; `find_interpreter`
+runs each candidate once to ask its version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import sys
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from builder.cmd import query
+from builder.errors import BuilderError, RecipeError, ToolError
+from builder.recipe import Recipe, load_recipe
+
+_VERSION_SPEC = re.compile(r"^3\.\d{1,2}$")
+
+
+@dataclass(frozen=True)
+class Interpreter:
+    path: Path
+    version: str  # "3.12.1"
+
+    @property
+    def tag(self) -> str:
+        major, minor = self.version.split(".")[:2]
+        return f"cp{major}{minor}"
+
+    @property
+    def own(self) -> bool:
+        """The interpreter running the builder (its build env and work folders keep their old names)."""
+        return self.path == Path(sys.executable)
+
+
+def this_interpreter() -> Interpreter:
+    return Interpreter(Path(sys.executable), ".".join(map(str, sys.version_info[:3])))
+
+
+@dataclass(frozen=True)
+class Target:
+    """One recipe for one interpreter: its own work folder, build env, wheel, smoke and log."""
+
+    recipe: Recipe
+    python: Interpreter
+
+    @property
+    def name(self) -> str:
+        base = self.recipe.name
+        if self.recipe.deepspeed_suffix:
+            base = f"{base}-ds{self.recipe.deepspeed.version}"
+        return base if self.python.own else f"{base}-{self.python.tag}"
+
+
+def candidates(version: str, path_env: str, pyenv_root: Path | None) -> list[Path]:
+    """Where `python3.X` may live, best first: PATH (pyenv's shims left out: they fail for a
+    version that is not active), then pyenv's installed versions, newest patch first (pure)."""
+    found: list[Path] = []
+    for folder in path_env.split(os.pathsep):
+        if folder and Path(folder).name != "shims":
+            found.append(Path(folder) / f"python{version}")
+    if pyenv_root is not None:
+        versions = sorted(
+            (pyenv_root / "versions").glob(f"{version}.*"),
+            key=lambda p: [int(x) if x.isdigit() else -1 for x in p.name.split(".")],
+            reverse=True,
+        )
+        found += [v / "bin" / f"python{version}" for v in versions]
+    return found
+
+
+_ASK = "import sys; print('.'.join(map(str, sys.version_info[:3])))"
+
+
+def find_interpreter(spec: str, env: Mapping[str, str] | None = None) -> Interpreter:
+    """The interpreter for `3.12` (found on this machine) or a path; ToolError naming where it looked."""
+    env = os.environ if env is None else env
+    own = this_interpreter()
+    if _VERSION_SPEC.match(spec):
+        if own.version.startswith(spec + "."):
+            return own
+        root = env.get("PYENV_ROOT") or str(Path.home() / ".pyenv")
+        looked = candidates(spec, env.get("PATH", ""), Path(root))
+        for path in looked:
+            if path.is_file() and os.access(path, os.X_OK):
+                found = _ask(path)
+                if found and found.version.startswith(spec + "."):
+                    return found
+        raise ToolError(
+            f"no Python {spec} on this machine (looked for python{spec} on PATH and in {root}/versions)",
+            f"install it (e.g. pyenv install {spec}, or apt-get install python{spec}), or pass its path",
+        )
+    path = Path(spec).expanduser()
+    if "/" not in spec or not path.is_file():
+        raise RecipeError(
+            f'python "{spec}" is neither a version like 3.12 nor an existing interpreter path',
+            'write python = ["3.10", "3.12"] or give the full path of an interpreter',
+        )
+    found = _ask(path)
+    if found is None:
+        raise ToolError(f"{path} did not run as a Python interpreter", "pass a working python3 executable")
+    if path.resolve() == Path(sys.executable).resolve():
+        return this_interpreter()
+    return found
+
+
+def _ask(path: Path) -> Interpreter | None:
+    try:
+        version = query([str(path), "-c", _ASK]).strip()
+    except BuilderError:
+        return None
+    return Interpreter(path, version) if re.match(r"^3\.\d+\.\d+$", version) else None
+
+
+def targets_for(recipes: Sequence[Recipe], pythons: Sequence[str] = ()) -> list[Target]:
+    """Every recipe for each interpreter: `pythons` (the command line) before the recipe's own
+    list, before the interpreter running the builder."""
+    out = []
+    for recipe in recipes:
+        specs = list(pythons) or list(recipe.python)
+        if specs and recipe.torch.system:
+            raise RecipeError(
+                f'{recipe.path or recipe.name}: torch = "system" builds for the interpreter running the builder',
+                "run the builder with that interpreter instead of naming Pythons",
+            )
+        interpreters = [find_interpreter(s) for s in specs] if specs else [this_interpreter()]
+        seen: set[str] = set()
+        for interp in interpreters:
+            if interp.tag not in seen:
+                seen.add(interp.tag)
+                out.append(Target(recipe, interp))
+    names = [t.name for t in out]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise RecipeError(f"two targets are both named {', '.join(dupes)}", "give each recipe its own name")
+    return out
+
+
+# ---------------------------------------------------------------- matrix files
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """A matrix.toml: recipes x Pythons (x DeepSpeed versions), and how many targets at once."""
+
+    path: Path
+    recipes: tuple[Recipe, ...]
+    python: tuple[str, ...]
+    jobs: int
+
+
+_MATRIX_KEYS = {"recipes": list, "python": list, "deepspeed": list, "jobs": int}
+
+
+def load_matrix(path: Path) -> Matrix:
+    """Read and check a matrix file; recipe paths are relative to it."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise RecipeError(f"cannot read matrix {path}: {exc.strerror}", "pass an existing file with --matrix") from exc
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise RecipeError(f"matrix {path} is not valid TOML: {exc}", "fix the file at that line") from exc
+    return parse_matrix(data, path)
+
+
+def parse_matrix(data: Mapping[str, Any], path: Path) -> Matrix:
+    for key, value in data.items():
+        if key not in _MATRIX_KEYS:
+            raise RecipeError(f'{path}: unknown key "{key}"', f"allowed keys: {', '.join(_MATRIX_KEYS)}")
+        if not isinstance(value, _MATRIX_KEYS[key]) or isinstance(value, bool):
+            raise RecipeError(f"{path}: {key} has the wrong type", "see the matrix example in README.md")
+    files = data.get("recipes") or []
+    if not files or not all(isinstance(f, str) for f in files):
+        raise RecipeError(f"{path}: recipes must list recipe files", 'e.g. recipes = ["recipes/cpu.toml"]')
+    pythons = data.get("python", [])
+    if not all(isinstance(p, str) for p in pythons):
+        raise RecipeError(f"{path}: python must list versions or paths", 'e.g. python = ["3.10", "3.12"]')
+    base = [load_recipe((path.parent / f).resolve()) for f in files]
+    versions = data.get("deepspeed", [])
+    recipes = list(base)
+    if versions:
+        recipes = []
+        for item in versions:
+            if not isinstance(item, dict) or set(item) != {"version", "sha256"}:
+                raise RecipeError(
+                    f"{path}: each deepspeed entry needs version and sha256 (and nothing else)",
+                    'e.g. deepspeed = [{ version = "0.18.9", sha256 = "..." }]',
+                )
+            if not isinstance(item["sha256"], str) or not re.match(r"^[0-9a-fA-F]{64}$", item["sha256"]):
+                raise RecipeError(f"{path}: deepspeed {item['version']}: sha256 is not a sha256 hex digest",
+                                  "copy the sha256 of that version's sdist from PyPI")  # fmt: skip
+            for recipe in base:
+                ds = dataclasses.replace(recipe.deepspeed, version=item["version"], sha256=item["sha256"].lower())
+                recipes.append(dataclasses.replace(recipe, deepspeed=ds, deepspeed_suffix=True))
+    jobs = data.get("jobs", 1)
+    if jobs < 1:
+        raise RecipeError(f"{path}: jobs must be 1 or more", "jobs = 1 builds one target at a time")
+    return Matrix(path, tuple(recipes), tuple(pythons), jobs)

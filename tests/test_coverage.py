@@ -1,0 +1,57 @@
+"""A matrix goes on past a failed target and reports every target x stage with its reason."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from builder import coverage, pipeline
+from builder.build import wheel as build_module
+from builder.errors import BuildError
+from builder.recipe import load_recipe
+from builder.targets import targets_for
+from builder.workspace import Workspace
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_failed_target_does_not_stop_the_matrix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu = load_recipe(ROOT / "recipes" / "cpu.toml")
+    cuda = load_recipe(ROOT / "recipes" / "cu130-multi-min.toml")
+    built: list[str] = []
+
+    def fake_build(recipe, ws, *args, **kwargs):  # type: ignore[no-untyped-def]
+        """FAKE build (no compiler in unit tests): the CUDA recipe fails as a compile error would."""
+        if recipe.accelerator == "cuda":
+            raise BuildError("op fused_adam failed to compile (csrc/adam/multi_tensor_adam.o)", "drop fused_adam")
+        built.append(recipe.name)
+        wheel = ws.dist / "deepspeed-0.19.8+cpu.torch2.13-cp311-cp311-manylinux_2_35_x86_64.whl"
+        return build_module.BuildResult(wheel=wheel, seconds=80.0, log=ws.logs / "x.log", key="k")
+
+    monkeypatch.setattr(build_module, "build_wheel", fake_build)
+    stages = pipeline.Stages(smoke=False, publish=False)
+    targets = targets_for([cuda, cpu])
+    with pytest.raises(BuildError):  # without keep_going (a plain build-wheel) the first failure stops the run
+        pipeline.run(targets, Workspace(tmp_path / "w"), tmp_path / "house", stages)
+    assert built == []
+    results = pipeline.run(targets, Workspace(tmp_path / "w"), tmp_path / "house", stages, keep_going=True)
+    assert built == ["cpu"] and [r.ok for r in results] == [False, True]
+    failed = results[0].stages
+    assert failed["build"].status == "failed" and "op fused_adam failed to compile" in failed["build"].reason
+    assert "fix: drop fused_adam" in failed["build"].reason
+    assert (failed["smoke"].status, failed["smoke"].reason) == ("skipped", "the build failed")
+    assert (failed["publish"].status, failed["publish"].reason) == ("skipped", "the build failed")
+    assert (results[1].stages["smoke"].status, results[1].stages["smoke"].reason) == ("skipped", "--no-smoke")
+
+    js, md = coverage.write(results, tmp_path / "coverage", "matrix.toml")
+    report = json.loads(js.read_text())
+    assert report["schema"] == 1 and report["failed"] == ["cu130-multi-min"]
+    assert report["targets"][1]["stages"]["build"] == {"status": "passed", "reason": "", "seconds": 80.0}
+    text = md.read_text()
+    assert "1 of 2 targets passed every stage they ran." in text
+    assert "| cu130-multi-min | " in text and "| FAILED | skipped | skipped | - |" in text
+    assert "| cpu | " in text and "| passed 80s | skipped | skipped | deepspeed-0.19.8+cpu" in text
+    assert "- cu130-multi-min build: FAILED: op fused_adam failed to compile" in text
+    assert oct(md.stat().st_mode & 0o777) == "0o644"

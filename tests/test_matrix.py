@@ -1,0 +1,87 @@
+"""A real matrix on this machine: two recipes x two Pythons, one recipe failing on purpose.
+
+The Pythons are 3.11 (CPU torch from the local find-links) and 3.12 from pyenv, for which torch
+2.13.0 comes from PyPI as its CUDA build (about 4 GB, its CPU ops run fine). The failing recipe
+asks for async_io, which DeepSpeed cannot build without libaio: the matrix must go on past it,
+publish the good targets and report the bad ones with the reason (exit 11).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from builder.errors import ToolError
+from builder.targets import find_interpreter
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.integration
+
+
+def _python312() -> str | None:
+    try:
+        return str(find_interpreter("3.12").path)
+    except ToolError:
+        return None
+
+
+PY312 = _python312()
+
+
+@pytest.mark.skipif(PY312 is None, reason="no Python 3.12 on this machine (pyenv install 3.12 to run this test)")
+@pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="the cpu recipe's local torch wheel is for Python 3.11")
+def test_a_matrix_of_two_recipes_and_two_pythons(workspace: Path, tmp_path: Path) -> None:
+    text = (ROOT / "recipes" / "cpu.toml").read_text()
+    start = text.index("ops = [")
+    end = text.index("]", start) + 1
+    (tmp_path / "adam.toml").write_text(
+        text[:start].replace('name = "cpu"', 'name = "adam"') + 'ops = ["cpu_adam"]' + text[end:]
+    )
+    (tmp_path / "aio.toml").write_text(
+        text[:start].replace('name = "cpu"', 'name = "aio"') + 'ops = ["async_io"]' + text[end:]
+    )
+    matrix = tmp_path / "matrix.toml"
+    matrix.write_text('recipes = ["adam.toml", "aio.toml"]\npython = ["3.11", "3.12"]\n')
+    house = tmp_path / "wheelhouse"
+    done = subprocess.run(
+        [sys.executable, "-m", "builder", "build-wheel", "--matrix", str(matrix), "--work-dir", str(workspace),
+         "--wheelhouse", str(house), "--json"],
+        cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 11, done.stderr[-5000:]
+    assert "2 of 4 targets failed: aio, aio-cp312" in done.stderr
+    report = json.loads((workspace / "coverage" / "coverage.json").read_text())
+    rows = {t["target"]: t for t in report["targets"]}
+    assert list(rows) == ["adam", "adam-cp312", "aio", "aio-cp312"] and report["failed"] == ["aio", "aio-cp312"]
+    for name, tag in (("adam", "cp311"), ("adam-cp312", "cp312")):
+        stages = {s: v["status"] for s, v in rows[name]["stages"].items()}
+        assert stages == {"build": "passed", "smoke": "passed", "publish": "passed"}, rows[name]
+        assert f"-{tag}-{tag}-manylinux_" in rows[name]["wheel"]
+    for name in ("aio", "aio-cp312"):
+        build = rows[name]["stages"]["build"]
+        assert build["status"] == "failed" and "async_io" in build["reason"]
+        assert rows[name]["stages"]["publish"] == {"status": "skipped", "reason": "the build failed", "seconds": 0.0}
+    assert "| adam-cp312 | 3.12." in (workspace / "coverage" / "coverage.md").read_text()
+
+    # Each interpreter got its own wheel, smoke and manifest entry, with its own Python's torch.
+    wheels = json.loads((house / "manifest.json").read_text())["wheels"]
+    assert sorted(e["python_tag"] for e in wheels.values()) == ["cp311", "cp312"]
+    assert all(e["smoke"]["passed"] and e["smoke"]["checks"]["numerics:cpu_adam"]["status"] == "passed"
+               for e in wheels.values())  # fmt: skip
+
+    # Re-running builds nothing: every good target is found by its build key, its smoke reused.
+    again = subprocess.run(
+        [sys.executable, "-m", "builder", "build-wheel", "--matrix", str(matrix), "--work-dir", str(workspace),
+         "--wheelhouse", str(house)],
+        cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    assert again.returncode == 11
+    rerun = json.loads((workspace / "coverage" / "coverage.json").read_text())
+    assert {t["target"]: t["stages"]["build"]["status"] for t in rerun["targets"]} == {
+        "adam": "reused", "adam-cp312": "reused", "aio": "failed", "aio-cp312": "failed"
+    }  # fmt: skip
+    assert "pip wheel" not in again.stderr
