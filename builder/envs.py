@@ -10,8 +10,11 @@ passes the same index, extra indexes and find-links to uv, and says which it use
 
 Build environments are cached by what they hold and marked complete only after every install
 succeeded, so a killed install is redone rather than half-used. Smoke environments are always new.
-Environments that must see a torch installed elsewhere (torch = "system") are made with venv + pip:
-pip sees packages a .pth file adds; uv does not.
+Environments that must see a torch installed elsewhere (torch = "system") see the parent's
+packages through system site-packages (and a .pth file when the parent is a venv). uv does not look
+at packages visible that way, so it is asked what the *parent* environment lacks (a dry run against
+it, which installs nothing there) and installs exactly that into the new venv, without dependencies:
+the system torch stays the one used, as pip would leave it.
 """
 
 from __future__ import annotations
@@ -19,9 +22,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import re
 import shutil
 import sys
 import sysconfig
+import urllib.parse
+import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,8 +137,7 @@ def env_key(requirements: Sequence[str], system_site_packages: bool = False, bas
     """A folder name for an environment with these requirements on this interpreter (or `base`)."""
     interpreter = [sys.executable, sys.version] if base is None else [str(base)]
     text = "\n".join(
-        [*interpreter, f"system-site-packages={system_site_packages}", *sorted(requirements)]
-        + ([] if system_site_packages else [f"backend={backend()}"])
+        [*interpreter, f"system-site-packages={system_site_packages}", *sorted(requirements), f"backend={backend()}"]
     )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -164,7 +169,9 @@ def create(
     if venv.exists():
         shutil.rmtree(venv)
     python = base or Path(sys.executable)
-    if backend() == "uv" and not system_site_packages:
+    if backend() == "uv":
+        if system_site_packages:
+            return _create_system_with_uv(venv, requirements, log, verbose)
         return _create_with_uv(venv, requirements, log, verbose, python)
     flags = ["--system-site-packages"] if system_site_packages else []
     cmd.run([python, "-m", "venv", *flags, venv], log=log, verbose=verbose)
@@ -214,6 +221,52 @@ def install_into(folder: Path, requirements: Sequence[str], log: Path, verbose: 
     else:
         cmd.run([sys.executable, "-m", "pip", "install", "--quiet", "--target", folder, *requirements],
                 log=log, verbose=verbose, fix=fix)  # fmt: skip
+
+
+def _create_system_with_uv(venv: Path, requirements: Sequence[str], log: Path, verbose: bool) -> Path:
+    """A venv that sees this interpreter's packages, with only what they lack installed by uv."""
+    uv = uv_binary(TOOLS)
+    cmd.run([uv, "venv", "--quiet", "--system-site-packages", "--python", sys.executable, venv], log=log,
+            verbose=verbose)  # fmt: skip
+    if sys.prefix != sys.base_prefix:
+        _see_parent_venv(venv)
+    if not requirements:
+        return venv
+    sources = pip_sources()
+    output.note(f"uv installs from pip's sources: {sources.describe()}")
+    fix = "check the requirement names and versions, and that the package index is reachable"
+    # A dry run against the parent: what it lacks (--break-system-packages only lets uv look at an
+    # externally managed Python; nothing is installed there).
+    plan = cmd.run(
+        [uv, "pip", "install", "--dry-run", "--break-system-packages", "--python", sys.executable,
+         *sources.uv_args(), *requirements],
+        log=log, verbose=verbose, fix=fix,
+    )  # fmt: skip
+    missing = parse_dry_run(plan)
+    if missing:
+        cmd.run(
+            [uv, "pip", "install", "--no-deps", "--python", python_in(venv), *sources.uv_args(), *missing],
+            env=venv_environ(venv), log=log, verbose=verbose, progress=_uv_progress, fix=fix,
+        )  # fmt: skip
+    output.note(f"installed {len(missing)} packages beside the system's: {' '.join(missing) or 'none'}")
+    return venv
+
+
+def parse_dry_run(text: str) -> list[str]:
+    """The packages `uv pip install --dry-run` would add (" + name==version", " + name @ file:///..."),
+    as requirements for an exact, dependency-free install."""
+    wanted = []
+    for line in text.splitlines():
+        m = re.match(r"^\s*\+\s+([A-Za-z0-9._-]+)(?:==(\S+)|\s+@\s+(\S+))\s*$", line)
+        if not m:
+            continue
+        name, version, url = m.groups()
+        if url:
+            parsed = urllib.parse.urlparse(url)
+            wanted.append(urllib.request.url2pathname(parsed.path) if parsed.scheme == "file" else url)
+        else:
+            wanted.append(f"{name}=={version}")
+    return wanted
 
 
 def _uv_progress(line: str) -> str | None:

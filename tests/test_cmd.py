@@ -78,3 +78,20 @@ def test_pip_config_becomes_uv_sources() -> None:
     ]  # fmt: skip
     assert parse_pip_config("global.no-index='true'\n").uv_args()[-1] == "--no-index"
     assert parse_pip_config("") == PackageSources() and PackageSources().describe() == "PyPI"
+
+
+def test_uv_dry_run_lines_become_exact_requirements() -> None:
+    """What `uv pip install --dry-run` prints against a system torch's environment (uv 0.13.9)."""
+    from builder.envs import parse_dry_run
+
+    said = (
+        "Using Python 3.11.7 environment at: image\nResolved 30 packages in 242ms\nWould download 1 package\n"
+        "Would install 3 packages\n + einops==0.8.2\n + hjson==3.1.0\n"
+        " + deepspeed @ file:///work/dist/deepspeed-0.19.8%2Bcpu.torch2.13-cp311-cp311-manylinux_2_35_x86_64.whl\n"
+        " - torch==2.13.0+cpu\n"
+    )
+    assert parse_dry_run(said) == [
+        "einops==0.8.2",
+        "hjson==3.1.0",
+        "/work/dist/deepspeed-0.19.8+cpu.torch2.13-cp311-cp311-manylinux_2_35_x86_64.whl",
+    ]

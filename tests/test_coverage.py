@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -55,3 +58,23 @@ def test_a_failed_target_does_not_stop_the_matrix(tmp_path: Path, monkeypatch: p
     assert "| cpu | " in text and "| passed 80s | skipped | skipped | deepspeed-0.19.8+cpu" in text
     assert "- cu130-multi-min build: FAILED: op fused_adam failed to compile" in text
     assert oct(md.stat().st_mode & 0o777) == "0o644"
+
+
+def test_jobs_run_targets_at_once_with_a_share_of_the_cores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu = load_recipe(ROOT / "recipes" / "cpu.toml")
+    seen: list[tuple[str, int | None, str]] = []
+    both_started = threading.Barrier(2, timeout=10)
+
+    def fake_build(recipe, ws, verbose, force, use_ccache, python, cores):  # type: ignore[no-untyped-def]
+        """FAKE build: both must be running at the same time (the barrier), each with half the cores."""
+        both_started.wait()
+        seen.append((recipe.name, cores, threading.current_thread().name))
+        return build_module.BuildResult(wheel=ws.dist / f"{recipe.name}.whl", seconds=1.0, log=ws.logs / "x", key="k")
+
+    monkeypatch.setattr(build_module, "build_wheel", fake_build)
+    recipes = [cpu, dataclasses.replace(cpu, name="cpu2")]
+    results = pipeline.run(targets_for(recipes), Workspace(tmp_path / "w"), tmp_path / "house",
+                           pipeline.Stages(smoke=False, publish=False), keep_going=True, jobs=2)  # fmt: skip
+    assert [r.target for r in results] == ["cpu", "cpu2"] and all(r.ok for r in results)
+    assert {cores for _, cores, _ in seen} == {max(1, (os.cpu_count() or 1) // 2)}
+    assert len({thread for _, _, thread in seen}) == 2

@@ -7,11 +7,13 @@ environments; about 4 to 5 minutes on 2 cores.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from collections.abc import Mapping
 from email.parser import Parser
@@ -22,7 +24,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 VERSION = "0.19.8+cu130.torch2.14.sm80.sm90"
 RECIPE = "cu130-multi-min"
-WHEEL = f"deepspeed-{VERSION}-cp311-cp311-linux_x86_64.whl"
+WHEEL = f"deepspeed-{VERSION}-cp311-cp311-manylinux_2_35_x86_64.whl"  # the glibc floor of this Debian 12 build
 # Measured with DeepSpeed's plain build for the same ops (see README): a 15.6 MB wheel.
 PLAIN_WHEEL_BYTES = 15_600_000
 
@@ -56,17 +58,34 @@ def supported_gcc() -> str | None:
     return None
 
 
-# As root, a private mount namespace can hide this machine's toolkit folders (empty tmpfs over
-# each /usr/local/cuda*), for the build and for the smoke, as on a GPU node that has none; torch
-# otherwise falls back to /usr/local/cuda by itself. Nothing outside the namespace changes.
-_MASK = 'for d in /usr/local/cuda*; do mount -t tmpfs none "$(readlink -f "$d")" || exit 97; done; exec "$@"'
+# As root, a private mount namespace can hide this machine's toolkit, for the build and for the
+# smoke, as on a GPU node that has none: /usr/local becomes a tmpfs holding everything it held
+# except cuda* (an empty folder would not do: torch falls back to /usr/local/cuda if it exists).
+# Nothing outside the namespace changes; HIDE_DIR is a scratch folder for the original view.
+_MASK = """
+orig="$HIDE_DIR/usr-local"; mkdir -p "$orig" || exit 97
+mount --bind /usr/local "$orig" && mount -t tmpfs none /usr/local || exit 97
+for e in "$orig"/* "$orig"/.[!.]*; do
+  [ -e "$e" ] || [ -L "$e" ] || continue
+  n=$(basename "$e")
+  case "$n" in cuda*) continue;; esac
+  if [ -L "$e" ]; then cp -P "$e" "/usr/local/$n"
+  elif [ -d "$e" ]; then mkdir "/usr/local/$n" && mount --bind "$e" "/usr/local/$n"
+  else touch "/usr/local/$n" && mount --bind "$e" "/usr/local/$n"; fi || exit 97
+done
+exec "$@"
+"""
+_HIDE_DIR = tempfile.mkdtemp(prefix="hide-toolkit-")
+atexit.register(shutil.rmtree, _HIDE_DIR, True)
 
 
 def _can_hide_toolkit() -> bool:
     if not shutil.which("unshare") or os.geteuid() != 0:
         return False
-    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", _MASK, "sh", "true"],
-                           capture_output=True)  # fmt: skip
+    probe = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", _MASK, "sh", "sh", "-c", "! ls -d /usr/local/cuda*"],
+        capture_output=True, env={**os.environ, "HIDE_DIR": _HIDE_DIR},
+    )  # fmt: skip
     return probe.returncode == 0
 
 
@@ -74,8 +93,10 @@ HIDE_TOOLKIT = _can_hide_toolkit()
 
 
 def hidden_toolkit(args: list[str]) -> list[str]:
-    """`args` run where /usr/local/cuda* look empty, when this machine allows it."""
-    return ["unshare", "-m", "--propagation", "private", "sh", "-c", _MASK, "sh", *args] if HIDE_TOOLKIT else args
+    """`args` run where /usr/local/cuda* do not exist, when this machine allows it."""
+    if not HIDE_TOOLKIT:
+        return args
+    return ["env", f"HIDE_DIR={_HIDE_DIR}", "unshare", "-m", "--propagation", "private", "sh", "-c", _MASK, "sh", *args]
 
 
 def without_system_toolkit(base: Mapping[str, str]) -> dict[str, str]:
@@ -195,8 +216,9 @@ def test_a_compile_failure_names_the_op_and_quotes_nvcc(cuda_build: tuple[Path, 
     and quote nvcc, not only "read the log" (the build environment is the one cuda_build made)."""
     recipe = workspace / "fp-quantizer.toml"
     text = (ROOT / "recipes" / f"{RECIPE}.toml").read_text()
-    recipe.write_text(text.replace(f'name = "{RECIPE}"', 'name = "fp-quantizer"').replace(
-        'ops = ["fused_adam", "cpu_adam", "utils"]', 'ops = ["fp_quantizer"]'))  # fmt: skip
+    text = text.replace(f'name = "{RECIPE}"', 'name = "fp-quantizer"')
+    text = text.replace('arch = ["8.0", "9.0"]', 'arch = ["9.0"]')  # one arch: the failure is the same
+    recipe.write_text(text.replace('ops = ["fused_adam", "cpu_adam", "utils"]', 'ops = ["fp_quantizer"]'))
     assert 'ops = ["fp_quantizer"]' in recipe.read_text()
     done = subprocess.run(
         [sys.executable, "-m", "builder", "build-wheel", "--recipe", str(recipe), "--work-dir", str(workspace),
