@@ -5,7 +5,16 @@ from pathlib import Path
 
 import pytest
 
-from builder.build.archs import FatbinCode, label, missing_archs, normalize, normalize_all, parse_fatbin, so_archs
+from builder.build.archs import (
+    FatbinCode,
+    label,
+    missing_archs,
+    normalize,
+    normalize_all,
+    parse_fatbin,
+    so_archs,
+    so_compressed,
+)
 from builder.errors import RecipeError
 
 DATA = Path(__file__).with_name("data")
@@ -78,6 +87,14 @@ def test_so_archs_reads_a_real_shared_object(tmp_path: Path) -> None:
         check=True,
     )  # fmt: skip
     assert so_archs(so) == {FatbinCode("sass", 75), FatbinCode("ptx", 90)}
+    assert not so_compressed(so)
+    packed = tmp_path / "kc.so"
+    subprocess.run(
+        ["/usr/local/cuda/bin/nvcc", "-shared", "-Xcompiler", "-fPIC", "-gencode", "arch=compute_90,code=sm_90",
+         "-Xfatbin", "-compress-all", str(cu), "-o", str(packed)],
+        check=True,
+    )  # fmt: skip
+    assert so_compressed(packed) and so_archs(packed) == {FatbinCode("sass", 90)}  # archs still read
     host_only = tmp_path / "h.so"
     (tmp_path / "h.c").write_text("int f(void) { return 1; }\n")
     subprocess.run(["gcc", "-shared", "-fPIC", str(tmp_path / "h.c"), "-o", str(host_only)], check=True)

@@ -128,6 +128,40 @@ def parse_fatbin(data: bytes) -> set[FatbinCode]:
     return found
 
 
+FATBIN_COMPRESSED = 0x8000  # entry flag (u64 at +40) nvcc 13.0 sets for -Xfatbin -compress-all
+
+
+def fatbin_compressed(data: bytes) -> bool:
+    """Whether every code entry of a .nv_fatbin section is compressed (False if it has none)."""
+    flags: list[bool] = []
+    off = 0
+    while off + 16 <= len(data):
+        magic, _, header, size = struct.unpack_from("<IHHQ", data, off)
+        if magic != FATBIN_MAGIC:
+            off += 8
+            continue
+        pos, end = off + header, off + header + size
+        while pos + 48 <= end:
+            kind, _, entry_header, payload = struct.unpack_from("<HHIQ", data, pos)
+            (entry_flags,) = struct.unpack_from("<Q", data, pos + 40)
+            if kind in (1, 2):
+                flags.append(bool(entry_flags & FATBIN_COMPRESSED))
+            if entry_header == 0:
+                break
+            pos += entry_header + payload
+        off = end
+    return bool(flags) and all(flags)
+
+
+def so_compressed(path: Path) -> bool:
+    """Whether a shared object's device code is compressed (False where it has none)."""
+    from elftools.elf.elffile import ELFFile
+
+    with open(path, "rb") as f:
+        section = ELFFile(f).get_section_by_name(".nv_fatbin")
+        return fatbin_compressed(section.data()) if section is not None else False
+
+
 def so_archs(path: Path) -> set[FatbinCode]:
     """Device code in a shared object, read from its ELF .nv_fatbin section (empty if none)."""
     from elftools.elf.elffile import ELFFile

@@ -174,3 +174,19 @@ def verify_archs(tree: Path, plan: BuildPlan) -> dict[str, list[str]]:
             "DeepSpeed narrowed TORCH_CUDA_ARCH_LIST while building; build the affected ops in a separate recipe",
         )
     return found
+
+
+def device_code_compressed(tree: Path, plan: BuildPlan) -> bool | None:
+    """Whether every device-code op's .so holds compressed device code, read back from its fatbin
+    (None for a build without device code). A recipe that asked for compression and did not get
+    it is an error: nvcc takes the flag from the environment, where a wrapper can lose it."""
+    sos = [so for op in plan.ops if op.device_code for so in sorted(tree.glob(op.so_prefix + "*.so"))]
+    if not sos or not plan.archs:
+        return None
+    compressed = all(archs.so_compressed(so) for so in sos)
+    if plan.recipe.compress_device_code and not compressed:
+        raise BuildError(
+            "the recipe asks for compressed device code, but the .so files hold it uncompressed",
+            "check that NVCC_APPEND_FLAGS reaches nvcc (a wrapper may reset it), or set compress_device_code = false",
+        )
+    return compressed

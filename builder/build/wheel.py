@@ -184,12 +184,13 @@ def build_wheel(
         verify(raw, plan.ops, plan.version)
         tree = artifacts.unpack(raw, env_python, Path(tmp) / "tree", log)
         op_archs = artifacts.verify_archs(tree, plan)
+        compressed = artifacts.device_code_compressed(tree, plan)
         sizes = artifacts.strip_debug(tree, log) if recipe.strip else artifacts.so_sizes(tree)
         needs = glibc.needed_versions(tree)
         tags = glibc.platform_tags(needs)
         glibc.retag(tree, tags)  # manylinux_2_N: pip on a node with an older glibc refuses the wheel
         data = build_manifest(plan, sizes, op_archs, machine, toolchain)
-        data.update({"build_key": key, "build_key_inputs": inputs,
+        data.update({"build_key": key, "build_key_inputs": inputs, "device_code_compressed": compressed,
                      "platform": {"tags": list(tags), "needs": glibc.newest(needs)}})  # fmt: skip
         manifest = BuildManifest.from_dict(data, "the build manifest")  # the loader's checks hold for the writer
         artifacts.finish_tree(tree, manifest)
@@ -287,7 +288,6 @@ def build_manifest(
         # Ops the recipe let build for fewer archs (narrow_ops), with the archs they hold: a node
         # whose GPU is not among them has no code for that op.
         "narrowed_ops": plan.narrowed,
-        "device_code_compressed": bool(plan.archs) and recipe.compress_device_code,
         "cpu_target": recipe.cpu_target,
         # -march=native ties the CPU ops to this CPU: a node must have every one of its flags.
         "cpu_flags": sorted(cpu_flags()) if recipe.cpu_target == "native" else [],
