@@ -25,6 +25,17 @@ if TYPE_CHECKING:
 DEFAULT_RECIPE = Path("recipes/cpu.toml")
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return value
+
+
 def folder_arg(text: str) -> Path:
     """A folder given as a path or as a file:// URL (publish prints file:// URLs)."""
     if text.startswith("file:"):
@@ -95,7 +106,12 @@ def parser() -> argparse.ArgumentParser:
         help="matrix.toml (recipes x pythons, optionally x DeepSpeed versions): build, smoke and publish every "
         "target, go on past a failed one, and write a coverage report (exit 11 if any failed)",
     )
-    b.add_argument("--jobs", type=int, help="targets built at once (default: the matrix file's jobs, else 1)")
+    b.add_argument(
+        "--jobs",
+        type=positive_int,
+        help="targets built at once (default: the matrix file's jobs; for a matrix without one, as "
+        "many as cores and memory allow, 8 cores and 24 GB each; else 1)",
+    )
     b.add_argument("--no-smoke", action="store_true", help="only build and verify (implies --no-publish)")
     b.add_argument("--no-publish", action="store_true", help="build and smoke-test, do not publish")
     b.add_argument("--force", action="store_true", help="build even if a wheel with the same build key exists")

@@ -47,7 +47,11 @@ def build_wheel(args: argparse.Namespace) -> int:
         verbose=args.verbose,
     )
     ws = _workspace(args, check=False)
-    jobs = args.jobs or (matrix.jobs if matrix else 1)
+    jobs = args.jobs or (matrix.jobs if matrix and matrix.jobs else 1)
+    if matrix is not None and not args.jobs and not matrix.jobs:
+        from builder.detect import available_memory_gb
+
+        jobs = pipeline.auto_jobs(len(targets), os.cpu_count() or 1, available_memory_gb())
     results = pipeline.run(targets, ws, args.wheelhouse, stages, keep_going=matrix is not None, jobs=jobs)
     if args.json:
         output.result(json.dumps({"targets": [r.to_json() for r in results]}, indent=2))

@@ -155,7 +155,7 @@ class Matrix:
     path: Path
     recipes: tuple[Recipe, ...]
     python: tuple[str, ...]
-    jobs: int
+    jobs: int | None  # None: as many as cores and memory allow
 
 
 _MATRIX_KEYS = {"recipes": list, "python": list, "deepspeed": list, "jobs": int}
@@ -195,13 +195,19 @@ def parse_matrix(data: Mapping[str, Any], path: Path) -> Matrix:
                     f"{path}: each deepspeed entry needs version and sha256 (and nothing else)",
                     'e.g. deepspeed = [{ version = "0.18.9", sha256 = "..." }]',
                 )
+            version = item["version"]
+            if not isinstance(version, str) or not re.match(r"^\d+(\.\d+){1,3}$", version):
+                raise RecipeError(
+                    f"{path}: deepspeed version {str(version)[:40]!r} is not a release version",
+                    'write it like "0.18.9"',
+                )  # fmt: skip (it names work folders)
             if not isinstance(item["sha256"], str) or not re.match(r"^[0-9a-fA-F]{64}$", item["sha256"]):
                 raise RecipeError(f"{path}: deepspeed {item['version']}: sha256 is not a sha256 hex digest",
                                   "copy the sha256 of that version's sdist from PyPI")  # fmt: skip
             for recipe in base:
                 ds = dataclasses.replace(recipe.deepspeed, version=item["version"], sha256=item["sha256"].lower())
                 recipes.append(dataclasses.replace(recipe, deepspeed=ds, deepspeed_suffix=True))
-    jobs = data.get("jobs", 1)
-    if jobs < 1:
+    jobs = data.get("jobs")
+    if jobs is not None and jobs < 1:
         raise RecipeError(f"{path}: jobs must be 1 or more", "jobs = 1 builds one target at a time")
     return Matrix(path, tuple(recipes), tuple(pythons), jobs)

@@ -78,3 +78,10 @@ def test_jobs_run_targets_at_once_with_a_share_of_the_cores(tmp_path: Path, monk
     assert [r.target for r in results] == ["cpu", "cpu2"] and all(r.ok for r in results)
     assert {cores for _, cores, _ in seen} == {max(1, (os.cpu_count() or 1) // 2)}
     assert len({thread for _, _, thread in seen}) == 2
+
+
+def test_auto_jobs_follow_cores_and_memory() -> None:
+    assert pipeline.auto_jobs(6, cores=2, mem_gb=22.0) == 1  # this machine: one target at a time
+    assert pipeline.auto_jobs(6, cores=16, mem_gb=120.0) == 2  # the H100 machine: 8 cores each
+    assert pipeline.auto_jobs(6, cores=64, mem_gb=60.0) == 2  # memory, not cores, is the limit
+    assert pipeline.auto_jobs(3, cores=64, mem_gb=None) == 3  # never more than there are targets

@@ -6,7 +6,10 @@ from __future__ import annotations
 import _ctypes
 import os
 import shutil
+import sys
 from pathlib import Path
+
+import pytest
 
 from builder.build.glibc import needed_versions, newest, platform_tags, retag
 from builder.node import Node, glibc_floor, glibc_mismatch
@@ -63,3 +66,24 @@ def test_the_node_checks_the_floor() -> None:
     assert glibc_mismatch(name, Node("cp311", None, None, glibc="2.36")) is None
     assert glibc_mismatch(name, Node("cp311", None, None, glibc="2.100")) is None  # compared as numbers
     assert glibc_mismatch(name.replace("manylinux_2_35", "linux"), rocky8) is None
+
+
+def test_the_node_probe_reports_its_glibc_and_a_bad_value_is_refused() -> None:
+    from builder.node import InstallError, parse_node_probe
+
+    good = '{"python_tag": "cp311", "torch": null, "cuda": null, "gpus": [], "glibc": "2.36"}'
+    assert parse_node_probe(good, frozenset()).glibc == "2.36"
+    musl = '{"python_tag": "cp311", "torch": null, "cuda": null, "gpus": [], "glibc": null}'
+    assert parse_node_probe(musl, frozenset()).glibc is None  # not glibc: pip's own tag check decides
+    for bad in ('"2.36; rm -rf /"', '"glibc 2.36"', "236"):
+        hostile = '{"python_tag": "cp311", "torch": null, "cuda": null, "gpus": [], "glibc": ' + bad + "}"
+        with pytest.raises(InstallError, match="glibc"):
+            parse_node_probe(hostile, frozenset())
+
+
+@pytest.mark.spawns
+def test_this_nodes_probe_finds_its_glibc() -> None:
+    from builder.node import probe_node
+
+    node = probe_node(sys.executable)
+    assert node.glibc == os.confstr("CS_GNU_LIBC_VERSION").split()[-1]  # type: ignore[union-attr]

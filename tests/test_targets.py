@@ -90,6 +90,11 @@ def test_matrix_files(tmp_path: Path) -> None:
         ('recipes = ["recipes/cpu.toml"]\njobs = 0\n', "jobs must be 1 or more"),
         ('recipes = ["recipes/cpu.toml"]\ndeepspeed = [{ version = "0.18.9" }]\n', "needs version and sha256"),
         ('recipes = ["recipes/cpu.toml"]\ndeepspeed = [{ version = "0.18.9", sha256 = "x" }]\n', "not a sha256"),
+        # A version names the target's work folder and logs: '../' must not get that far.
+        (
+            'recipes = ["recipes/cpu.toml"]\ndeepspeed = [{ version = "../../etc", sha256 = "' + "a" * 64 + '" }]\n',
+            "is not a release version",
+        ),
         ("recipes = [", "is not valid TOML"),
     ]:
         bad = tmp_path / "bad.toml"
