@@ -56,7 +56,7 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
 def plain_build(recipe: Recipe, ws: Workspace, out: Path, log: Path) -> tuple[float, int]:
     """DeepSpeed's own command in a fresh source tree: seconds and wheel bytes."""
     src_root = out / "plain"
-    sdist = source.fetch(recipe.deepspeed, ws.cache, log)
+    sdist = source.fetch(recipe.deepspeed, source.sdist_folder(ws.cache, os.environ), log)
     src = source.unpack(sdist, src_root)
     _, python = prepare(recipe, ws, log)
     env, machine, _ = toolchain_env(recipe, python, ws)

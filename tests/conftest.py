@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).with_name("data")
+
+# One sdist cache for every work folder the integration tests make (each worker's, the
+# reproducibility build's, the system-torch image's, the matrix targets'), inherited by every
+# builder they start: sdists are verified by sha256 on every use, so sharing them is safe.
+SDIST_CACHE = Path(tempfile.gettempdir()) / f"ds-builder-test-sdists-{os.getuid()}"
+os.environ.setdefault("DS_BUILDER_SDIST_CACHE", str(SDIST_CACHE))
 
 
 def pytest_report_header() -> list[str]:

@@ -19,11 +19,11 @@ from packaging.version import Version
 
 from builder import cmd
 from builder.build import archs, buildid
+from builder.build.ops import OpInfo
 from builder.build.plan import BuildPlan
 from builder.contracts import BuildManifest
 from builder.errors import BuildError
 from builder.node import BUILD_MANIFEST
-from builder.build.ops import OpInfo
 
 INSTALLED_INFO = "deepspeed/git_version_info_installed.py"
 MANIFEST_NAME = BUILD_MANIFEST

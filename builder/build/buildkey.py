@@ -10,16 +10,15 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from builder import __version__
+from builder.build.cudakit import search_roots
 from builder.cmd import query
 from builder.detect import arch_list, probe_compilers, probe_gpus, probe_toolkits
-from builder.build.cudakit import search_roots
 from builder.recipe import Recipe
 
 # Variables that change what the compilers produce (MAX_JOBS and friends only change how fast).
@@ -70,9 +69,7 @@ def build_key(inputs: Mapping[str, Any]) -> str:
 
 def gather(recipe: Recipe, env: Mapping[str, str], python_version: str | None = None) -> MachineFacts:
     """The machine facts the key needs, each from a quick query."""
-    toolkits = (
-        probe_toolkits(env, query, search_roots(env), None) if recipe.accelerator == "cuda" else []
-    )
+    toolkits = probe_toolkits(env, query, search_roots(env), None) if recipe.accelerator == "cuda" else []
     compilers, _ = probe_compilers(env, query)
     system_torch = None
     if recipe.torch.system:

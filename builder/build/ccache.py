@@ -12,7 +12,6 @@ disabled so the build is plain.
 from __future__ import annotations
 
 import hashlib
-
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path

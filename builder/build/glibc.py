@@ -75,4 +75,3 @@ def retag(tree: Path, tags: Sequence[str]) -> None:
     wheel_file.write_text(
         "\n".join([*kept, *(f"Tag: {head}-{tag}" for head in heads for tag in tags)]) + "\n", encoding="utf-8"
     )
-

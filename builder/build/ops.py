@@ -5,8 +5,6 @@
 
 from __future__ import annotations
 
-from builder.resources import resource
-
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -15,6 +13,7 @@ from pathlib import Path
 from builder import cmd
 from builder.errors import BuildError, RecipeError
 from builder.recipe import did_you_mean
+from builder.resources import resource
 
 PROBE_SCRIPT = resource("ds_probe.py")
 MARKER = "==== ds_probe json ===="
@@ -76,9 +75,7 @@ def parse_probe(output: str) -> ProbeReport:
     )
 
 
-def probe(
-    python: Path, source: Path, env: Mapping[str, str], log: Path, archs: tuple[str, ...] = ()
-) -> ProbeReport:
+def probe(python: Path, source: Path, env: Mapping[str, str], log: Path, archs: tuple[str, ...] = ()) -> ProbeReport:
     """Ask DeepSpeed (at `source`, under the build env's `python`) for its op list, and each op
     which of `archs` it accepts."""
     return parse_probe(cmd.run([python, PROBE_SCRIPT, ";".join(archs)], env=env, cwd=source, log=log))

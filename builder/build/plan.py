@@ -12,8 +12,8 @@ from packaging.version import Version
 
 from builder.build.archs import label as arch_label
 from builder.build.archs import normalize_all
-from builder.errors import BuildError
 from builder.build.ops import OpInfo, ProbeReport, check_archs, check_requested
+from builder.errors import BuildError
 from builder.recipe import Recipe
 
 

