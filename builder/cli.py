@@ -112,6 +112,16 @@ def parser() -> argparse.ArgumentParser:
         help="targets built at once (default: the matrix file's jobs; for a matrix without one, as "
         "many as cores and memory allow, 8 cores and 24 GB each; else 1)",
     )
+    b.add_argument("--target", metavar="NAME", help="build only this target of the matrix (what each Slurm task runs)")
+    b.add_argument(
+        "--slurm",
+        action="store_true",
+        help="with --matrix: submit it to Slurm (a job array of builds, then one job that publishes and "
+        "writes the coverage report) instead of building here; prints the job ids",
+    )
+    b.add_argument("--partition", help="Slurm partition for the build jobs")
+    b.add_argument("--account", help="Slurm account for the jobs")
+    b.add_argument("--wait", action="store_true", help="with --slurm: follow the jobs; exit 11 if any target failed")
     b.add_argument("--no-smoke", action="store_true", help="only build and verify (implies --no-publish)")
     b.add_argument("--no-publish", action="store_true", help="build and smoke-test, do not publish")
     b.add_argument("--force", action="store_true", help="build even if a wheel with the same build key exists")
@@ -119,6 +129,15 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--json", action="store_true", help="print each target's result (wheel, smoke, install command) as JSON"
     )
+
+    sc = sub.add_parser(
+        "slurm-collect",
+        parents=[common],
+        help="(run by the Slurm collect job) publish a matrix run's passing targets, write its coverage",
+        description="Read every array task's result in RUN (checked: other jobs wrote them), publish the "
+        "wheels whose smoke passed into the wheelhouse, and write RUN/coverage/coverage.{json,md}.",
+    )
+    sc.add_argument("run", type=Path, metavar="RUN", help="the run folder build-wheel --slurm printed")
 
     s = sub.add_parser(
         "smoke",

@@ -13,6 +13,7 @@ import os
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 from builder import output
 from builder.cli import DEFAULT_RECIPE
@@ -39,6 +40,15 @@ def build_wheel(args: argparse.Namespace) -> int:
     recipes = list(matrix.recipes) if matrix else [load_recipe(p) for p in (args.recipes or [DEFAULT_RECIPE])]
     pythons = args.pythons or (list(matrix.python) if matrix else [])
     targets = targets_for(recipes, pythons)  # every recipe and interpreter checked before the first build
+    if args.target:
+        chosen = [t for t in targets if t.name == args.target]
+        if not chosen:
+            raise RecipeError(
+                f'the matrix has no target "{args.target}"', f"its targets: {', '.join(t.name for t in targets)}"
+            )
+        targets = chosen
+    if args.slurm:
+        return _submit_to_slurm(args, matrix, targets)
     stages = pipeline.Stages(
         smoke=not args.no_smoke,
         publish=not (args.no_smoke or args.no_publish),
@@ -65,6 +75,65 @@ def build_wheel(args: argparse.Namespace) -> int:
                 f"{len(failed)} of {len(targets)} targets failed: {', '.join(failed)}",
                 f"read the reasons in {md}; the other targets were built, smoked and published",
             )
+    return 0
+
+
+def _submit_to_slurm(args: argparse.Namespace, matrix: Any, targets: list[Any]) -> int:
+    import tempfile
+
+    from builder import slurm
+    from builder.errors import MatrixError, RecipeError
+    from builder.files import make_dirs
+
+    if matrix is None:
+        raise RecipeError("--slurm submits a matrix", "pass --matrix FILE")
+    ws = _workspace(args)
+    make_dirs(ws.root / "slurm")
+    run = Path(tempfile.mkdtemp(prefix="run-", dir=ws.root / "slurm"))
+    run.chmod(0o755)
+    given = dict(matrix.slurm)
+    given.update({k: v for k, v in (("partition", args.partition), ("account", args.account)) if v})
+    opts = slurm.SlurmOptions(**given)
+    record = slurm.submit(targets, matrix.path, run, args.wheelhouse, opts)
+    output.step(
+        f"submitted {len(targets)} targets: build array {record['array_job']}, collect job {record['collect_job']} "
+        f"(afterany)\n    run folder: {run}\n    follow: squeue -j {record['array_job']},{record['collect_job']}; "
+        f"the coverage report will be {run / 'coverage' / 'coverage.md'}"
+    )
+    if args.json:
+        output.result(json.dumps(record, indent=2))
+    if not args.wait:
+        return 0
+    slurm.wait(record)
+    try:
+        report = json.loads((run / "coverage" / "coverage.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise MatrixError(
+            f"the collect job {record['collect_job']} wrote no coverage report", f"read {run / 'logs'}"
+        ) from exc
+    md = run / "coverage" / "coverage.md"
+    output.step("coverage:\n    " + md.read_text(encoding="utf-8").replace("\n", "\n    "))
+    failed = report.get("failed") if isinstance(report, dict) else None
+    if not isinstance(failed, list) or not all(isinstance(n, str) for n in failed):
+        raise MatrixError(f"{run / 'coverage' / 'coverage.json'} is not a coverage report", f"read {run / 'logs'}")
+    if failed:
+        raise MatrixError(f"{len(failed)} of {len(targets)} targets failed: {', '.join(failed[:50])}",
+                          f"read the reasons in {md}")  # fmt: skip
+    return 0
+
+
+def slurm_collect(args: argparse.Namespace) -> int:
+    from builder import coverage, slurm
+    from builder.errors import MatrixError
+
+    run = args.run.resolve()
+    results = slurm.collect(run, args.wheelhouse)
+    js, md = coverage.write(results, run / "coverage", str(slurm.load_run(run).get("matrix")))
+    output.step("coverage:\n    " + "\n    ".join(coverage.table(results)))
+    output.step(f"coverage report: {md} (JSON: {js})")
+    failed = [r.target for r in results if not r.ok]
+    if failed:
+        raise MatrixError(f"{len(failed)} of {len(results)} targets failed: {', '.join(failed)}", f"read {md}")
     return 0
 
 
@@ -251,6 +320,7 @@ def _passed_wheels(dist: Path) -> list[Path]:
 
 HANDLERS = {
     "build-wheel": build_wheel,
+    "slurm-collect": slurm_collect,
     "smoke": smoke,
     "publish": publish,
     "detect": detect,

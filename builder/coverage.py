@@ -31,13 +31,21 @@ def to_json(results: Sequence[TargetResult], matrix: str | None, finished_at: st
 
 def table(results: Sequence[TargetResult]) -> list[str]:
     """The Markdown table, one row per target, one column per stage."""
-    rows = ["| target | python | " + " | ".join(STAGES) + " | wheel |", "|---|---|" + "---|" * len(STAGES) + "---|"]
+    slurm = any(r.slurm for r in results)
+    job = " slurm job |" if slurm else ""
+    rows = [
+        f"| target | python | {' | '.join(STAGES)} | wheel |{job}",
+        "|---|---|" + "---|" * (len(STAGES) + 1 + slurm),
+    ]
     for r in results:
         cells = []
         for stage in STAGES:
             s = r.stages[stage]
             cells.append(_MARK[s.status] + (f" {s.seconds:.0f}s" if s.seconds >= 1 else ""))
-        rows.append(f"| {r.target} | {r.python} | " + " | ".join(cells) + f" | {r.wheel.name if r.wheel else '-'} |")
+        tail = f" {(r.slurm or {}).get('job', '-')} |" if slurm else ""
+        rows.append(
+            f"| {r.target} | {r.python} | " + " | ".join(cells) + f" | {r.wheel.name if r.wheel else '-'} |{tail}"
+        )
     return rows
 
 

@@ -58,6 +58,7 @@ class TargetResult:
     stages: Mapping[str, StageResult]
     published: Path | None = None
     install_command: str | None = None
+    slurm: Mapping[str, str] | None = None  # job id and log path, when the target ran on Slurm
 
     @property
     def ok(self) -> bool:
@@ -84,6 +85,7 @@ class TargetResult:
             "published": str(self.published) if self.published else None,
             "install_command": self.install_command,
             "stages": {name: r.to_json() for name, r in self.stages.items()},
+            **({"slurm": dict(self.slurm)} if self.slurm else {}),
         }
 
 

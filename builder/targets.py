@@ -156,9 +156,12 @@ class Matrix:
     recipes: tuple[Recipe, ...]
     python: tuple[str, ...]
     jobs: int | None  # None: as many as cores and memory allow
+    slurm: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # [slurm]: cpus, mem, time, partition, account
 
 
-_MATRIX_KEYS = {"recipes": list, "python": list, "deepspeed": list, "jobs": int}
+_MATRIX_KEYS = {"recipes": list, "python": list, "deepspeed": list, "jobs": int, "slurm": dict}
+_SLURM_KEYS = {"cpus": int, "mem": str, "time": str, "partition": str, "account": str}
+_SLURM_TEXT = re.compile(r"^[A-Za-z0-9:_.-]{1,64}$")  # partition, account, 24G, 02:00:00: no shell, no spaces
 
 
 def load_matrix(path: Path) -> Matrix:
@@ -210,4 +213,12 @@ def parse_matrix(data: Mapping[str, Any], path: Path) -> Matrix:
     jobs = data.get("jobs")
     if jobs is not None and jobs < 1:
         raise RecipeError(f"{path}: jobs must be 1 or more", "jobs = 1 builds one target at a time")
-    return Matrix(path, tuple(recipes), tuple(pythons), jobs)
+    slurm = dict(data.get("slurm", {}))
+    for key, value in slurm.items():
+        if key not in _SLURM_KEYS:
+            raise RecipeError(f'{path}: unknown key "slurm.{key}"', f"allowed: {', '.join(_SLURM_KEYS)}")
+        ok = isinstance(value, _SLURM_KEYS[key]) and not isinstance(value, bool)
+        ok = ok and (_SLURM_TEXT.match(value) is not None if isinstance(value, str) else value >= 1)
+        if not ok:
+            raise RecipeError(f"{path}: slurm.{key} = {str(value)[:40]!r} is not valid", 'e.g. cpus = 8, mem = "24G"')
+    return Matrix(path, tuple(recipes), tuple(pythons), jobs, slurm)
