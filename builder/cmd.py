@@ -96,6 +96,17 @@ def run(
     return "".join(lines)
 
 
+def ask(args: Sequence[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """A short query whose failure matters (squeue while following jobs): silent, its exit status
+    and both streams returned; ToolError only when the program is missing or hangs."""
+    if which(args[0]) is None:
+        raise ToolError(f"'{args[0]}' was not found on PATH", f"install {args[0]} or put it on PATH")
+    try:
+        return subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise ToolError(f"{quote(list(args))} did not answer in {timeout:.0f} s", "check the service it asks") from exc
+
+
 def query(args: Sequence[str]) -> str:
     """Stdout of a short, quiet query (`nvcc --version`, `gcc -dumpfullversion`); '' if missing or failing.
 

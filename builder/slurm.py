@@ -111,20 +111,39 @@ def submit(targets: Sequence[Target], matrix: Path, run: Path, wheelhouse: Path,
 
 
 def _sbatch(args: list[str]) -> str:
-    said = cmd.query(["sbatch", "--parsable", *args]).strip()
-    job = said.split(";")[0]
-    if not _JOB_ID.match(job):
-        raise ToolError(f"sbatch printed no job id: {said[:200]!r}", "check the partition and account")
-    return job
+    """Submit; the job id (sbatch's own message, e.g. a node configuration no partition has, on failure)."""
+    said = cmd.run(["sbatch", "--parsable", *args],
+                   fix="check the partition, the account and the [slurm] sizes against `sinfo`")  # fmt: skip
+    ids = [line.split(";")[0] for line in said.splitlines() if _JOB_ID.match(line.split(";")[0].strip())]
+    if not ids:
+        raise ToolError(f"sbatch printed no job id: {said[-300:]!r}", "check the partition and account")
+    return ids[-1].strip()
 
 
-def wait(record: Mapping[str, Any], poll: float = 2.0) -> None:
-    """Follow the jobs until none is queued or running, printing each change of state."""
+ACTIVE = "PENDING,RUNNING,CONFIGURING,COMPLETING,SUSPENDED,REQUEUED,RESIZING"
+
+
+def wait(record: Mapping[str, Any], poll: float = 2.0, tries: int = 5) -> None:
+    """Follow the jobs until none is queued or running, printing each change of state.
+
+    Slurm forgets finished jobs (MinJobAge): "Invalid job id" then means done. Any other failure
+    of squeue (controller unreachable) is retried, then reported, never taken for the end.
+    """
     jobs = [record["array_job"], record["collect_job"]]
     seen: dict[str, str] = {}
+    failures = 0
     while True:
-        said = cmd.query(["squeue", "-h", "-j", ",".join(jobs), "-o", "%i %T"])
-        states = dict(line.split(maxsplit=1) for line in said.splitlines() if line.strip())
+        done = cmd.ask(["squeue", "-h", "-j", ",".join(jobs), "-t", ACTIVE, "-o", "%i %T"])
+        if done.returncode != 0 and "Invalid job id" not in done.stderr:
+            failures += 1
+            if failures >= tries:
+                raise ToolError(f"squeue failed {tries} times: {done.stderr.strip()[-300:]}",
+                                f"the jobs may still run: squeue -j {','.join(jobs)}")  # fmt: skip
+            time.sleep(poll)
+            continue
+        failures = 0
+        said = done.stdout if done.returncode == 0 else ""
+        states = dict(line.split(maxsplit=1) for line in said.splitlines() if len(line.split()) == 2)
         for job, state in sorted(states.items()):
             if seen.get(job) != state:
                 output.note(f"job {job}: {state.lower()}")
