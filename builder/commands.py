@@ -49,6 +49,8 @@ def build_wheel(args: argparse.Namespace) -> int:
         targets = chosen
     if args.slurm:
         return _submit_to_slurm(args, matrix, targets)
+    if args.wait or args.partition or args.account:
+        raise RecipeError("--wait, --partition and --account are for --slurm", "add --slurm, or leave them out")
     stages = pipeline.Stages(
         smoke=not args.no_smoke,
         publish=not (args.no_smoke or args.no_publish),

@@ -66,3 +66,17 @@ def test_every_wheelhouse_command_has_help(capsys: pytest.CaptureFixture[str]) -
             main([command, "--help"])
         assert done.value.code == 0, command
         assert "--wheelhouse" in capsys.readouterr().out or command == "bench"
+
+
+def test_slurm_options_need_slurm_and_a_matrix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    work = tmp_path / "work"
+    assert main(["build-wheel", "--wait", "--work-dir", str(work)]) == 2
+    assert "error: --wait, --partition and --account are for --slurm" in capsys.readouterr().err
+    assert main(["build-wheel", "--slurm", "--work-dir", str(work)]) == 2
+    assert "error: --slurm submits a matrix" in capsys.readouterr().err
+    assert main(["build-wheel", "--target", "nope", "--work-dir", str(work)]) == 2
+    assert 'error: the matrix has no target "nope"' in capsys.readouterr().err
+    assert not work.exists()
+    with pytest.raises(SystemExit) as done:
+        main(["build-wheel", "--jobs", "0"])
+    assert done.value.code == 2

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,14 +101,17 @@ class FatbinCode:
     sm: int
 
 
-def parse_fatbin(data: bytes) -> set[FatbinCode]:
-    """The code entries of a .nv_fatbin section (one or more concatenated fat binaries).
+FATBIN_COMPRESSED = 0x8000  # entry flag (u64 at +40) nvcc 13.0 sets for -Xfatbin -compress-all
+
+
+def fatbin_entries(data: bytes) -> Iterator[tuple[int, int, int]]:
+    """(kind, arch, flags) of every code entry of a .nv_fatbin section (one or more concatenated
+    fat binaries); kind 1 is PTX, 2 ELF (SASS).
 
     Layout (as produced by nvcc, checked against this machine's CUDA 13.0): a 16-byte header
     <magic u32, version u16, header size u16, payload size u64>, then entries whose header holds
-    <kind u16 (1 PTX, 2 ELF), flags u16, header size u32, payload size u64, ..., arch u32 at +28>.
+    <kind u16, version u16, header size u32, payload size u64, ..., arch u32 at +28, flags u64 at +40>.
     """
-    found: set[FatbinCode] = set()
     off = 0
     while off + 16 <= len(data):
         magic, _, header, size = struct.unpack_from("<IHHQ", data, off)
@@ -119,37 +122,23 @@ def parse_fatbin(data: bytes) -> set[FatbinCode]:
         while pos + 32 <= end:
             kind, _, entry_header, payload = struct.unpack_from("<HHIQ", data, pos)
             (arch,) = struct.unpack_from("<I", data, pos + 28)
+            flags = struct.unpack_from("<Q", data, pos + 40)[0] if pos + 48 <= end else 0
             if kind in (1, 2):
-                found.add(FatbinCode("ptx" if kind == 1 else "sass", arch))
+                yield kind, arch, flags
             if entry_header == 0:
                 break
             pos += entry_header + payload
         off = end
-    return found
 
 
-FATBIN_COMPRESSED = 0x8000  # entry flag (u64 at +40) nvcc 13.0 sets for -Xfatbin -compress-all
+def parse_fatbin(data: bytes) -> set[FatbinCode]:
+    """The code entries of a .nv_fatbin section."""
+    return {FatbinCode("ptx" if kind == 1 else "sass", arch) for kind, arch, _ in fatbin_entries(data)}
 
 
 def fatbin_compressed(data: bytes) -> bool:
     """Whether every code entry of a .nv_fatbin section is compressed (False if it has none)."""
-    flags: list[bool] = []
-    off = 0
-    while off + 16 <= len(data):
-        magic, _, header, size = struct.unpack_from("<IHHQ", data, off)
-        if magic != FATBIN_MAGIC:
-            off += 8
-            continue
-        pos, end = off + header, off + header + size
-        while pos + 48 <= end:
-            kind, _, entry_header, payload = struct.unpack_from("<HHIQ", data, pos)
-            (entry_flags,) = struct.unpack_from("<Q", data, pos + 40)
-            if kind in (1, 2):
-                flags.append(bool(entry_flags & FATBIN_COMPRESSED))
-            if entry_header == 0:
-                break
-            pos += entry_header + payload
-        off = end
+    flags = [bool(f & FATBIN_COMPRESSED) for _, _, f in fatbin_entries(data)]
     return bool(flags) and all(flags)
 
 
