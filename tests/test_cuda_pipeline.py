@@ -213,20 +213,28 @@ def test_cuda_wheel_smoke_report(cuda_build: tuple[Path, str]) -> None:
         assert no_toolkit["status"] == "skipped" and "still finds a CUDA toolkit" in no_toolkit["detail"]
 
 
-def test_a_compile_failure_names_the_op_and_quotes_nvcc(cuda_build: tuple[Path, str], workspace: Path) -> None:
-    """DeepSpeed 0.19.8's fp_quantizer does not compile with nvcc 13.0: the error must say which op
-    and quote nvcc, not only "read the log" (the build environment is the one cuda_build made)."""
-    recipe = workspace / "fp-quantizer.toml"
+def build_variant(workspace: Path, name: str, archs: list[str], ops: list[str]) -> subprocess.CompletedProcess[str]:
+    """build-wheel --no-smoke for CI's CUDA recipe with another name, archs and ops, in the build
+    environment cuda_build made, with no system toolkit visible."""
     text = (ROOT / "recipes" / f"{RECIPE}.toml").read_text()
-    text = text.replace(f'name = "{RECIPE}"', 'name = "fp-quantizer"')
-    text = text.replace('arch = ["8.0", "9.0"]', 'arch = ["9.0"]')  # one arch: the failure is the same
-    recipe.write_text(text.replace('ops = ["fused_adam", "cpu_adam", "utils"]', 'ops = ["fp_quantizer"]'))
-    assert 'ops = ["fp_quantizer"]' in recipe.read_text()
-    done = subprocess.run(
+    changes = {f'name = "{RECIPE}"': f'name = "{name}"', 'arch = ["8.0", "9.0"]': f"arch = {json.dumps(archs)}",
+               'ops = ["fused_adam", "cpu_adam", "utils"]': f"ops = {json.dumps(ops)}"}  # fmt: skip
+    for old, new in changes.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    recipe = workspace / f"{name}.toml"
+    recipe.write_text(text)
+    return subprocess.run(
         [sys.executable, "-m", "builder", "build-wheel", "--recipe", str(recipe), "--work-dir", str(workspace),
          "--no-smoke"],
         cwd=ROOT, capture_output=True, text=True, env=without_system_toolkit(os.environ),
     )  # fmt: skip
+
+
+def test_a_compile_failure_names_the_op_and_quotes_nvcc(cuda_build: tuple[Path, str], workspace: Path) -> None:
+    """DeepSpeed 0.19.8's fp_quantizer does not compile with nvcc 13.0: the error must say which op
+    and quote nvcc, not only "read the log" (the build environment is the one cuda_build made)."""
+    done = build_variant(workspace, "fp-quantizer", ["9.0"], ["fp_quantizer"])  # one arch: the failure is the same
     assert done.returncode == 5, done.stderr[-4000:]
     assert "op fp_quantizer failed to compile" in done.stderr, done.stderr[-4000:]
     assert "error:" in done.stderr.split("op fp_quantizer failed to compile", 1)[1]
@@ -239,17 +247,7 @@ def test_an_op_that_would_drop_a_requested_arch_is_refused_before_compiling(
     """fp_quantizer's builder keeps only 8.0+: asked for 7.5 too, the build stops before compiling
     and names the op, the arch and the three ways out (DeepSpeed itself would drop 7.5 silently,
     and for every op built after it)."""
-    recipe = workspace / "fp-quantizer-turing.toml"
-    text = (ROOT / "recipes" / f"{RECIPE}.toml").read_text()
-    text = text.replace(f'name = "{RECIPE}"', 'name = "fp-quantizer-turing"')
-    text = text.replace('arch = ["8.0", "9.0"]', 'arch = ["7.5", "9.0"]')
-    recipe.write_text(text.replace('ops = ["fused_adam", "cpu_adam", "utils"]', 'ops = ["fused_adam", "fp_quantizer"]'))
-    assert 'arch = ["7.5", "9.0"]' in recipe.read_text()
-    done = subprocess.run(
-        [sys.executable, "-m", "builder", "build-wheel", "--recipe", str(recipe), "--work-dir", str(workspace),
-         "--no-smoke"],
-        cwd=ROOT, capture_output=True, text=True, env=without_system_toolkit(os.environ),
-    )  # fmt: skip
+    done = build_variant(workspace, "fp-quantizer-turing", ["7.5", "9.0"], ["fused_adam", "fp_quantizer"])
     assert done.returncode == 2, done.stderr[-4000:]
     assert "op fp_quantizer does not build for arch 7.5" in done.stderr
     assert 'narrow_ops = ["fp_quantizer"]' in done.stderr and "drop 7.5 from arch" in done.stderr
