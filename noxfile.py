@@ -41,6 +41,14 @@ def build_wheel(session: nox.Session) -> None:
     session.run("python", "-m", "builder", "build-wheel", *session.posargs)
 
 
+@nox.session(name="slurm-matrix", tags=["pipeline"])
+def slurm_matrix(session: nox.Session) -> None:
+    """Submit a matrix to Slurm (build array, GPU smoke jobs, one publishing job): -- --matrix FILE [--wait]."""
+    session.install(".")
+    args = session.posargs or ["--matrix", "recipes/matrices/example.toml"]
+    session.run("python", "-m", "builder", "build-wheel", "--slurm", *args)
+
+
 @nox.session(tags=["pipeline"])
 def smoke(session: nox.Session) -> None:
     """Smoke-test a built wheel in a fresh venv: -- [WHEEL ...]."""

@@ -116,8 +116,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--slurm",
         action="store_true",
-        help="with --matrix: submit it to Slurm (a job array of builds, then one job that publishes and "
-        "writes the coverage report) instead of building here; prints the job ids",
+        help="with --matrix: submit it to Slurm instead of building here: a job array of builds (one "
+        "compiler cache for all), a smoke job on each GPU partition [slurm.gpu] maps a target's archs to, and "
+        "one job that publishes and writes the coverage report; prints the job ids",
     )
     b.add_argument("--partition", help="Slurm partition for the build jobs")
     b.add_argument("--account", help="Slurm account for the jobs")
@@ -138,6 +139,35 @@ def parser() -> argparse.ArgumentParser:
         "wheels whose smoke passed into the wheelhouse, and write RUN/coverage/coverage.{json,md}.",
     )
     sc.add_argument("run", type=Path, metavar="RUN", help="the run folder build-wheel --slurm printed")
+
+    st = sub.add_parser(
+        "slurm-status",
+        parents=[common],
+        help="each target's state in a matrix run on Slurm (results so far and Slurm's queue)",
+        description="Read RUN's coverage report (once the collect job wrote it), else each job's result and "
+        "squeue, and print one line per target: build, smoke (on which partition) and publish.",
+    )
+    st.add_argument("run", type=Path, metavar="RUN", help="the run folder build-wheel --slurm printed")
+    tk = sub.add_parser(
+        "slurm-task",
+        parents=[common],
+        help="(run by each Slurm array task) build one target of a matrix run",
+        description="Build TARGET of RUN in its own folder under the run's work folder, with the shared "
+        "compiler cache; smoke it here unless a GPU smoke job does; write RUN/results/TARGET.build.json.",
+    )
+    tk.add_argument("run", type=Path, metavar="RUN")
+    tk.add_argument("--target", required=True, metavar="NAME")
+    sk = sub.add_parser(
+        "slurm-smoke",
+        parents=[common],
+        help="(run by a Slurm GPU smoke job) smoke one built target on this node's GPUs",
+        description="Smoke the wheel RUN's build task made for TARGET on the GPUs Slurm gave this job "
+        "and write RUN/results/TARGET.smoke.PARTITION.json (failed when no GPU is seen, unless the "
+        "matrix says require_gpu = false).",
+    )
+    sk.add_argument("run", type=Path, metavar="RUN")
+    sk.add_argument("--target", required=True, metavar="NAME")
+    sk.add_argument("--partition", required=True)
 
     s = sub.add_parser(
         "smoke",
@@ -218,19 +248,25 @@ def parser() -> argparse.ArgumentParser:
     pv = sub.add_parser(
         "provision",
         parents=[common],
-        help="install the right wheel on every host of a hostfile, through pdsh",
-        description="Write provision/<host>.sh for every host of a DeepSpeed hostfile (and the standalone "
-        "node installer into WHEELHOUSE/tools/); with --run, execute them on all hosts at once with pdsh.",
+        help="install the right wheel on every host of a hostfile (pdsh) or of a Slurm partition (srun)",
+        description="Write provision/<host>.sh for every host of a DeepSpeed hostfile; with --run, execute "
+        "them on all hosts at once with pdsh. With --launcher slurm, write provision/node.sh and, with --run, "
+        "run it once on every node of --partition or --nodelist with srun --ntasks-per-node=1; each node's "
+        "result (the installer's JSON) is checked and reported.",
     )
-    pv.add_argument("--hostfile", type=Path, required=True, help="DeepSpeed hostfile: `host slots=N [python=PY]`")
+    pv.add_argument("--hostfile", type=Path, help="DeepSpeed hostfile: `host slots=N [python=PY]`")
+    pv.add_argument("--partition", help="with --launcher slurm: install on this partition's nodes")
+    pv.add_argument("--nodelist", help="with --launcher slurm: install on these nodes (Slurm's syntax: n[01-04])")
+    pv.add_argument("--python", help="with --launcher slurm: the nodes' Python (default: python3)")
     pv.add_argument("--url", help="the wheelhouse as the hosts reach it (default: WHEELHOUSE's absolute path)")
     pv.add_argument("--out", type=Path, default=Path("provision"), help="where the scripts go (default: %(default)s)")
     pv.add_argument("--run", action="store_true", help="execute the scripts on the hosts with pdsh")
     pv.add_argument(
         "--launcher",
-        choices=("ssh", "local"),
+        choices=("ssh", "local", "slurm"),
         default="ssh",
-        help="how pdsh reaches a host: ssh, or a local shell per host (default: %(default)s)",
+        help="how hosts are reached: pdsh over ssh, pdsh with a local shell per host, or Slurm's srun "
+        "(default: %(default)s)",
     )
 
     bn = sub.add_parser(
@@ -243,6 +279,13 @@ def parser() -> argparse.ArgumentParser:
     bn.add_argument("--recipe", type=Path, default=DEFAULT_RECIPE, help="recipe to measure (default: %(default)s)")
     bn.add_argument("--runs", type=int, default=3, help="runs to take the median of (default: %(default)s)")
     bn.add_argument("--out", type=Path, default=Path("build/bench"), help="results folder (default: %(default)s)")
+    bn.add_argument(
+        "--slurm-matrix",
+        type=Path,
+        metavar="FILE",
+        help="instead: time this matrix built here one target after another and as a Slurm job array, cold, "
+        "then again after adding one op to its first recipe (shared compiler cache); writes OUT/bench-slurm.md",
+    )
 
     sub.add_parser(
         "install",

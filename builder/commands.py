@@ -81,10 +81,13 @@ def build_wheel(args: argparse.Namespace) -> int:
 
 
 def _submit_to_slurm(args: argparse.Namespace, matrix: Any, targets: list[Any]) -> int:
+    import shutil
     import tempfile
 
     from builder import slurm
-    from builder.errors import MatrixError, RecipeError
+    from builder.build.ccache import CACHE_DIR_ENV
+    from builder.build.source import sdist_folder
+    from builder.errors import BuilderError, RecipeError
     from builder.files import make_dirs
 
     if matrix is None:
@@ -93,20 +96,34 @@ def _submit_to_slurm(args: argparse.Namespace, matrix: Any, targets: list[Any]) 
     make_dirs(ws.root / "slurm")
     run = Path(tempfile.mkdtemp(prefix="run-", dir=ws.root / "slurm"))
     run.chmod(0o755)
-    given = dict(matrix.slurm)
+    given = {k: v for k, v in matrix.slurm.items() if k != "compiler_cache"}
     given.update({k: v for k, v in (("partition", args.partition), ("account", args.account)) if v})
-    opts = slurm.SlurmOptions(**given)
-    record = slurm.submit(targets, matrix.path, run, args.wheelhouse, opts)
+    cache = Path(matrix.slurm.get("compiler_cache") or os.environ.get(CACHE_DIR_ENV) or ws.cache / "ccache")
+    sdists = sdist_folder(ws.cache, os.environ)
+    try:
+        record = slurm.submit(targets, matrix.path, run, ws.root / "slurm" / "targets", args.wheelhouse,
+                              slurm.SlurmOptions(**given), matrix.gpu, cache, sdists)  # fmt: skip
+    except BuilderError:
+        shutil.rmtree(run, ignore_errors=True)  # nothing runs from it: its jobs were cancelled
+        raise
+    smokes = [f"{t['name']} on {s['partition']} ({s['job']})" for t in record["targets"] for s in t["smoke"]]
     output.step(
-        f"submitted {len(targets)} targets: build array {record['array_job']}, collect job {record['collect_job']} "
-        f"(afterany)\n    run folder: {run}\n    follow: squeue -j {record['array_job']},{record['collect_job']}; "
-        f"the coverage report will be {run / 'coverage' / 'coverage.md'}"
+        f"submitted {len(targets)} targets: build array {record['array_job']}, "
+        + (f"GPU smoke jobs: {', '.join(smokes)}, " if smokes else "no GPU smoke jobs (no [slurm.gpu] match), ")
+        + f"collect job {record['collect_job']} (afterany)\n    run folder: {run}\n"
+        f"    compiler cache: {cache}\n    follow: python -m builder slurm-status {run}"
     )
     if args.json:
         output.result(json.dumps(record, indent=2))
     if not args.wait:
         return 0
-    slurm.wait(record)
+    slurm.wait(run, record)
+    return _report_run(run, len(targets), record)
+
+
+def _report_run(run: Path, count: int, record: dict[str, Any]) -> int:
+    from builder.errors import MatrixError
+
     try:
         report = json.loads((run / "coverage" / "coverage.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -119,8 +136,37 @@ def _submit_to_slurm(args: argparse.Namespace, matrix: Any, targets: list[Any]) 
     if not isinstance(failed, list) or not all(isinstance(n, str) for n in failed):
         raise MatrixError(f"{run / 'coverage' / 'coverage.json'} is not a coverage report", f"read {run / 'logs'}")
     if failed:
-        raise MatrixError(f"{len(failed)} of {len(targets)} targets failed: {', '.join(failed[:50])}",
+        raise MatrixError(f"{len(failed)} of {count} targets failed: {', '.join(failed[:50])}",
                           f"read the reasons in {md}")  # fmt: skip
+    return 0
+
+
+def slurm_task(args: argparse.Namespace) -> int:
+    from builder import slurm
+
+    result = slurm.run_task(args.run.resolve(), args.target)
+    return 0 if result.ok else 1  # a failed build fails the task, so Slurm cancels its GPU smoke job
+
+
+def slurm_smoke(args: argparse.Namespace) -> int:
+    from builder import slurm
+
+    result = slurm.run_smoke(args.run.resolve(), args.target, args.partition)
+    said = f"smoke on {result.partition} ({result.node}): {result.status}"
+    output.step(said + (f": {result.reason}" if result.reason else ""))
+    return 0 if result.status == "passed" else 1
+
+
+def slurm_status(args: argparse.Namespace) -> int:
+    from builder import slurm
+
+    run = args.run.resolve()
+    record = slurm.load_run(run)
+    active = slurm.queue(slurm.jobs_of(record))
+    lines = slurm.states(run, record, active)
+    output.result("\n".join(f"{name}: {line}" for name, line in lines.items()))
+    queued = ", ".join(f"{job} {state.lower()}" for job, state in sorted(active.items()))
+    output.step(f"jobs queued or running: {queued}" if queued else "no job of this run is queued or running")
     return 0
 
 
@@ -255,9 +301,16 @@ def prune(args: argparse.Namespace) -> int:
 
 
 def provision(args: argparse.Namespace) -> int:
+    from builder.errors import RecipeError
     from builder.wheelhouse import provision as prov
 
     ws = _workspace(args)
+    url = args.url or str(args.wheelhouse.resolve())
+    if args.launcher == "slurm":
+        return _provision_slurm(args, ws, url)
+    if args.hostfile is None:
+        raise RecipeError("provision needs --hostfile (or --launcher slurm with --partition or --nodelist)",
+                          "pass a DeepSpeed hostfile: `host slots=N` a line")  # fmt: skip
     try:
         text = args.hostfile.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -265,7 +318,6 @@ def provision(args: argparse.Namespace) -> int:
             f"cannot read the hostfile {args.hostfile}: {exc}", "pass --hostfile with a readable file"
         ) from exc
     hosts = prov.parse_hostfile(text, str(args.hostfile))
-    url = args.url or str(args.wheelhouse.resolve())
     scripts = prov.write(hosts, url, args.out, prov.installer_sha256(args.wheelhouse))
     output.step(f"wrote {len(scripts)} host scripts in {args.out}/ for wheelhouse {url}")
     if args.run:
@@ -280,10 +332,43 @@ def provision(args: argparse.Namespace) -> int:
     return 0
 
 
+def _provision_slurm(args: argparse.Namespace, ws: Workspace, url: str) -> int:
+    from builder.errors import RecipeError
+    from builder.files import write_atomic
+    from builder.wheelhouse import provision as prov
+
+    if args.hostfile is not None or not (args.partition or args.nodelist):
+        raise RecipeError("--launcher slurm installs on a partition's or a nodelist's nodes, not a hostfile's",
+                          "pass --partition NAME or --nodelist LIST (and no --hostfile)")  # fmt: skip
+    digest = prov.installer_sha256(args.wheelhouse)
+    host = prov.Host("every node", python=args.python or "python3")
+    script = write_atomic(args.out / "node.sh", prov.host_script(host, url, digest, json_result=True), mode=0o755)
+    output.step(f"wrote {script} for wheelhouse {url}")
+    if not args.run:
+        return 0
+    nodes, down = prov.slurm_nodes(args.partition, args.nodelist)
+    if down:
+        output.warn(f"skipping {len(down)} nodes Slurm reports down or draining: {', '.join(down)}")
+    outcomes = prov.run_slurm(nodes, args.partition, script.resolve(), args.out, ws.logs / "provision.log")
+    for o in outcomes:
+        output.note(f"  {o.node}: {'installed ' if o.installed else 'FAILED: '}{o.detail}")
+    done = [o.node for o in outcomes if o.installed]
+    output.step(f"installed on {len(done)}/{len(outcomes)} nodes: {', '.join(done)}")
+    if len(done) != len(outcomes):
+        failed = [o.node for o in outcomes if not o.installed]
+        raise ToolError(f"provisioning failed on {len(failed)} nodes: {', '.join(failed)}",
+                        f"read each node's reason above and its log in {args.out / 'logs'}")  # fmt: skip
+    return 0
+
+
 def bench(args: argparse.Namespace) -> int:
     from builder.bench import bench as run_bench
+    from builder.bench import bench_slurm
     from builder.recipe import load_recipe
 
+    if args.slurm_matrix:
+        bench_slurm(args.slurm_matrix.resolve(), args.out.resolve())
+        return 0
     run_bench(load_recipe(args.recipe), args.out.resolve(), args.runs)
     return 0
 
@@ -323,6 +408,9 @@ def _passed_wheels(dist: Path) -> list[Path]:
 HANDLERS = {
     "build-wheel": build_wheel,
     "slurm-collect": slurm_collect,
+    "slurm-task": slurm_task,
+    "slurm-smoke": slurm_smoke,
+    "slurm-status": slurm_status,
     "smoke": smoke,
     "publish": publish,
     "detect": detect,

@@ -32,17 +32,18 @@ def to_json(results: Sequence[TargetResult], matrix: str | None, finished_at: st
 def table(results: Sequence[TargetResult]) -> list[str]:
     """The Markdown table, one row per target, one column per stage."""
     slurm = any(r.slurm for r in results)
-    job = " slurm job |" if slurm else ""
+    job = " slurm job | node | smoked on |" if slurm else ""
     rows = [
         f"| target | python | {' | '.join(STAGES)} | wheel |{job}",
-        "|---|---|" + "---|" * (len(STAGES) + 1 + slurm),
+        "|---|---|" + "---|" * (len(STAGES) + 1 + 3 * slurm),
     ]
     for r in results:
         cells = []
         for stage in STAGES:
             s = r.stages[stage]
             cells.append(_MARK[s.status] + (f" {s.seconds:.0f}s" if s.seconds >= 1 else ""))
-        tail = f" {(r.slurm or {}).get('job', '-')} |" if slurm else ""
+        where = r.slurm or {}
+        tail = "".join(f" {where.get(k) or '-'} |" for k in ("job", "node", "smoke_on")) if slurm else ""
         rows.append(
             f"| {r.target} | {r.python} | " + " | ".join(cells) + f" | {r.wheel.name if r.wheel else '-'} |{tail}"
         )
@@ -50,12 +51,13 @@ def table(results: Sequence[TargetResult]) -> list[str]:
 
 
 def reasons(results: Sequence[TargetResult]) -> list[str]:
-    """Every failure and skip with its reason, one line each."""
+    """Every failure and skip with its reason, and every pass that comes with a note (where a
+    CUDA target was smoked: on which GPU partition, or on CPU for want of one), one line each."""
     return [
         f"- {r.target} {stage}: {_MARK[s.status]}: {s.reason}"
         for r in results
         for stage in STAGES
-        if (s := r.stages[stage]).status in ("failed", "skipped") and s.reason
+        if (s := r.stages[stage]).status in ("failed", "skipped", "passed") and s.reason
     ]
 
 
@@ -64,7 +66,7 @@ def to_markdown(results: Sequence[TargetResult], matrix: str | None, finished_at
     head = f"# Coverage: {matrix or 'build-wheel'} ({finished_at})"
     summary = f"{len(results) - len(failed)} of {len(results)} targets passed every stage they ran"
     why = reasons(results)
-    tail = ["", "Failures and skips:", *why] if why else []
+    tail = ["", "Reasons and notes:", *why] if why else []
     return "\n".join([head, "", summary + ".", "", *table(results), *tail]) + "\n"
 
 

@@ -130,18 +130,26 @@ def auto_jobs(n_targets: int, cores: int, mem_gb: float | None) -> int:
 
 
 def run(
-    targets: Sequence[Target], ws: Workspace, wheelhouse: Path, stages: Stages, keep_going: bool = False, jobs: int = 1
+    targets: Sequence[Target],
+    ws: Workspace,
+    wheelhouse: Path,
+    stages: Stages,
+    keep_going: bool = False,
+    jobs: int = 1,
+    cores: int | None = None,
 ) -> list[TargetResult]:
     """Build, smoke and publish each target. Without keep_going the first failure raises its own
     error; with it (a matrix) every target runs and its failure is recorded with the reason.
-    `jobs` targets run at once, each compiling with its share of the cores."""
+    `jobs` targets run at once, each compiling with its share of the cores (of `cores`: a Slurm
+    task's allocation, default all of this machine's)."""
     ws.check_writable()
     if stages.smoke and stages.publish:
         check_writable(wheelhouse, "--wheelhouse")  # before minutes of building, not after
     jobs = max(1, min(jobs, len(targets)))
-    cores = max(1, (os.cpu_count() or 1) // jobs)
+    given = cores
+    cores = max(1, (given or os.cpu_count() or 1) // jobs)
     if jobs == 1:
-        return [_run_one(t, ws, wheelhouse, stages, keep_going, None) for t in targets]
+        return [_run_one(t, ws, wheelhouse, stages, keep_going, given) for t in targets]
     output.step(f"{len(targets)} targets, {jobs} at once, {cores} cores each")
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         return list(pool.map(lambda t: _run_one(t, ws, wheelhouse, stages, keep_going, cores), targets))

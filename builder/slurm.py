@@ -1,19 +1,24 @@
-"""A matrix on Slurm: one job array for the builds, then one collect job that publishes.
+"""A matrix on Slurm: a job array of builds, a GPU smoke job per GPU type, one collect job.
 
-Each array task builds and smokes one target with `build-wheel --matrix FILE --target NAME` in its
-own work folder and log; the collect job (`--dependency=afterany` on the array) is the single
-writer of the wheelhouse: it reads every target's coverage record (files another job wrote: each
-is checked before it is believed), publishes the wheels whose smoke passed, and writes the run's
-coverage report with Slurm job ids and log paths. The scripts are rendered by pure functions;
-`submit`, `wait` and `collect` are the edges.
+Each array task builds one target (`slurm-task`) in a folder that is the same for every run and
+every node (WORK/slurm/targets/<name>), with one compiler cache for all tasks, so a re-run reuses
+unchanged targets by build key and a changed one compiles from the cache whichever node it lands
+on. A CUDA target whose archs map to a GPU partition ([slurm.gpu]) is smoked there by its own job
+(`slurm-smoke`, afterok on its build task); the others smoke on CPU inside the build task. The
+collect job (afterany on all of them) is the single writer of the wheelhouse: it reads every
+result another job wrote, checks it before believing it, publishes what passed and writes the
+coverage report with job ids, nodes and logs. Scripts and states are rendered by pure functions;
+`submit`, `wait`, `run_task`, `run_smoke` and `collect` are the edges.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import shlex
+import socket
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -22,15 +27,21 @@ from pathlib import Path
 from typing import Any
 
 from builder import cmd, output
-from builder.errors import BuilderError, ToolError
+from builder.errors import BuilderError, MatrixError, ToolError
 from builder.files import make_dirs, write_atomic
 from builder.node import Fields, ManifestError, check_wheel_name
 from builder.pipeline import STAGES, StageResult, TargetResult
-from builder.targets import Target
+from builder.targets import GpuSmoke, Target
 
 RUN_FILE = "run.json"
+SCHEMA = 2
 _STATUSES = ("passed", "reused", "failed", "skipped")
 _JOB_ID = re.compile(r"^\d{1,12}(_\d{1,6})?$")
+_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,100}$")
+_PART = re.compile(r"^[A-Za-z0-9:_.-]{1,64}$")
+_SHA = re.compile(r"^[0-9a-f]{64}$")
+_NODE = re.compile(r"^[A-Za-z0-9._-]{0,128}$")
+_GPUS = re.compile(r"^[A-Za-z0-9,:_-]{0,200}$")
 
 
 @dataclass(frozen=True)
@@ -51,191 +62,541 @@ def _sbatch_flags(opts: SlurmOptions) -> list[str]:
     return flags
 
 
-def build_script(targets: Sequence[Target], matrix: Path, run: Path, python: str) -> str:
-    """The array job: task i builds and smokes targets[i] in run/targets/<name> (pure)."""
+def smoke_partitions(target: Target, gpu: Mapping[str, GpuSmoke]) -> list[tuple[str, GpuSmoke]]:
+    """The GPU partitions a target is smoked on: one per GPU type its archs run on (pure)."""
+    from builder.build.archs import gpu_of
+
+    if target.recipe.accelerator != "cuda":
+        return []
+    out: dict[str, tuple[str, GpuSmoke]] = {}
+    for arch in target.recipe.archs:
+        where = gpu.get(gpu_of(arch))
+        if where is not None and where.partition not in out:
+            out[where.partition] = (gpu_of(arch), where)
+    return list(out.values())
+
+
+def build_script(targets: Sequence[Target], run: Path, python: str) -> str:
+    """The array job: task i builds targets[i] (pure)."""
     names = " ".join(shlex.quote(t.name) for t in targets)
     return f"""#!/bin/bash
-# ds-wheel-builder: one matrix target per array task (build + smoke; the collect job publishes).
+# ds-wheel-builder: one matrix target per array task (build, and smoke when no GPU job smokes it).
 set -u
 names=({names})
-name=${{names[$SLURM_ARRAY_TASK_ID]}}
-exec {shlex.quote(python)} -m builder build-wheel --matrix {shlex.quote(str(matrix))} --target "$name" \\
-    --work-dir {shlex.quote(str(run / "targets"))}/"$name" --no-publish --jobs 1
+exec {shlex.quote(python)} -m builder slurm-task {shlex.quote(str(run))} --target "${{names[$SLURM_ARRAY_TASK_ID]}}"
+"""
+
+
+def smoke_script(target: str, partition: str, run: Path, python: str) -> str:
+    return f"""#!/bin/bash
+# ds-wheel-builder: smoke {target} on the GPUs of partition {partition} (FusedAdam, bitsandbytes, NCCL).
+set -u
+exec {shlex.quote(python)} -m builder slurm-smoke {shlex.quote(str(run))} --target {shlex.quote(target)} \\
+    --partition {shlex.quote(partition)}
 """
 
 
 def collect_script(run: Path, wheelhouse: Path, python: str) -> str:
     return f"""#!/bin/bash
-# ds-wheel-builder: after every build task (afterany), publish what passed and write the coverage.
+# ds-wheel-builder: after every build and smoke job (afterany), publish what passed and write the coverage.
 set -u
 exec {shlex.quote(python)} -m builder slurm-collect {shlex.quote(str(run))} --wheelhouse {shlex.quote(str(wheelhouse))}
 """
 
 
-def submit(targets: Sequence[Target], matrix: Path, run: Path, wheelhouse: Path, opts: SlurmOptions) -> dict[str, Any]:
-    """Write the scripts and the run record, submit the array and the collect job; their ids."""
-    make_dirs(run / "logs")
-    python = sys.executable
-    build = write_atomic(run / "build.sh", build_script(targets, matrix.resolve(), run, python), mode=0o755)
-    collect = write_atomic(run / "collect.sh", collect_script(run, wheelhouse.resolve(), python), mode=0o755)
-    array = _sbatch(
-        [*_sbatch_flags(opts), f"--array=0-{len(targets) - 1}", "--job-name=ds-build",
-         f"--output={run / 'logs'}/build-%A_%a.log", str(build)]
-    )  # fmt: skip
-    record = {
-        "schema": 1,
-        "matrix": str(matrix.resolve()),
-        "wheelhouse": str(wheelhouse.resolve()),
-        "array_job": array,
+def plan_record(
+    targets: Sequence[Target], matrix: Path, run: Path, work: Path, wheelhouse: Path, cache: Path,
+    sdists: Path, gpu: Mapping[str, GpuSmoke],
+) -> dict[str, Any]:  # fmt: skip
+    """The run record every job reads back (pure): targets, their folders and their smoke jobs."""
+    return {
+        "schema": SCHEMA,
+        "matrix": str(matrix),
+        "wheelhouse": str(wheelhouse),
+        "work": str(work),
+        "compiler_cache": str(cache),
+        "sdists": str(sdists),
         "targets": [
             {
                 "name": t.name,
                 "recipe": t.recipe.name,
                 "python": t.python.version,
+                "accelerator": t.recipe.accelerator,
+                "archs": list(t.recipe.archs),
                 "task": i,
-                "job": f"{array}_{i}",
-                "log": str(run / "logs" / f"build-{array}_{i}.log"),
+                "folder": str(work / t.name),
+                "smoke": [{"gpu": arch, **dataclasses.asdict(g)} for arch, g in smoke_partitions(t, gpu)],
             }
             for i, t in enumerate(targets)
         ],
     }
-    write_atomic(run / RUN_FILE, json.dumps(record, indent=2) + "\n")
+
+
+def submit(
+    targets: Sequence[Target], matrix: Path, run: Path, work: Path, wheelhouse: Path, opts: SlurmOptions,
+    gpu: Mapping[str, GpuSmoke], cache: Path, sdists: Path,
+) -> dict[str, Any]:  # fmt: skip
+    """Write the scripts and the run record, submit the array, the smoke jobs and the collect job."""
+    make_dirs(run / "logs")
+    make_dirs(run / "results")
+    python = sys.executable
+    record = plan_record(targets, matrix.resolve(), run, work, wheelhouse.resolve(), cache, sdists, gpu)
+
+    def save() -> None:
+        write_atomic(run / RUN_FILE, json.dumps(record, indent=2) + "\n")
+
+    save()  # before the first job can start: every job reads it
+    submitted: list[str] = []
+    try:
+        _submit_jobs(targets, record, run, wheelhouse, opts, python, save, submitted)
+    except BuilderError as exc:  # no half-submitted run: what went in is cancelled
+        if submitted:
+            cmd.ask(["scancel", *submitted])
+        exc.message += f" (cancelled the {len(submitted)} jobs already submitted)" if submitted else ""
+        raise
+    return record
+
+
+def _submit_jobs(
+    targets: Sequence[Target], record: dict[str, Any], run: Path, wheelhouse: Path, opts: SlurmOptions,
+    python: str, save: Any, submitted: list[str],
+) -> None:  # fmt: skip
+    build = write_atomic(run / "build.sh", build_script(targets, run, python), mode=0o755)
+    array = _sbatch(
+        [*_sbatch_flags(opts), f"--array=0-{len(targets) - 1}", "--job-name=ds-build",
+         f"--output={run / 'logs'}/build-%A_%a.log", str(build)]
+    )  # fmt: skip
+    submitted.append(array)
+    record["array_job"] = array
+    for item in record["targets"]:
+        item["job"] = f"{array}_{item['task']}"
+        item["log"] = str(run / "logs" / f"build-{array}_{item['task']}.log")
+    save()
+    after = [array]
+    for item in record["targets"]:
+        for smoke in item["smoke"]:
+            part = smoke["partition"]
+            script = write_atomic(run / f"smoke-{item['name']}-{part}.sh",
+                                  smoke_script(item["name"], part, run, python), mode=0o755)  # fmt: skip
+            sized = SlurmOptions(part, opts.account, cpus=min(opts.cpus, 8), mem=opts.mem,
+                                 time=smoke["time"])  # fmt: skip
+            job = _sbatch(
+                [*_sbatch_flags(sized), f"--gres={smoke['gres']}", f"--job-name=ds-smoke-{part}",
+                 f"--dependency=afterok:{item['job']}", "--kill-on-invalid-dep=yes",
+                 f"--output={run / 'logs'}/smoke-{item['name']}-{part}-%j.log", str(script)]
+            )  # fmt: skip
+            submitted.append(job)
+            smoke.update(job=job, log=str(run / "logs" / f"smoke-{item['name']}-{part}-{job}.log"))
+            after.append(job)
+        save()
+    collect = write_atomic(run / "collect.sh", collect_script(run, wheelhouse.resolve(), python), mode=0o755)
     placement = _sbatch_flags(SlurmOptions(opts.partition, opts.account, cpus=1, mem="2G", time=opts.time))
-    collect_job = _sbatch(
-        [*placement, "--job-name=ds-collect", f"--dependency=afterany:{array}",
+    record["collect_job"] = _sbatch(
+        [*placement, "--job-name=ds-collect", f"--dependency=afterany:{':'.join(after)}",
          f"--output={run / 'logs'}/collect-%j.log", str(collect)]
     )  # fmt: skip
-    record["collect_job"] = collect_job
-    write_atomic(run / RUN_FILE, json.dumps(record, indent=2) + "\n")
-    return record
+    submitted.append(record["collect_job"])
+    save()
 
 
 def _sbatch(args: list[str]) -> str:
     """Submit; the job id (sbatch's own message, e.g. a node configuration no partition has, on failure)."""
     said = cmd.run(["sbatch", "--parsable", *args],
-                   fix="check the partition, the account and the [slurm] sizes against `sinfo`")  # fmt: skip
+                   fix="check the partition, the account, the gres and the [slurm] sizes against `sinfo`")  # fmt: skip
     ids = [line.split(";")[0] for line in said.splitlines() if _JOB_ID.match(line.split(";")[0].strip())]
     if not ids:
         raise ToolError(f"sbatch printed no job id: {said[-300:]!r}", "check the partition and account")
     return ids[-1].strip()
 
 
-ACTIVE = "PENDING,RUNNING,CONFIGURING,COMPLETING,SUSPENDED,REQUEUED,RESIZING"
+def jobs_of(record: Mapping[str, Any]) -> list[str]:
+    smokes = [s["job"] for t in record["targets"] for s in t["smoke"] if s.get("job")]
+    return [j for j in [record.get("array_job"), *smokes, record.get("collect_job")] if j]
 
 
-def wait(record: Mapping[str, Any], poll: float = 2.0, tries: int = 5) -> None:
-    """Follow the jobs until none is queued or running, printing each change of state.
-
-    Slurm forgets finished jobs (MinJobAge): "Invalid job id" then means done. Any other failure
-    of squeue (controller unreachable) is retried, then reported, never taken for the end.
-    """
-    jobs = [record["array_job"], record["collect_job"]]
-    seen: dict[str, str] = {}
-    failures = 0
-    while True:
-        done = cmd.ask(["squeue", "-h", "-j", ",".join(jobs), "-t", ACTIVE, "-o", "%i %T"])
-        if done.returncode != 0 and "Invalid job id" not in done.stderr:
-            failures += 1
-            if failures >= tries:
-                raise ToolError(f"squeue failed {tries} times: {done.stderr.strip()[-300:]}",
-                                f"the jobs may still run: squeue -j {','.join(jobs)}")  # fmt: skip
-            time.sleep(poll)
-            continue
-        failures = 0
-        said = done.stdout if done.returncode == 0 else ""
-        states = dict(line.split(maxsplit=1) for line in said.splitlines() if len(line.split()) == 2)
-        for job, state in sorted(states.items()):
-            if seen.get(job) != state:
-                output.note(f"job {job}: {state.lower()}")
-                seen[job] = state
-        if not states:
-            return
-        time.sleep(poll)
+# ---------------------------------------------------------------- reading back what jobs wrote
 
 
 def load_run(run: Path) -> dict[str, Any]:
-    """The run record `submit` wrote, checked (the collect job reads it from shared storage)."""
+    """The run record `submit` wrote, checked (every job reads it from shared storage)."""
     where = str(run / RUN_FILE)
     try:
         data = json.loads((run / RUN_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise ManifestError(f"{where}: cannot be read as JSON ({exc})", "submit the matrix again") from exc
-    f = Fields(data, where)
-    if f.get("schema", int) != 1:
-        raise f.fail("schema", "is not 1")
-    f.text("array_job", _JOB_ID)
-    for i, item in enumerate(f.get("targets", list)):
-        t = Fields(item, f"{where}: targets[{i}]")
-        t.text("name", re.compile(r"^[a-z0-9][a-z0-9._-]{0,100}$"))
-        if t.get("task", int) != i:
-            raise t.fail("task", f"is not {i}")
-        t.text("job", _JOB_ID)
+        raise MatrixError(f"{where}: cannot be read as JSON ({exc})",
+                          "pass the run folder build-wheel --slurm printed")  from exc  # fmt: skip
+    try:
+        f = Fields(data, where)
+        if f.get("schema", int) != SCHEMA:
+            raise f.fail("schema", f"is not {SCHEMA} (a run of another builder version)")
+        for key in ("matrix", "wheelhouse", "work", "compiler_cache", "sdists"):
+            if not Path(f.text(key)).is_absolute():
+                raise f.fail(key, "is not an absolute path")
+        f.text("array_job", _JOB_ID, optional=True)
+        f.text("collect_job", _JOB_ID, optional=True)
+        work = Path(f.data["work"])
+        for i, item in enumerate(f.get("targets", list)):
+            t = Fields(item, f"{where}: targets[{i}]")
+            name = t.text("name", _NAME)
+            if t.get("task", int) != i:
+                raise t.fail("task", f"is not {i}")
+            if t.text("folder") != str(work / name):
+                raise t.fail("folder", f"is not {work / name}")  # builds only ever in the run's own work folder
+            t.text("job", _JOB_ID, optional=True)
+            for j, smoke in enumerate(t.get("smoke", list)):
+                s = Fields(smoke, f"{t.where}.smoke[{j}]")
+                s.text("partition", _PART)
+                s.text("gres", _PART)
+                s.get("require_gpu", bool)
+                s.text("time", _PART)
+                s.text("job", _JOB_ID, optional=True)
+    except ManifestError as exc:
+        raise MatrixError(exc.message, "the run folder was edited: submit the matrix again") from exc
     return f.data
 
 
-def target_result(run: Path, item: Mapping[str, Any]) -> TargetResult:
-    """One array task's outcome, from the coverage record its build wrote in its own work folder.
+def entry(record: Mapping[str, Any], name: str) -> dict[str, Any]:
+    for item in record["targets"]:
+        if item["name"] == name:
+            return dict(item)
+    names = ", ".join(t["name"] for t in record["targets"])
+    raise MatrixError(f'the run has no target "{name}"', f"its targets: {names}")
 
-    A task that died before writing one (killed, out of memory, node failure) is a failed build
-    whose reason points at its Slurm log.
-    """
-    name = item["name"]
-    folder = run / "targets" / name
-    path = folder / "coverage" / "coverage.json"
-    log = item.get("log", "")
+
+def results_dir(run: Path) -> Path:
+    return run / "results"
+
+
+def _read(path: Path) -> Any:
+    """A JSON file another job wrote; None when it is absent (the job did not get that far)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        died = StageResult("failed", f"the build task wrote no result: read its Slurm log {log}")
-        skipped = StageResult("skipped", "the build failed")
-        return TargetResult(name, item.get("recipe", "?"), item.get("python", "?"), None,
-                            {"build": died, "smoke": skipped, "publish": skipped},
-                            slurm={"job": load_job(item), "log": str(log)})  # fmt: skip
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise ManifestError(f"{path}: cannot be read as JSON ({exc})", "the job's result was damaged") from exc
+
+
+def read_build(run: Path, item: Mapping[str, Any]) -> tuple[TargetResult, str | None] | None:
+    """A build task's result, checked: this target, known statuses, a wheel only inside the target's
+    own folder and the sha256 it had. None when the task wrote none."""
+    path = results_dir(run) / f"{item['name']}.build.json"
+    data = _read(path)
+    if data is None:
+        return None
     f = Fields(data, str(path))
-    rows = f.get("targets", list)
-    if len(rows) != 1:
-        raise f.fail("targets", "does not hold exactly this target")
-    row = Fields(rows[0], f"{path}: targets[0]")
-    if row.text("target") != name:
-        raise row.fail("target", f"is not {name}")
-    stages: dict[str, StageResult] = {}
+    row = Fields(f.get("result", dict), f"{path}: result")
+    if row.text("target") != item["name"]:
+        raise row.fail("target", f"is not {item['name']}")
     table = Fields(row.get("stages", dict), f"{row.where}.stages")
+    stages = {}
     for stage in STAGES:
         s = Fields(table.get(stage, dict), f"{table.where}.{stage}")
         stages[stage] = StageResult(s.choice("status", _STATUSES), s.get("reason", str)[:2000],
                                     float(s.get("seconds", (int, float))))  # fmt: skip
-    wheel = None
+    wheel, sha = None, None
     if written := row.get("wheel", str, optional=True):
         file_name = Path(written).name
         check_wheel_name(file_name, f"{row.where}.wheel")
-        wheel = folder / "dist" / file_name  # only ever inside the task's own folder, whatever it wrote
-    slurm = {"job": f"{load_job(item)}", "log": str(log)}
-    return TargetResult(name, row.text("recipe"), row.text("python"), wheel, stages, slurm=slurm)
+        wheel = Path(item["folder"]) / "dist" / file_name  # only ever inside the target's own folder
+        sha = f.text("sha256", _SHA)
+    slurm = {"job": str(item.get("job", "")), "log": str(item.get("log", "")), "node": f.text("node", _NODE)}
+    return TargetResult(item["name"], item["recipe"], item["python"], wheel, stages, slurm=slurm), sha
 
 
-def load_job(item: Mapping[str, Any]) -> str:
-    return str(item.get("job", ""))
+@dataclass(frozen=True)
+class SmokeResult:
+    partition: str
+    status: str
+    reason: str
+    node: str
+    gpus: str
+    saw_gpu: bool
+    seconds: float
+    sha256: str
+
+
+def read_smoke(run: Path, name: str, partition: str) -> SmokeResult | None:
+    path = results_dir(run) / f"{name}.smoke.{partition}.json"
+    data = _read(path)
+    if data is None:
+        return None
+    f = Fields(data, str(path))
+    if f.text("target") != name:
+        raise f.fail("target", f"is not {name}")
+    if f.text("partition") != partition:
+        raise f.fail("partition", f"is not {partition}")
+    return SmokeResult(
+        partition, f.choice("status", ("passed", "failed")), f.get("reason", str)[:2000], f.text("node", _NODE),
+        f.text("gpus", _GPUS), f.get("saw_gpu", bool), float(f.get("seconds", (int, float))), f.text("sha256", _SHA),
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------- inside the jobs
+
+
+def _job_env() -> tuple[str, str]:
+    return os.environ.get("SLURM_JOB_ID", ""), socket.gethostname().split(".")[0]
+
+
+def run_task(run: Path, name: str) -> TargetResult:
+    """The build task of one target: build (and smoke on CPU when no GPU job smokes it) in the
+    target's own stable folder, under its lock; the result goes to the run's results folder."""
+    from filelock import FileLock
+
+    from builder import pipeline
+    from builder.build.ccache import CACHE_DIR_ENV
+    from builder.build.source import SDIST_CACHE_ENV, sha256_of
+    from builder.targets import load_matrix, targets_for
+    from builder.workspace import Workspace
+
+    record = load_run(run)
+    item = entry(record, name)
+    matrix = load_matrix(Path(record["matrix"]))
+    found = [t for t in targets_for(matrix.recipes, matrix.python) if t.name == name]
+    if not found:
+        raise MatrixError(f"{record['matrix']} no longer has the target {name}", "submit the matrix again")
+    os.environ[CACHE_DIR_ENV] = record["compiler_cache"]
+    os.environ.setdefault(SDIST_CACHE_ENV, record["sdists"])
+    folder = Path(item["folder"])
+    make_dirs(folder)
+    cores = int(os.environ.get("SLURM_CPUS_PER_TASK", "0")) or len(os.sched_getaffinity(0))
+    stages = pipeline.Stages(smoke=not item["smoke"], publish=False)
+    with FileLock(str(folder) + ".lock"):  # another run building the same target waits here
+        (result,) = pipeline.run(found, Workspace(folder), run / "unused", stages, keep_going=True, cores=cores)
+        sha = sha256_of(result.wheel) if result.wheel else None
+    job, node = _job_env()
+    write_atomic(results_dir(run) / f"{name}.build.json",
+                 json.dumps({"schema": 1, "result": result.to_json(), "sha256": sha, "job": job, "node": node},
+                            indent=2) + "\n")  # fmt: skip
+    return result
+
+
+def saw_no_gpu(details: Sequence[str]) -> bool:
+    """Whether the smoke found no GPU: its torch check and GPU checks say "no GPU visible" (pure)."""
+    return any("no GPU visible" in d for d in details)
+
+
+def run_smoke(run: Path, name: str, partition: str) -> SmokeResult:
+    """The GPU smoke job of one target: the full smoke on this node's GPUs, then the result."""
+    from builder.build.source import sha256_of
+    from builder.errors import SmokeError
+    from builder.smoke import load_report, smoke
+    from builder.workspace import Workspace
+
+    record = load_run(run)
+    item = entry(record, name)
+    wanted = [s for s in item["smoke"] if s["partition"] == partition]
+    if not wanted:
+        raise MatrixError(f"{name} has no smoke job on partition {partition}", "submit the matrix again")
+    try:
+        built = read_build(run, item)
+    except ManifestError as exc:
+        raise MatrixError(exc.message, "build the target again") from exc
+    if built is None or built[0].wheel is None:
+        raise MatrixError(f"{name} has no built wheel to smoke", "read its build log")
+    wheel, sha = built[0].wheel, built[1]
+    job, node = _job_env()
+    gpus = re.sub(r"[^A-Za-z0-9,:_-]", "", os.environ.get("CUDA_VISIBLE_DEVICES", ""))[:200]
+    start = time.monotonic()
+    status, reason, details = "passed", "", []
+    if sha256_of(wheel) != sha:
+        status, reason = "failed", f"{wheel} changed after its build task (another run rebuilt it?)"
+    else:
+        try:
+            report = smoke(wheel, Workspace(run / "smoke" / f"{name}-{partition}"))
+            details = [c.detail for c in report.checks]
+        except SmokeError as exc:
+            status, reason = "failed", exc.message
+            failed = load_report(wheel)
+            details = [c.detail for c in failed.checks] if failed else []
+    saw = bool(details) and not saw_no_gpu(details)
+    if status == "passed" and not saw:
+        why = f"saw no GPU on {node} (CUDA_VISIBLE_DEVICES={gpus or 'unset'}): the GPU checks were skipped"
+        if wanted[0]["require_gpu"]:
+            status, reason = "failed", f"{why}; check the partition's GPUs and driver"
+        else:
+            reason = f"{why} (require_gpu = false: fake GPUs)"
+    result = SmokeResult(partition, status, reason, node, gpus, saw, round(time.monotonic() - start, 1), sha or "")
+    data = {"schema": 1, "target": name, "job": job, **dataclasses.asdict(result)}
+    write_atomic(results_dir(run) / f"{name}.smoke.{partition}.json", json.dumps(data, indent=2) + "\n")
+    return result
+
+
+# ---------------------------------------------------------------- the collect job
+
+
+def target_result(run: Path, item: Mapping[str, Any]) -> TargetResult:
+    """One target's outcome from what its jobs wrote; a job that wrote nothing (killed, out of
+    memory, node failure) or wrote something that does not check out fails the target, with the
+    reason and its log."""
+    skipped = StageResult("skipped", "the build failed")
+    slurm = {"job": str(item.get("job", "")), "log": str(item.get("log", "")), "node": ""}
+    try:
+        built = read_build(run, item)
+    except ManifestError as exc:
+        built, bad = None, StageResult("failed", f"{exc.message}: not believed")
+    else:
+        bad = StageResult("failed", f"the build task wrote no result: read its Slurm log {slurm['log']}")
+    if built is None:
+        return TargetResult(item["name"], item["recipe"], item["python"], None,
+                            {"build": bad, "smoke": skipped, "publish": skipped}, slurm=slurm)  # fmt: skip
+    result, sha = built
+    slurm = dict(result.slurm or {})
+    stages = dict(result.stages)
+    if result.wheel is None:
+        stages["smoke"] = skipped
+    elif item["smoke"]:
+        stages["smoke"] = _gpu_smoke(run, item, sha)
+        slurm["smoke_on"] = ", ".join(f"{s['partition']} ({s.get('job', '?')})" for s in item["smoke"])
+    else:
+        slurm["smoke_on"] = "cpu"
+        if item["accelerator"] == "cuda" and stages["smoke"].status == "passed":
+            why = f"on CPU: no [slurm.gpu] partition for archs {', '.join(item['archs'])}"
+            stages["smoke"] = dataclasses.replace(stages["smoke"], reason=why)
+    return dataclasses.replace(result, stages=stages, slurm=slurm)
+
+
+def _gpu_smoke(run: Path, item: Mapping[str, Any], sha: str | None) -> StageResult:
+    """Every GPU smoke job of a target merged: passed only if each passed on that wheel's bytes."""
+    failed, notes, seconds = [], [], 0.0
+    for s in item["smoke"]:
+        try:
+            got = read_smoke(run, item["name"], s["partition"])
+        except ManifestError as exc:
+            failed.append(f"{exc.message}: not believed")
+            continue
+        if got is None:
+            failed.append(f"the smoke job on {s['partition']} wrote no result: read {s.get('log', 'its log')}")
+        elif got.sha256 != sha:
+            failed.append(f"the smoke job on {s['partition']} smoked other bytes than the build task built")
+        elif got.status == "failed":
+            failed.append(f"on {s['partition']} ({got.node}): {got.reason}")
+        else:
+            seconds = max(seconds, got.seconds)
+            note = f"on {s['partition']} ({got.node}, GPUs {got.gpus or 'none'})"
+            notes.append(note + (f": {got.reason}" if got.reason else ""))
+    if failed:
+        return StageResult("failed", "; ".join(failed), seconds)
+    return StageResult("passed", "; ".join(notes), seconds)
 
 
 def collect(run: Path, wheelhouse: Path) -> list[TargetResult]:
     """Publish every target whose smoke passed (this job is the wheelhouse's single writer)."""
     from builder import pipeline
+    from builder.build.source import sha256_of
     from builder.workspace import Workspace
 
     record = load_run(run)
     results = []
     for item in record["targets"]:
         result = target_result(run, item)
-        if result.wheel is not None and result.stages["smoke"].status in ("passed", "reused"):
+        if result.wheel is not None and result.ok and result.stages["smoke"].status in ("passed", "reused"):
             start = time.monotonic()
+            built = read_build(run, item)
             try:
+                if built is None or sha256_of(result.wheel) != built[1]:
+                    raise MatrixError(f"{result.wheel} changed after its build task", "run the matrix again")
                 (published,) = pipeline.publish([result.wheel], wheelhouse, Workspace(run / "collect"))
                 stage = StageResult("passed", "", time.monotonic() - start)
-            except BuilderError as exc:
-                published, stage = None, StageResult("failed", exc.message)
+            except (BuilderError, OSError) as exc:
+                published = None
+                stage = StageResult("failed", exc.message if isinstance(exc, BuilderError) else str(exc))
             result = dataclasses.replace(
                 result, stages={**result.stages, "publish": stage}, published=published,
                 install_command=pipeline.install_command(wheelhouse, published) if published else None,
             )  # fmt: skip
+        elif result.stages["publish"].status != "failed":
+            why = "the build failed" if result.wheel is None else "the smoke failed"
+            result = dataclasses.replace(result, stages={**result.stages, "publish": StageResult("skipped", why)})
         results.append(result)
     return results
+
+
+# ---------------------------------------------------------------- following a run
+
+
+ACTIVE = "PENDING,RUNNING,CONFIGURING,COMPLETING,SUSPENDED,REQUEUED,RESIZING"
+
+
+def queue(jobs: Sequence[str], tries: int = 5, poll: float = 2.0) -> dict[str, str]:
+    """Slurm's state of each job still queued or running ({} when none is). Slurm forgets
+    finished jobs (MinJobAge): "Invalid job id" then means done. Any other failure of squeue
+    (controller unreachable) is retried, then reported, never taken for the end."""
+    for attempt in range(tries):
+        done = cmd.ask(["squeue", "-h", "-r", "-j", ",".join(jobs), "-t", ACTIVE, "-o", "%i %T"])
+        if done.returncode == 0:
+            return dict(line.split(maxsplit=1) for line in done.stdout.splitlines() if len(line.split()) == 2)
+        if "Invalid job id" in done.stderr:
+            return {}
+        if attempt + 1 < tries:
+            time.sleep(poll)
+    raise ToolError(f"squeue failed {tries} times: {done.stderr.strip()[-300:]}",
+                    f"the jobs may still run: squeue -j {','.join(jobs)}")  # fmt: skip
+
+
+def states(run: Path, record: Mapping[str, Any], active: Mapping[str, str]) -> dict[str, str]:
+    """Each target's state, one line: from the coverage report once the collect job wrote it,
+    else from the results jobs wrote and Slurm's queue."""
+    report = _read_coverage(run)
+    out = {}
+    for item in record["targets"]:
+        name = item["name"]
+        if report is not None and name in report:
+            out[name] = report[name]
+            continue
+        job = item.get("job", "")
+        try:
+            built = read_build(run, item)
+        except ManifestError as exc:
+            out[name] = f"build result not believed: {exc.message}"
+            continue
+        if built is None:
+            out[name] = f"build {active.get(job, 'ended without a result').lower()} (job {job})"
+            continue
+        result = built[0]
+        line = f"build {result.stages['build'].status}"
+        for s in item["smoke"]:
+            got = None
+            try:
+                got = read_smoke(run, name, s["partition"])
+            except ManifestError:
+                pass
+            state = got.status if got else active.get(s.get("job", ""), "ended without a result").lower()
+            line += f", smoke on {s['partition']} {state} (job {s.get('job', '?')})"
+        if not item["smoke"]:
+            line += f", smoke {result.stages['smoke'].status}"
+        out[name] = line + ", publish waits for the collect job"
+    return out
+
+
+def _read_coverage(run: Path) -> dict[str, str] | None:
+    try:
+        data = _read(run / "coverage" / "coverage.json")
+        rows = Fields(data, "coverage.json").get("targets", list) if data is not None else None
+    except ManifestError:
+        return None
+    if rows is None:
+        return None
+    out = {}
+    for row in rows:
+        if isinstance(row, dict) and isinstance(row.get("stages"), dict) and isinstance(row.get("target"), str):
+            out[row["target"]] = ", ".join(
+                f"{stage} {s.get('status')}" for stage, s in row["stages"].items() if isinstance(s, dict)
+            )
+    return out
+
+
+def wait(run: Path, record: Mapping[str, Any], poll: float = 3.0) -> None:
+    """Follow the jobs until none is queued or running, with a line per target when its state changes."""
+    jobs = jobs_of(record)
+    seen: dict[str, str] = {}
+    while True:
+        active = queue(jobs)
+        for name, line in states(run, record, active).items():
+            if seen.get(name) != line:
+                output.note(f"{name}: {line}")
+                seen[name] = line
+        if not active:
+            return
+        time.sleep(poll)

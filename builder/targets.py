@@ -157,10 +157,24 @@ class Matrix:
     python: tuple[str, ...]
     jobs: int | None  # None: as many as cores and memory allow
     slurm: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # [slurm]: cpus, mem, time, partition, account
+    gpu: Mapping[str, GpuSmoke] = dataclasses.field(default_factory=dict)  # [slurm.gpu]: arch -> where it smokes
+
+
+@dataclass(frozen=True)
+class GpuSmoke:
+    """[slurm.gpu] "9.0" = { partition = "h100", gres = "gpu:1" }: CUDA targets built for that arch
+    are smoked on that partition. require_gpu = false only where the GPUs are fake (tests)."""
+
+    partition: str
+    gres: str = "gpu:1"
+    require_gpu: bool = True
+    time: str = "00:30:00"
 
 
 _MATRIX_KEYS = {"recipes": list, "python": list, "deepspeed": list, "jobs": int, "slurm": dict}
-_SLURM_KEYS = {"cpus": int, "mem": str, "time": str, "partition": str, "account": str}
+_SLURM_KEYS = {"cpus": int, "mem": str, "time": str, "partition": str, "account": str, "compiler_cache": str,
+               "gpu": dict}  # fmt: skip
+_GPU_KEYS = {"partition": str, "gres": str, "require_gpu": bool, "time": str}
 _SLURM_TEXT = re.compile(r"^[A-Za-z0-9:_.-]{1,64}$")  # partition, account, 24G, 02:00:00: no shell, no spaces
 
 
@@ -214,11 +228,46 @@ def parse_matrix(data: Mapping[str, Any], path: Path) -> Matrix:
     if jobs is not None and jobs < 1:
         raise RecipeError(f"{path}: jobs must be 1 or more", "jobs = 1 builds one target at a time")
     slurm = dict(data.get("slurm", {}))
+    gpu = _gpu_table(slurm.pop("gpu", {}), path)
     for key, value in slurm.items():
         if key not in _SLURM_KEYS:
             raise RecipeError(f'{path}: unknown key "slurm.{key}"', f"allowed: {', '.join(_SLURM_KEYS)}")
         ok = isinstance(value, _SLURM_KEYS[key]) and not isinstance(value, bool)
-        ok = ok and (_SLURM_TEXT.match(value) is not None if isinstance(value, str) else value >= 1)
+        if key == "compiler_cache":
+            ok = ok and Path(value).is_absolute() and "\n" not in value
+        else:
+            ok = ok and (_SLURM_TEXT.match(value) is not None if isinstance(value, str) else value >= 1)
         if not ok:
-            raise RecipeError(f"{path}: slurm.{key} = {str(value)[:40]!r} is not valid", 'e.g. cpus = 8, mem = "24G"')
-    return Matrix(path, tuple(recipes), tuple(pythons), jobs, slurm)
+            raise RecipeError(
+                f"{path}: slurm.{key} = {str(value)[:40]!r} is not valid",
+                'e.g. cpus = 8, mem = "24G", compiler_cache = "/shared/ccache" (an absolute path every node sees)',
+            )
+    return Matrix(path, tuple(recipes), tuple(pythons), jobs, slurm, gpu)
+
+
+def _gpu_table(table: Any, path: Path) -> dict[str, GpuSmoke]:
+    """[slurm.gpu]: each arch (torch's spelling, "9.0") to the partition its smoke job runs on."""
+    from builder.build.archs import gpu_of, normalize
+
+    if not isinstance(table, dict):
+        raise RecipeError(f"{path}: slurm.gpu must be a table", '[slurm.gpu] "9.0" = { partition = "h100" }')
+    out: dict[str, GpuSmoke] = {}
+    for arch, item in table.items():
+        where = f'{path}: slurm.gpu."{arch}"'
+        try:
+            norm = normalize(arch)
+        except RecipeError as exc:
+            raise RecipeError(f"{where}: {exc.message}", exc.fix) from exc
+        if len(norm) != 1:
+            raise RecipeError(f'{where}: "{arch}" names several archs', 'one compute capability a key: "9.0"')
+        if not isinstance(item, dict) or "partition" not in item:
+            raise RecipeError(f"{where} needs a partition", '"9.0" = { partition = "h100", gres = "gpu:1" }')
+        for key, value in item.items():
+            if key not in _GPU_KEYS:
+                raise RecipeError(f'{where}: unknown key "{key}"', f"allowed: {', '.join(_GPU_KEYS)}")
+            ok = isinstance(value, _GPU_KEYS[key]) and (isinstance(value, bool) or bool(_SLURM_TEXT.match(str(value))))
+            if not ok:
+                raise RecipeError(f"{where}: {key} = {str(value)[:40]!r} is not valid",
+                                  'e.g. partition = "h100", gres = "gpu:h100:1", time = "00:30:00"')  # fmt: skip
+        out[gpu_of(norm[0])] = GpuSmoke(**item)
+    return out

@@ -1,6 +1,10 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 from builder.bench import render_table
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_table_shows_ratios_against_the_plain_command() -> None:
@@ -23,3 +27,28 @@ def test_table_shows_ratios_against_the_plain_command() -> None:
     assert "| environment with the recipe's torch: uv vs venv + pip | 2.1 s vs 32.7 s | 0.06 | - |" in table
     assert "| smoke, uv environments vs venv + pip | 48 s vs 95 s | 0.51 | smoke <= 50 s |" in table
     assert "`nox -s build-wheel`): uv vs pip environments | 140 s vs 280 s | 0.50 | <= 150 s |" in table
+
+
+def test_the_slurm_bench_changes_one_recipe_of_a_copy_of_the_matrix(tmp_path: Path) -> None:
+    from builder.bench import _add_op, _copy_matrix, _hits, render_slurm
+    from builder.targets import load_matrix
+
+    matrix = ROOT / "recipes" / "matrices" / "example.toml"
+    copy, recipes = _copy_matrix(matrix, tmp_path / "m")
+    loaded = load_matrix(copy)
+    assert [r.name for r in loaded.recipes] == [r.name for r in load_matrix(matrix).recipes]
+    assert loaded.python == load_matrix(matrix).python and copy.parent == recipes[0].parent
+    _add_op(recipes[0], "deepspeed_shm_comm")
+    assert load_matrix(copy).recipes[0].ops[0] == "deepspeed_shm_comm"
+    assert (ROOT / "recipes" / "cpu.toml").read_text() != recipes[0].read_text()  # the original is untouched
+    assert _hits("ccache: 5 hits, 2 misses (71% hit rate)\nx\nccache: 1 hits, 0 misses") == (6, 2)
+    result = {"matrix": "m.toml", "targets": 3, "changed": {"recipe": "cpu", "added_op": "cpu_lion"},
+              "slurm_nodes": "1 2", "seconds": {"local_cold": 300.0, "slurm_cold": 240.0, "local_second": 100.0,
+              "slurm_second": 60.0}, "second_slurm_ccache": {"hits": 6, "misses": 2},
+              "ratios": {"slurm_vs_local_cold": 0.8, "slurm_second_vs_cold": 0.25,
+                         "slurm_vs_local_second": 0.6}}  # fmt: skip
+    table = render_slurm(result)
+    assert "| cold: Slurm job array vs here one after another | 240 s vs 300 s | 0.80 |" in table
+    assert (
+        "| second run (+cpu_lion in cpu): Slurm, shared compiler cache, vs Slurm cold | 60 s vs 240 s | 0.25 |" in table
+    )

@@ -3,7 +3,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from builder.build.ccache import Stats, environment, parse_stats
+from builder.build.ccache import Stats, cache_dir, environment, parse_stats
 
 # Captured from ccache 4.7.5's --print-stats (trimmed).
 STATS = (
@@ -33,3 +33,17 @@ def test_environment(tmp_path: Path) -> None:
     assert environment(tmp_path / "cc", True, env) == on
     assert environment(tmp_path / "cc", False, env) == {"TORCH_NO_COMPILER_WRAPPER": "1"}
     assert environment(tmp_path / "cc", True, {"PATH": str(tmp_path / "empty")}) == {"TORCH_NO_COMPILER_WRAPPER": "1"}
+
+
+def test_a_shared_cache_counts_each_build_in_its_own_stats_log(tmp_path: Path) -> None:
+    """Build tasks on several nodes share one cache: its counters mix them, so each build reads its
+    own stats log; and the compilers are checked by content (nodes install them at other times)."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "ccache").write_text("#!/bin/sh\n")  # FAKE ccache: only its presence on PATH matters here
+    (fake_bin / "ccache").chmod(0o755)
+    on = environment(tmp_path / "shared", True, {"PATH": str(fake_bin)}, tmp_path / "adam" / "ccache-stats.log")
+    assert on["CCACHE_STATSLOG"] == str(tmp_path / "adam" / "ccache-stats.log")
+    assert on["CCACHE_COMPILERCHECK"] == "content"
+    assert cache_dir(tmp_path / "cache", {}) == tmp_path / "cache" / "ccache"
+    assert cache_dir(tmp_path / "cache", {"DS_BUILDER_CCACHE_DIR": "/shared/ccache"}) == Path("/shared/ccache")

@@ -80,3 +80,15 @@ def test_slurm_options_need_slurm_and_a_matrix(tmp_path: Path, capsys: pytest.Ca
     with pytest.raises(SystemExit) as done:
         main(["build-wheel", "--jobs", "0"])
     assert done.value.code == 2
+
+
+def test_provision_through_slurm_needs_a_partition_or_nodelist(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["provision", "--launcher", "slurm", "--work-dir", str(tmp_path / "w"), "--out", str(tmp_path / "p")]
+    assert main(base) == 2
+    assert "error: --launcher slurm installs on a partition's or a nodelist's nodes" in capsys.readouterr().err
+    assert main([*base, "--partition", "gpu", "--hostfile", str(tmp_path / "h")]) == 2
+    assert main(["provision", "--work-dir", str(tmp_path / "w")]) == 2
+    assert "error: provision needs --hostfile" in capsys.readouterr().err
+    assert not (tmp_path / "p").exists()

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -42,3 +43,38 @@ def test_host_script_and_pdsh_command(tmp_path: Path) -> None:
     assert ssh[:7] == ["pdsh", "-S", "-R", "exec", "-f", "2", "-w"] and ssh[7] == "a,b"
     assert ssh[-1] == f"ssh -o BatchMode=yes %h sh -s < {tmp_path.resolve()}/%h.sh"
     assert pdsh_command(hosts, tmp_path, "local")[-1] == f"sh {tmp_path.resolve()}/%h.sh"
+
+
+def test_srun_runs_one_install_per_node_with_a_result_file_each(tmp_path: Path) -> None:
+    from builder.wheelhouse.provision import srun_command
+
+    args = srun_command(["n1", "n2"], "gpu", tmp_path / "node.sh", tmp_path)
+    assert args[:4] == ["srun", "--job-name=ds-provision", "--nodes=2", "--ntasks-per-node=1"]
+    assert "--nodelist=n1,n2" in args and f"--output={tmp_path}/results/%N.json" in args
+    assert args[-3:] == ["--partition=gpu", "sh", str(tmp_path / "node.sh")]
+    script = host_script(Host("every node"), "/shared/wheelhouse", "ab" * 32, json_result=True)
+    assert script.endswith('"$PY" "$tmp/install.py" --wheelhouse /shared/wheelhouse --json\n')
+
+
+def test_each_nodes_result_is_checked_before_it_is_believed(tmp_path: Path) -> None:
+    """A node's result is a file a remote job wrote: anything but the installer's own JSON is a failure."""
+    from builder.wheelhouse.provision import node_outcome
+
+    results = tmp_path / "results"
+    results.mkdir()
+    wheel = "deepspeed-0.19.8+cpu-cp311-cp311-manylinux_2_35_x86_64.whl"
+    cases = {
+        "ok": ({"installed": True, "wheel": wheel}, True, wheel),
+        "error": ({"error": "no wheel fits this node", "fix": "build one", "exit_code": 3}, False, "no wheel fits"),
+        "dry": ({"installed": False, "wheel": wheel}, False, "did not report an install"),
+        "evil": ({"installed": True, "wheel": "../../etc/passwd"}, False, "is not a wheel file name"),
+        "list": ([1, 2], False, "not a JSON object"),
+    }
+    for node, (data, _, _) in cases.items():
+        (results / f"{node}.json").write_text(json.dumps(data))
+    (results / "garbled.json").write_text("pip says hello {")
+    for node, (_, installed, detail) in cases.items():
+        got = node_outcome(node, tmp_path)
+        assert got.installed is installed and detail in got.detail, (node, got)
+    assert "not the installer's JSON" in node_outcome("garbled", tmp_path).detail
+    assert node_outcome("silent", tmp_path).detail == f"no result: read {tmp_path}/logs/silent.log"

@@ -1,29 +1,76 @@
-"""The Slurm side without a cluster: the scripts (pure) and how squeue's answers are read."""
+"""The Slurm side without a cluster: the scripts and the run record (pure), how squeue's answers
+are read, and every file a job writes for another read back as hostile."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from builder import cmd, slurm
-from builder.errors import ToolError
+from builder.errors import MatrixError, RecipeError, ToolError
 from builder.recipe import load_recipe
-from builder.targets import targets_for
+from builder.targets import GpuSmoke, parse_matrix, targets_for
 
 ROOT = Path(__file__).resolve().parents[1]
+SHA = "ab" * 32
+WHEEL = "deepspeed-0.19.8+cu130.sm80.sm90-cp311-cp311-manylinux_2_35_x86_64.whl"
+H100 = {"9.0": GpuSmoke("h100", "gpu:h100:1"), "8.0": GpuSmoke("a100")}
 
 
-def test_the_array_script_maps_each_task_to_its_target(tmp_path: Path) -> None:
-    cpu = load_recipe(ROOT / "recipes" / "cpu.toml")
-    targets = targets_for([cpu])
-    text = slurm.build_script(targets, tmp_path / "m atrix.toml", tmp_path / "run", "/opt/py/bin/python")
-    assert "names=(cpu)\nname=${names[$SLURM_ARRAY_TASK_ID]}" in text
-    assert f"--matrix '{tmp_path}/m atrix.toml' --target \"$name\"" in text  # quoted: paths may hold spaces
-    assert f'--work-dir {tmp_path}/run/targets/"$name" --no-publish' in text
+def _targets() -> list[Any]:
+    return targets_for(
+        [load_recipe(ROOT / "recipes" / "cpu.toml"), load_recipe(ROOT / "recipes" / "cu130-multi-min.toml")]
+    )
+
+
+def test_the_scripts_map_each_task_to_its_target(tmp_path: Path) -> None:
+    text = slurm.build_script(_targets(), tmp_path / "r un", "/opt/py/bin/python")
+    assert "names=(cpu cu130-multi-min)\n" in text
+    assert (
+        f"/opt/py/bin/python -m builder slurm-task '{tmp_path}/r un' --target \"${{names[$SLURM_ARRAY_TASK_ID]}}\""
+        in text
+    )
+    smoke = slurm.smoke_script("cu130-multi-min", "h100", tmp_path / "run", "/opt/py/bin/python")
+    assert f"slurm-smoke {tmp_path}/run --target cu130-multi-min \\\n    --partition h100" in smoke
     flags = slurm._sbatch_flags(slurm.SlurmOptions(partition="build", account="ml", cpus=4, mem="8G"))
     assert flags == ["--cpus-per-task=4", "--mem=8G", "--time=02:00:00", "--partition=build", "--account=ml"]
+
+
+def test_cuda_targets_smoke_on_each_gpu_type_their_archs_run_on(tmp_path: Path) -> None:
+    cpu, cuda = _targets()
+    assert slurm.smoke_partitions(cpu, H100) == []  # a CPU target smokes in its build task
+    assert slurm.smoke_partitions(cuda, H100) == [("8.0", GpuSmoke("a100")), ("9.0", H100["9.0"])]
+    assert slurm.smoke_partitions(cuda, {"9.0": GpuSmoke("h100")}) == [("9.0", GpuSmoke("h100"))]
+    assert slurm.smoke_partitions(cuda, {"7.0": GpuSmoke("v100")}) == []  # no partition for its archs: CPU
+    record = slurm.plan_record([cpu, cuda], tmp_path / "m.toml", tmp_path / "run", tmp_path / "targets",
+                               tmp_path / "house", tmp_path / "cc", tmp_path / "sd", H100)  # fmt: skip
+    assert record["targets"][0]["smoke"] == [] and record["targets"][0]["folder"] == str(tmp_path / "targets" / "cpu")
+    assert [s["partition"] for s in record["targets"][1]["smoke"]] == ["a100", "h100"]
+    assert record["targets"][1]["smoke"][1] == {"gpu": "9.0", "partition": "h100", "gres": "gpu:h100:1",
+                                                "require_gpu": True, "time": "00:30:00"}  # fmt: skip
+
+
+def test_the_matrix_gpu_table_is_checked(tmp_path: Path) -> None:
+    base = {"recipes": [str(ROOT / "recipes" / "cpu.toml")]}
+    gpu = {"sm_90": {"partition": "h100", "gres": "gpu:h100:1"}, "8.0": {"partition": "a100"}}
+    m = parse_matrix({**base, "slurm": {"cpus": 4, "gpu": gpu}}, tmp_path / "m.toml")
+    assert m.gpu == {"9.0": GpuSmoke("h100", "gpu:h100:1"), "8.0": GpuSmoke("a100")} and m.slurm == {"cpus": 4}
+    bad = [
+        ({"9.9": {"partition": "h"}}, "not a CUDA architecture"),
+        ({"9.0": {"gres": "gpu:1"}}, "needs a partition"),
+        ({"9.0": {"partition": "h100; rm -rf /"}}, "partition = 'h100; rm -rf /' is not valid"),
+        ({"9.0": {"partition": "h100", "nodes": 2}}, 'unknown key "nodes"'),
+        ({"9.0": {"partition": "h100", "require_gpu": "no"}}, "require_gpu = 'no' is not valid"),
+    ]
+    for table, message in bad:
+        with pytest.raises(RecipeError, match=message):
+            parse_matrix({**base, "slurm": {"gpu": table}}, tmp_path / "m.toml")
+    with pytest.raises(RecipeError, match="compiler_cache = 'cache' is not valid"):
+        parse_matrix({**base, "slurm": {"compiler_cache": "cache"}}, tmp_path / "m.toml")  # every node: absolute
 
 
 def _answers(monkeypatch: pytest.MonkeyPatch, answers: list[tuple[int, str, str]]) -> list[list[str]]:
@@ -39,17 +86,138 @@ def _answers(monkeypatch: pytest.MonkeyPatch, answers: list[tuple[int, str, str]
     return asked
 
 
-def test_waiting_ends_when_slurm_forgets_the_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_queue_ends_when_slurm_forgets_the_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
     asked = _answers(monkeypatch, [
-        (0, "12_[0-1] PENDING\n13 PENDING\n", ""),
-        (0, "12_0 RUNNING\n12_1 RUNNING\n13 PENDING\n", ""),
+        (0, "12_0 RUNNING\n12_1 PENDING\n13 PENDING\n", ""),
         (1, "", "slurm_load_jobs error: Invalid job id specified\n"),  # finished and purged (MinJobAge)
     ])  # fmt: skip
-    slurm.wait({"array_job": "12", "collect_job": "13"}, poll=0)
-    assert len(asked) == 3 and asked[0][:4] == ["squeue", "-h", "-j", "12,13"]
+    assert slurm.queue(["12", "13"]) == {"12_0": "RUNNING", "12_1": "PENDING", "13": "PENDING"}
+    assert slurm.queue(["12", "13"]) == {}
+    assert asked[0][:5] == ["squeue", "-h", "-r", "-j", "12,13"]  # -r: one line per array task
 
 
 def test_an_unreachable_controller_is_not_taken_for_the_end(monkeypatch: pytest.MonkeyPatch) -> None:
-    _answers(monkeypatch, [(0, "12 RUNNING\n", "")] + [(1, "", "Unable to contact slurm controller\n")] * 5)
+    _answers(monkeypatch, [(1, "", "Unable to contact slurm controller\n")] * 5)
     with pytest.raises(ToolError, match="squeue failed 5 times: Unable to contact slurm controller"):
-        slurm.wait({"array_job": "12", "collect_job": "13"}, poll=0)
+        slurm.queue(["12"], poll=0)
+
+
+# ---------------------------------------------------------------- what jobs write, read back as hostile
+
+
+def _run(tmp_path: Path, gpu: dict[str, GpuSmoke]) -> tuple[Path, dict[str, Any]]:
+    run = tmp_path / "run"
+    (run / "results").mkdir(parents=True)
+    _, cuda = _targets()
+    record = slurm.plan_record([cuda], tmp_path / "m.toml", run, tmp_path / "targets", tmp_path / "house",
+                               tmp_path / "cc", tmp_path / "sd", gpu)  # fmt: skip
+    record["array_job"] = "7"
+    record["targets"][0].update(job="7_0", log=str(run / "logs" / "build-7_0.log"))
+    for i, s in enumerate(record["targets"][0]["smoke"]):
+        s.update(job=str(8 + i), log=str(run / "logs" / f"smoke-{8 + i}.log"))
+    (run / "run.json").write_text(json.dumps(record))
+    return run, slurm.load_run(run)["targets"][0]
+
+
+def _build_result(run: Path, wheel: str = WHEEL, target: str = "cu130-multi-min", smoke: str = "skipped") -> None:
+    stages = {s: {"status": "passed", "reason": "", "seconds": 1.0} for s in ("build", "smoke", "publish")}
+    stages["smoke"]["status"] = smoke
+    result = {"target": target, "recipe": "cu130-multi-min", "python": "3.11.7", "stages": stages, "wheel": wheel}
+    data = {"schema": 1, "result": result, "sha256": SHA, "job": "7", "node": "n1"}
+    (run / "results" / "cu130-multi-min.build.json").write_text(json.dumps(data))
+
+
+def _smoke_result(run: Path, partition: str = "h100", **change: Any) -> None:
+    data = {"schema": 1, "target": "cu130-multi-min", "job": "8", "partition": partition, "status": "passed",
+            "reason": "", "node": "g1", "gpus": "0", "saw_gpu": True, "seconds": 40.0, "sha256": SHA}  # fmt: skip
+    data.update(change)
+    (run / "results" / f"cu130-multi-min.smoke.{partition}.json").write_text(json.dumps(data))
+
+
+def test_a_tampered_run_record_is_refused(tmp_path: Path) -> None:
+    run, _ = _run(tmp_path, H100)
+    record = json.loads((run / "run.json").read_text())
+    for change, message in [
+        ({"folder": "/etc"}, "field 'folder' is not"),  # a build only ever in the run's own work folder
+        ({"name": "../x"}, "field 'name' is not valid"),
+        ({"job": "7; rm"}, "field 'job' is not valid"),
+    ]:
+        evil = json.loads(json.dumps(record))
+        evil["targets"][0].update(change)
+        (run / "run.json").write_text(json.dumps(evil))
+        with pytest.raises(MatrixError, match=message):
+            slurm.load_run(run)
+    (run / "run.json").write_text(json.dumps({**record, "schema": 1}))
+    with pytest.raises(MatrixError, match="is not 2"):
+        slurm.load_run(run)
+    (run / "run.json").write_text("{")
+    with pytest.raises(MatrixError, match="cannot be read as JSON"):
+        slurm.load_run(run)
+
+
+def test_a_tampered_build_result_fails_its_target_never_publishes(tmp_path: Path) -> None:
+    run, item = _run(tmp_path, {})
+    died = slurm.target_result(run, item)  # the task died before writing one
+    assert died.stages["build"].status == "failed" and "build-7_0.log" in died.stages["build"].reason
+    evil = "/etc/../../evil/" + WHEEL
+    _build_result(run, wheel=evil, smoke="passed")
+    result = slurm.target_result(run, item)
+    assert result.wheel == tmp_path / "targets" / "cu130-multi-min" / "dist" / WHEEL  # its own folder only
+    assert result.stages["smoke"].reason == "on CPU: no [slurm.gpu] partition for archs 8.0, 9.0"
+    assert result.slurm == {"job": "7_0", "log": str(run / "logs" / "build-7_0.log"), "node": "n1", "smoke_on": "cpu"}
+    for kwargs, message in [({"wheel": "../../x.sh"}, "not a wheel file name"), ({"target": "other"}, "is not cu130")]:
+        _build_result(run, **kwargs)
+        bad = slurm.target_result(run, item)
+        assert bad.stages["build"].status == "failed" and message in bad.stages["build"].reason
+        assert bad.wheel is None and bad.stages["publish"].status == "skipped"
+    (run / "results" / "cu130-multi-min.build.json").write_text("[1, 2")
+    assert "cannot be read as JSON" in slurm.target_result(run, item).stages["build"].reason
+
+
+def test_gpu_smoke_results_are_merged_and_checked(tmp_path: Path) -> None:
+    run, item = _run(tmp_path, H100)
+    _build_result(run)
+    missing = slurm.target_result(run, item).stages["smoke"]
+    assert missing.status == "failed" and "the smoke job on a100 wrote no result: read" in missing.reason
+    _smoke_result(run, "a100", gpus="0,1")
+    _smoke_result(run, "h100")
+    both = slurm.target_result(run, item)
+    assert both.ok and both.stages["smoke"].reason == "on a100 (g1, GPUs 0,1); on h100 (g1, GPUs 0)"
+    assert both.slurm is not None and both.slurm["smoke_on"] == "a100 (8), h100 (9)"
+    _smoke_result(run, "h100", sha256="cd" * 32)  # smoked other bytes than were built
+    assert "smoked other bytes" in slurm.target_result(run, item).stages["smoke"].reason
+    _smoke_result(run, "h100", status="failed", reason="saw no GPU on g1")
+    assert "on h100 (g1): saw no GPU on g1" in slurm.target_result(run, item).stages["smoke"].reason
+    _smoke_result(run, "h100", partition_x=1, gpus="0; rm -rf /")
+    assert "field 'gpus' is not valid" in slurm.target_result(run, item).stages["smoke"].reason
+    _smoke_result(run, "h100", target="other")
+    assert not slurm.target_result(run, item).ok
+
+
+def test_a_smoke_that_saw_no_gpu_is_told_apart() -> None:
+    assert slurm.saw_no_gpu(["torch 2.14.1, CUDA 13.0, no GPU visible", "skipped"])
+    assert not slurm.saw_no_gpu(["torch 2.14.1, CUDA 13.0, NVIDIA H100 80GB HBM3"])
+
+
+def test_each_targets_state_comes_from_results_and_the_queue(tmp_path: Path) -> None:
+    run, _ = _run(tmp_path, {"9.0": GpuSmoke("h100")})
+    record = slurm.load_run(run)
+    assert slurm.states(run, record, {"7_0": "PENDING"}) == {"cu130-multi-min": "build pending (job 7_0)"}
+    assert slurm.states(run, record, {}) == {"cu130-multi-min": "build ended without a result (job 7_0)"}
+    _build_result(run)
+    line = slurm.states(run, record, {"8": "RUNNING"})["cu130-multi-min"]
+    assert line == "build passed, smoke on h100 running (job 8), publish waits for the collect job"
+    _smoke_result(run, "h100")
+    assert "smoke on h100 passed (job 8)" in slurm.states(run, record, {})["cu130-multi-min"]
+
+
+def test_the_two_partition_example_plans_a_smoke_job_per_gpu_type(tmp_path: Path) -> None:
+    from builder.targets import load_matrix
+
+    m = load_matrix(ROOT / "recipes" / "matrices" / "slurm-two-partitions.toml")
+    assert m.gpu == {"8.0": GpuSmoke("a100", "gpu:a100:1"), "9.0": GpuSmoke("h100", "gpu:h100:2", time="00:30:00")}
+    assert m.slurm == {"cpus": 8, "mem": "24G", "time": "02:00:00", "partition": "build", "account": "ml",
+                       "compiler_cache": "/shared/ccache"}  # fmt: skip
+    cuda = next(r for r in m.recipes if r.accelerator == "cuda")
+    (target,) = targets_for([cuda])
+    assert [g.partition for _, g in slurm.smoke_partitions(target, m.gpu)] == ["a100", "h100"]

@@ -75,6 +75,11 @@ def normalize_all(items: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted(out, key=_key))
 
 
+def gpu_of(arch: str) -> str:
+    """The GPU an arch runs on, as a compute capability: '9.0a' and '9.0+PTX' -> '9.0'."""
+    return arch.split("+")[0].rstrip("af")
+
+
 def _key(arch: str) -> tuple[int, int, str]:
     base = sm(arch)
     return (base // 10, base % 10, arch)

@@ -33,19 +33,35 @@ class Stats:
         return f"ccache: {self.hits} hits, {self.misses} misses ({self.rate:.0%} hit rate)"
 
 
+# One cache for several work folders (the build tasks of a matrix on Slurm: a folder every node sees).
+CACHE_DIR_ENV = "DS_BUILDER_CCACHE_DIR"
+
+
+def cache_dir(work_cache: Path, env: Mapping[str, str]) -> Path:
+    return Path(env[CACHE_DIR_ENV]) if env.get(CACHE_DIR_ENV) else work_cache / "ccache"
+
+
 # Variables nvcc reads that change its output but never appear on the command line ccache hashes.
 NVCC_ENV = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN")
 
 
-def environment(cache_dir: Path, enabled: bool, env: Mapping[str, str]) -> dict[str, str]:
+def environment(
+    cache_dir: Path, enabled: bool, env: Mapping[str, str], stats_log: Path | None = None
+) -> dict[str, str]:
     """ccache's settings for a build; the nvcc flags given through the environment (-Xfatbin
     -compress-all, -ccbin) go into its namespace, which ccache hashes with every compile, so an
-    object built with other flags is never a hit."""
+    object built with other flags is never a hit. The build's own hits and misses go to
+    `stats_log`: the cache's counters are shared by every build using it at the same time."""
     if not enabled or which("ccache", env) is None:
         return {"TORCH_NO_COMPILER_WRAPPER": "1"}
     flags = "\n".join(f"{k}={env.get(k, '')}" for k in NVCC_ENV)
     namespace = "nvcc-" + hashlib.sha256(flags.encode()).hexdigest()[:16]
-    return {"CCACHE_DIR": str(cache_dir), "CCACHE_NOHASHDIR": "1", "CCACHE_NAMESPACE": namespace}
+    # compiler_check=content: nodes of a shared cache install the same compiler at other times (mtime).
+    out = {"CCACHE_DIR": str(cache_dir), "CCACHE_NOHASHDIR": "1", "CCACHE_NAMESPACE": namespace,
+           "CCACHE_COMPILERCHECK": "content"}  # fmt: skip
+    if stats_log is not None:
+        out["CCACHE_STATSLOG"] = str(stats_log)
+    return out
 
 
 def parse_stats(text: str) -> Stats:
@@ -65,12 +81,15 @@ def _ccache(env: Mapping[str, str]) -> str | None:
 
 
 def zero(env: Mapping[str, str]) -> None:
-    if program := _ccache(env):
-        query(["env", f"CCACHE_DIR={env['CCACHE_DIR']}", program, "--zero-stats"])
+    """Start this build's count (its stats log), leaving the shared cache's counters alone."""
+    if _ccache(env) and env.get("CCACHE_STATSLOG"):
+        Path(env["CCACHE_STATSLOG"]).unlink(missing_ok=True)
 
 
 def stats(env: Mapping[str, str]) -> Stats | None:
     program = _ccache(env)
-    if program is None:
+    if program is None or not env.get("CCACHE_STATSLOG"):
         return None
-    return parse_stats(query(["env", f"CCACHE_DIR={env['CCACHE_DIR']}", program, "--print-stats"]))
+    said = query(["env", f"CCACHE_DIR={env['CCACHE_DIR']}", f"CCACHE_STATSLOG={env['CCACHE_STATSLOG']}",
+                  program, "--print-log-stats"])  # fmt: skip
+    return parse_stats(said)

@@ -143,7 +143,8 @@ def build_wheel(
     plan = plan_build(recipe, report, cores or os.cpu_count() or 1, archs, available_memory_gb())
     env.update(plan.env)
     env.update(reproducible_env(env, src, env_python.parent.parent))
-    env.update(ccache.environment(ws.cache / "ccache", use_ccache, env))
+    stats_log = ws.recipe_dir(target.name) / "ccache-stats.log"
+    env.update(ccache.environment(ccache.cache_dir(ws.cache, os.environ), use_ccache, env, stats_log))
     ccache.zero(env)
     output.note(
         f"version {plan.version}; ops {', '.join(o.name for o in plan.ops)}; "

@@ -1,4 +1,5 @@
-"""provision: install the right wheel on many hosts, driven by pdsh (as DeepSpeed's own launcher does).
+"""provision: install the right wheel on many hosts, driven by pdsh (as DeepSpeed's own launcher
+does) or by Slurm's srun (one task on every node of a partition or a nodelist).
 
 Each host gets a generated install script; the script fetches the node installer the wheelhouse
 publishes (`tools/ds-node-install.py`, builder/node.py byte for byte, standard library only),
@@ -8,16 +9,17 @@ and pip, and a tampered installer is never executed. `plan_*` functions are pure
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder import cmd
+from builder import cmd, output
 from builder.build.source import sha256_of
-from builder.errors import BuilderError, WheelhouseError
-from builder.files import write_atomic
-from builder.node import INSTALLER
+from builder.errors import BuilderError, ToolError, WheelhouseError
+from builder.files import make_dirs, write_atomic
+from builder.node import INSTALLER, ManifestError, check_wheel_name
 
 _HOST_LINE = re.compile(r"^\s*([A-Za-z0-9._-]+)((?:\s+\w+=\S+)*)\s*$")
 
@@ -69,8 +71,9 @@ _FETCH = (
 )
 
 
-def host_script(host: Host, wheelhouse: str, installer_sha256: str) -> str:
-    """The install script for one host: fetch the installer, check its sha256, run it."""
+def host_script(host: Host, wheelhouse: str, installer_sha256: str, json_result: bool = False) -> str:
+    """The install script for one host: fetch the installer, check its sha256, run it (with
+    json_result, the installer's result goes to stdout as JSON: srun keeps one file per node)."""
     source = wheelhouse.rstrip("/") + "/" + INSTALLER
     return (
         "#!/bin/sh\n"
@@ -80,7 +83,7 @@ def host_script(host: Host, wheelhouse: str, installer_sha256: str) -> str:
         'tmp="$(mktemp -d)"\n'
         "trap 'rm -rf \"$tmp\"' EXIT\n"
         f'"$PY" -c {shlex.quote(_FETCH)} {shlex.quote(source)} "$tmp/install.py" {installer_sha256}\n'
-        f'"$PY" "$tmp/install.py" --wheelhouse {shlex.quote(wheelhouse)}\n'
+        f'"$PY" "$tmp/install.py" --wheelhouse {shlex.quote(wheelhouse)}{" --json" if json_result else ""}\n'
     )
 
 
@@ -122,3 +125,91 @@ def run(hosts: list[Host], out: Path, launcher: str, log: Path) -> str:
         log=log,
         fix="install pdsh (apt-get install pdsh) and make sure every host is reachable",
     )
+
+
+# ---------------------------------------------------------------- through Slurm
+
+
+@dataclass(frozen=True)
+class NodeOutcome:
+    node: str
+    installed: bool
+    detail: str  # the wheel installed, or the installer's error and fix
+
+
+_DOWN = ("down", "drain", "fail", "maint", "unk", "futr", "reboot")
+
+
+def slurm_nodes(partition: str | None, nodelist: str | None) -> tuple[list[str], list[str]]:
+    """The nodes to install on (from `sinfo`: a partition's, or a nodelist's) and those skipped
+    because Slurm reports them down or draining."""
+    args = ["sinfo", "-h", "-N", "-o", "%N %t"]
+    args += ["-p", partition] if partition else []
+    args += ["-n", nodelist] if nodelist else []
+    said = cmd.run(args, fix="check the partition or nodelist against `sinfo`")
+    up: list[str] = []
+    down: list[str] = []
+    for line in said.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and re.match(r"^[A-Za-z0-9._-]+$", parts[0]):
+            bucket = down if parts[1].rstrip("*~#!%$@^-+").startswith(_DOWN) or parts[1].endswith("*") else up
+            if parts[0] not in bucket:
+                bucket.append(parts[0])
+    if not up:
+        where = f"partition {partition}" if partition else f"nodelist {nodelist}"
+        raise BuilderError(f"Slurm has no usable node in {where} ({len(down)} down or draining)",
+                           "check `sinfo`, or name other nodes with --nodelist")  # fmt: skip
+    return up, down
+
+
+def srun_command(nodes: list[str], partition: str | None, script: Path, out: Path) -> list[str]:
+    """One task on each node; each node's stdout (the installer's JSON) and stderr in its own file (pure)."""
+    args = ["srun", "--job-name=ds-provision", f"--nodes={len(nodes)}", "--ntasks-per-node=1",
+            f"--nodelist={','.join(nodes)}", f"--output={out}/results/%N.json",
+            f"--error={out}/logs/%N.log"]  # fmt: skip
+    if partition:
+        args.append(f"--partition={partition}")
+    return [*args, "sh", str(script)]
+
+
+def node_outcome(node: str, out: Path) -> NodeOutcome:
+    """What the installer on `node` printed (a file a remote job wrote: checked, never trusted)."""
+    path = out / "results" / f"{node}.json"
+    log = out / "logs" / f"{node}.log"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return NodeOutcome(node, False, f"no result: read {log}")
+    except (OSError, ValueError):
+        return NodeOutcome(node, False, f"its result is not the installer's JSON: read {path} and {log}")
+    if not isinstance(data, dict):
+        return NodeOutcome(node, False, f"its result is not a JSON object: read {path}")
+    if isinstance(data.get("error"), str):
+        fix = data.get("fix") if isinstance(data.get("fix"), str) else ""
+        return NodeOutcome(node, False, f"{data['error'][:500]} (fix: {str(fix)[:300]})")
+    wheel = data.get("wheel")
+    if data.get("installed") is not True or not isinstance(wheel, str):
+        return NodeOutcome(node, False, f"the installer did not report an install: read {log}")
+    try:
+        check_wheel_name(wheel, f"{path}: wheel")
+    except ManifestError as exc:
+        return NodeOutcome(node, False, exc.message)
+    return NodeOutcome(node, True, wheel)
+
+
+def run_slurm(nodes: list[str], partition: str | None, script: Path, out: Path, log: Path) -> list[NodeOutcome]:
+    """srun the install script once on every node; each node's outcome, even where some failed."""
+    for sub in ("results", "logs"):
+        stale = out / sub
+        if stale.is_dir():  # results of an earlier provision must not pass for this one's
+            for node in nodes:
+                (stale / f"{node}.{'json' if sub == 'results' else 'log'}").unlink(missing_ok=True)
+        make_dirs(stale)
+    try:
+        cmd.run(srun_command(nodes, partition, script, out.resolve()), log=log,
+                fix="read each node's log below")  # fmt: skip
+    except ToolError as exc:
+        if not (out / "results").is_dir():
+            raise
+        output.note(f"srun: {exc.message.splitlines()[0]}")
+    return [node_outcome(n, out) for n in nodes]
