@@ -44,6 +44,6 @@ def test_a_shared_cache_counts_each_build_in_its_own_stats_log(tmp_path: Path) -
     (fake_bin / "ccache").chmod(0o755)
     on = environment(tmp_path / "shared", True, {"PATH": str(fake_bin)}, tmp_path / "adam" / "ccache-stats.log")
     assert on["CCACHE_STATSLOG"] == str(tmp_path / "adam" / "ccache-stats.log")
-    assert on["CCACHE_COMPILERCHECK"] == "content"
+    assert on["CCACHE_COMPILERCHECK"] == "content" and on["CCACHE_SLOPPINESS"] == "include_file_ctime"
     assert cache_dir(tmp_path / "cache", {}) == tmp_path / "cache" / "ccache"
     assert cache_dir(tmp_path / "cache", {"DS_BUILDER_CCACHE_DIR": "/shared/ccache"}) == Path("/shared/ccache")

@@ -57,8 +57,11 @@ def environment(
     flags = "\n".join(f"{k}={env.get(k, '')}" for k in NVCC_ENV)
     namespace = "nvcc-" + hashlib.sha256(flags.encode()).hexdigest()[:16]
     # compiler_check=content: nodes of a shared cache install the same compiler at other times (mtime).
+    # include_file_ctime: uv hard-links torch's headers from its cache, so another environment being
+    # made at the same time moves their ctime, and ccache would refuse to store the object
+    # ("modified_input_file", seen here); their content still decides, through their mtime and hash.
     out = {"CCACHE_DIR": str(cache_dir), "CCACHE_NOHASHDIR": "1", "CCACHE_NAMESPACE": namespace,
-           "CCACHE_COMPILERCHECK": "content"}  # fmt: skip
+           "CCACHE_COMPILERCHECK": "content", "CCACHE_SLOPPINESS": "include_file_ctime"}  # fmt: skip
     if stats_log is not None:
         out["CCACHE_STATSLOG"] = str(stats_log)
     return out
