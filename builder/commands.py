@@ -108,7 +108,7 @@ def _submit_to_slurm(args: argparse.Namespace, matrix: Any, targets: list[Any]) 
         raise
     smokes = [f"{t['name']} on {s['partition']} ({s['job']})" for t in record["targets"] for s in t["smoke"]]
     output.step(
-        f"submitted {len(targets)} targets: build array {record['array_job']}, "
+        f"submitted {len(targets)} targets: build array {', '.join(a['job'] for a in record['arrays'])}, "
         + (f"GPU smoke jobs: {', '.join(smokes)}, " if smokes else "no GPU smoke jobs (no [slurm.gpu] match), ")
         + f"collect job {record['collect_job']} (afterany)\n    run folder: {run}\n"
         f"    compiler cache: {cache}\n    follow: python -m builder slurm-status {run}"

@@ -38,14 +38,17 @@ _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
         "python": list,
         "deepspeed": dict,
         "torch": dict,
+        "slurm": dict,
     },
     "deepspeed": {"version": str, "sha256": str},
     "torch": {"version": str},
+    "slurm": {"cpus": int, "mem": str, "time": str},
 }
 _REQUIRED: dict[str, tuple[str, ...]] = {
     "": ("name", "accelerator", "ops", "deepspeed", "torch"),
     "deepspeed": ("version", "sha256"),
     "torch": ("version",),
+    "slurm": (),
 }
 _KIND: dict[type | tuple[type, ...], str] = {
     str: "a string",
@@ -53,10 +56,12 @@ _KIND: dict[type | tuple[type, ...], str] = {
     dict: "a table",
     bool: "true or false",
     (str, list): "a string or a list",
+    int: "a whole number",
 }
 CUDA_TOOLKITS = ("auto", "system", "pip")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_SLURM_SIZE = re.compile(r"^[A-Za-z0-9:_.-]{1,32}$")  # 24G, 02:00:00: no shell, no spaces
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,7 @@ class Recipe:
     compress_device_code: bool = True  # nvcc -Xfatbin -compress-all, as PyTorch's own wheels
     cuda_toolkit: str = "auto"  # auto | system | pip: where nvcc comes from (see build.cudakit)
     python: tuple[str, ...] = ()  # interpreters to build for ("3.10", "3.12", or paths); () = the builder's
+    slurm: tuple[tuple[str, int | str], ...] = ()  # [slurm] cpus, mem, time of its build task (not in the build key)
     deepspeed_suffix: bool = False  # a matrix varied the DeepSpeed version: it goes into the target name
     description: str = ""
     path: Path | None = None
@@ -193,7 +199,15 @@ def parse_recipe(data: Mapping[str, Any], path: Path | None = None) -> Recipe:
     pythons = data.get("python", [])
     if not all(isinstance(p, str) and p for p in pythons):
         raise RecipeError(f"{where}: python must list versions or interpreter paths", 'e.g. python = ["3.10", "3.12"]')
+    slurm = data.get("slurm", {})
+    _check_table(slurm, "slurm", where)
+    for key, value in slurm.items():
+        ok = value >= 1 and not isinstance(value, bool) if key == "cpus" else bool(_SLURM_SIZE.match(value))
+        if not ok:
+            raise RecipeError(f"{where}: slurm.{key} = {str(value)[:40]!r} is not valid",
+                              'e.g. [slurm] cpus = 16, mem = "64G", time = "04:00:00"')  # fmt: skip
     return Recipe(
+        slurm=tuple(sorted(slurm.items())),
         name=name,
         archs=archs,
         python=tuple(pythons),

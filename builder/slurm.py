@@ -76,9 +76,9 @@ def smoke_partitions(target: Target, gpu: Mapping[str, GpuSmoke]) -> list[tuple[
     return list(out.values())
 
 
-def build_script(targets: Sequence[Target], run: Path, python: str) -> str:
-    """The array job: task i builds targets[i] (pure)."""
-    names = " ".join(shlex.quote(t.name) for t in targets)
+def build_script(targets: Sequence[str], run: Path, python: str) -> str:
+    """An array job: task i builds the target named targets[i] (pure)."""
+    names = " ".join(shlex.quote(t) for t in targets)
     return f"""#!/bin/bash
 # ds-wheel-builder: one matrix target per array task (build, and smoke when no GPU job smokes it).
 set -u
@@ -104,11 +104,27 @@ exec {shlex.quote(python)} -m builder slurm-collect {shlex.quote(str(run))} --wh
 """
 
 
+def sizing(target: Target, opts: SlurmOptions) -> SlurmOptions:
+    """A target's build task: the matrix's [slurm] sizes, overridden by its recipe's [slurm] (pure)."""
+    return dataclasses.replace(opts, **dict(target.recipe.slurm))  # type: ignore[arg-type]
+
+
 def plan_record(
     targets: Sequence[Target], matrix: Path, run: Path, work: Path, wheelhouse: Path, cache: Path,
-    sdists: Path, gpu: Mapping[str, GpuSmoke],
+    sdists: Path, gpu: Mapping[str, GpuSmoke], opts: SlurmOptions = SlurmOptions(),
 ) -> dict[str, Any]:  # fmt: skip
-    """The run record every job reads back (pure): targets, their folders and their smoke jobs."""
+    """The run record every job reads back (pure): one job array per build-task size (an array's
+    tasks share one size), targets with their array and task, their folders and smoke jobs."""
+    sizes: list[SlurmOptions] = []
+    place: list[tuple[int, int]] = []
+    for t in targets:
+        size = sizing(t, opts)
+        if size not in sizes:
+            sizes.append(size)
+        group = sizes.index(size)
+        place.append((group, sum(1 for g, _ in place if g == group)))
+    arrays = [{"size": dataclasses.asdict(size), "targets": [t.name for t, (g, _) in zip(targets, place, strict=True)
+                                                             if g == i]} for i, size in enumerate(sizes)]  # fmt: skip
     return {
         "schema": SCHEMA,
         "matrix": str(matrix),
@@ -116,6 +132,7 @@ def plan_record(
         "work": str(work),
         "compiler_cache": str(cache),
         "sdists": str(sdists),
+        "arrays": arrays,
         "targets": [
             {
                 "name": t.name,
@@ -123,7 +140,8 @@ def plan_record(
                 "python": t.python.version,
                 "accelerator": t.recipe.accelerator,
                 "archs": list(t.recipe.archs),
-                "task": i,
+                "array": place[i][0],
+                "task": place[i][1],
                 "folder": str(work / t.name),
                 "smoke": [{"gpu": arch, **dataclasses.asdict(g)} for arch, g in smoke_partitions(t, gpu)],
             }
@@ -140,7 +158,7 @@ def submit(
     make_dirs(run / "logs")
     make_dirs(run / "results")
     python = sys.executable
-    record = plan_record(targets, matrix.resolve(), run, work, wheelhouse.resolve(), cache, sdists, gpu)
+    record = plan_record(targets, matrix.resolve(), run, work, wheelhouse.resolve(), cache, sdists, gpu, opts)
 
     def save() -> None:
         write_atomic(run / RUN_FILE, json.dumps(record, indent=2) + "\n")
@@ -148,7 +166,7 @@ def submit(
     save()  # before the first job can start: every job reads it
     submitted: list[str] = []
     try:
-        _submit_jobs(targets, record, run, wheelhouse, opts, python, save, submitted)
+        _submit_jobs(record, run, wheelhouse, opts, python, save, submitted)
     except BuilderError as exc:  # no half-submitted run: what went in is cancelled
         if submitted:
             cmd.ask(["scancel", *submitted])
@@ -158,21 +176,23 @@ def submit(
 
 
 def _submit_jobs(
-    targets: Sequence[Target], record: dict[str, Any], run: Path, wheelhouse: Path, opts: SlurmOptions,
-    python: str, save: Any, submitted: list[str],
+    record: dict[str, Any], run: Path, wheelhouse: Path, opts: SlurmOptions, python: str, save: Any,
+    submitted: list[str],
 ) -> None:  # fmt: skip
-    build = write_atomic(run / "build.sh", build_script(targets, run, python), mode=0o755)
-    array = _sbatch(
-        [*_sbatch_flags(opts), f"--array=0-{len(targets) - 1}", "--job-name=ds-build",
-         f"--output={run / 'logs'}/build-%A_%a.log", str(build)]
-    )  # fmt: skip
-    submitted.append(array)
-    record["array_job"] = array
+    for i, array_plan in enumerate(record["arrays"]):
+        build = write_atomic(run / f"build-{i}.sh", build_script(array_plan["targets"], run, python), mode=0o755)
+        array = _sbatch(
+            [*_sbatch_flags(SlurmOptions(**array_plan["size"])), f"--array=0-{len(array_plan['targets']) - 1}",
+             "--job-name=ds-build", f"--output={run / 'logs'}/build-%A_%a.log", str(build)]
+        )  # fmt: skip
+        submitted.append(array)
+        array_plan["job"] = array
     for item in record["targets"]:
+        array = record["arrays"][item["array"]]["job"]
         item["job"] = f"{array}_{item['task']}"
         item["log"] = str(run / "logs" / f"build-{array}_{item['task']}.log")
     save()
-    after = [array]
+    after = [a["job"] for a in record["arrays"]]
     for item in record["targets"]:
         for smoke in item["smoke"]:
             part = smoke["partition"]
@@ -211,7 +231,8 @@ def _sbatch(args: list[str]) -> str:
 
 def jobs_of(record: Mapping[str, Any]) -> list[str]:
     smokes = [s["job"] for t in record["targets"] for s in t["smoke"] if s.get("job")]
-    return [j for j in [record.get("array_job"), *smokes, record.get("collect_job")] if j]
+    arrays = [a.get("job") for a in record["arrays"]]
+    return [j for j in [*arrays, *smokes, record.get("collect_job")] if j]
 
 
 # ---------------------------------------------------------------- reading back what jobs wrote
@@ -232,14 +253,19 @@ def load_run(run: Path) -> dict[str, Any]:
         for key in ("matrix", "wheelhouse", "work", "compiler_cache", "sdists"):
             if not Path(f.text(key)).is_absolute():
                 raise f.fail(key, "is not an absolute path")
-        f.text("array_job", _JOB_ID, optional=True)
         f.text("collect_job", _JOB_ID, optional=True)
         work = Path(f.data["work"])
+        arrays = []
+        for i, array in enumerate(f.get("arrays", list)):
+            a = Fields(array, f"{where}: arrays[{i}]")
+            a.text("job", _JOB_ID, optional=True)
+            arrays.append(a.texts("targets", _NAME))
         for i, item in enumerate(f.get("targets", list)):
             t = Fields(item, f"{where}: targets[{i}]")
             name = t.text("name", _NAME)
-            if t.get("task", int) != i:
-                raise t.fail("task", f"is not {i}")
+            group, task = t.get("array", int), t.get("task", int)
+            if not (0 <= group < len(arrays) and 0 <= task < len(arrays[group]) and arrays[group][task] == name):
+                raise t.fail("task", f"is not {name}'s place in its job array")
             if t.text("folder") != str(work / name):
                 raise t.fail("folder", f"is not {work / name}")  # builds only ever in the run's own work folder
             t.text("job", _JOB_ID, optional=True)

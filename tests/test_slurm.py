@@ -94,7 +94,10 @@ def test_a_matrix_runs_as_a_job_array_gpu_smoke_jobs_and_one_collect_job(
     rows = {t["target"]: t for t in report["targets"]}
     status = {name: {s: v["status"] for s, v in row["stages"].items()} for name, row in rows.items()}
     assert status["adam"] == status["cuadam"] == {"build": "passed", "smoke": "passed", "publish": "passed"}
-    assert rows["adam"]["slurm"]["job"] == f"{record['array_job']}_0" and Path(rows["adam"]["slurm"]["log"]).is_file()
+    assert (
+        rows["adam"]["slurm"]["job"] == f"{record['arrays'][0]['job']}_0"
+        and Path(rows["adam"]["slurm"]["log"]).is_file()
+    )
     assert rows["adam"]["slurm"]["smoke_on"] == "cpu"
     # The GPU smoke ran in its own job on the h100 partition with the GPUs Slurm gave it (fake ones).
     (smoke,) = record["targets"][2]["smoke"]

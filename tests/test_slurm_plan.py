@@ -28,7 +28,7 @@ def _targets() -> list[Any]:
 
 
 def test_the_scripts_map_each_task_to_its_target(tmp_path: Path) -> None:
-    text = slurm.build_script(_targets(), tmp_path / "r un", "/opt/py/bin/python")
+    text = slurm.build_script([t.name for t in _targets()], tmp_path / "r un", "/opt/py/bin/python")
     assert "names=(cpu cu130-multi-min)\n" in text
     assert (
         f"/opt/py/bin/python -m builder slurm-task '{tmp_path}/r un' --target \"${{names[$SLURM_ARRAY_TASK_ID]}}\""
@@ -111,7 +111,7 @@ def _run(tmp_path: Path, gpu: dict[str, GpuSmoke]) -> tuple[Path, dict[str, Any]
     _, cuda = _targets()
     record = slurm.plan_record([cuda], tmp_path / "m.toml", run, tmp_path / "targets", tmp_path / "house",
                                tmp_path / "cc", tmp_path / "sd", gpu)  # fmt: skip
-    record["array_job"] = "7"
+    record["arrays"][0]["job"] = "7"
     record["targets"][0].update(job="7_0", log=str(run / "logs" / "build-7_0.log"))
     for i, s in enumerate(record["targets"][0]["smoke"]):
         s.update(job=str(8 + i), log=str(run / "logs" / f"smoke-{8 + i}.log"))
@@ -141,6 +141,7 @@ def test_a_tampered_run_record_is_refused(tmp_path: Path) -> None:
         ({"folder": "/etc"}, "field 'folder' is not"),  # a build only ever in the run's own work folder
         ({"name": "../x"}, "field 'name' is not valid"),
         ({"job": "7; rm"}, "field 'job' is not valid"),
+        ({"task": 1}, "field 'task' is not cu130-multi-min's place in its job array"),
     ]:
         evil = json.loads(json.dumps(record))
         evil["targets"][0].update(change)
@@ -221,3 +222,38 @@ def test_the_two_partition_example_plans_a_smoke_job_per_gpu_type(tmp_path: Path
     cuda = next(r for r in m.recipes if r.accelerator == "cuda")
     (target,) = targets_for([cuda])
     assert [g.partition for _, g in slurm.smoke_partitions(target, m.gpu)] == ["a100", "h100"]
+
+
+def test_a_recipe_sizes_its_own_build_task_in_its_own_job_array(tmp_path: Path) -> None:
+    """An array's tasks share one size: a recipe that needs more than the matrix gives gets an array of its own."""
+    import dataclasses
+
+    cpu, cuda = _targets()
+    big = dataclasses.replace(cuda, recipe=dataclasses.replace(cuda.recipe, slurm=(("cpus", 16), ("mem", "64G"))))
+    opts = slurm.SlurmOptions(partition="build", cpus=4, mem="8G")
+    assert slurm.sizing(big, opts) == slurm.SlurmOptions(partition="build", cpus=16, mem="64G")
+    record = slurm.plan_record([cpu, big], tmp_path / "m.toml", tmp_path / "run", tmp_path / "t", tmp_path / "h",
+                               tmp_path / "cc", tmp_path / "sd", {}, opts)  # fmt: skip
+    assert [a["targets"] for a in record["arrays"]] == [["cpu"], ["cu130-multi-min"]]
+    assert record["arrays"][1]["size"]["cpus"] == 16 and record["arrays"][0]["size"]["mem"] == "8G"
+    assert [(t["array"], t["task"]) for t in record["targets"]] == [(0, 0), (1, 0)]
+    same = slurm.plan_record([cpu, cuda], tmp_path / "m.toml", tmp_path / "run", tmp_path / "t", tmp_path / "h",
+                             tmp_path / "cc", tmp_path / "sd", {}, opts)  # fmt: skip
+    assert [a["targets"] for a in same["arrays"]] == [["cpu", "cu130-multi-min"]]
+    assert [(t["array"], t["task"]) for t in same["targets"]] == [(0, 0), (0, 1)]
+
+
+def test_a_recipes_slurm_sizes_are_checked() -> None:
+    from builder.recipe import parse_recipe
+
+    base = {"name": "x", "accelerator": "cpu", "ops": ["cpu_adam"], "torch": {"version": "2.13.0"},
+            "deepspeed": {"version": "0.19.8", "sha256": SHA}}  # fmt: skip
+    assert parse_recipe({**base, "slurm": {"cpus": 16, "time": "04:00:00"}}).slurm == (
+        ("cpus", 16),
+        ("time", "04:00:00"),
+    )
+    for table, message in [({"cpus": 0}, "slurm.cpus = '0' is not valid"), ({"cpus": True}, "is not valid"),
+                           ({"mem": "8G; reboot"}, "slurm.mem = '8G; reboot' is not valid"),
+                           ({"gpus": 1}, 'unknown key "slurm.gpus"')]:  # fmt: skip
+        with pytest.raises(RecipeError, match=message):
+            parse_recipe({**base, "slurm": table})
