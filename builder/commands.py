@@ -92,6 +92,11 @@ def _submit_to_slurm(args: argparse.Namespace, matrix: Any, targets: list[Any]) 
 
     if matrix is None:
         raise RecipeError("--slurm submits a matrix", "pass --matrix FILE")
+    from builder.cmd import which
+
+    if which("sbatch") is None:
+        raise ToolError("sbatch was not found on PATH: this machine cannot submit Slurm jobs",
+                        "run it on a login node of the cluster, or build here: leave out --slurm")  # fmt: skip
     ws = _workspace(args)
     make_dirs(ws.root / "slurm")
     run = Path(tempfile.mkdtemp(prefix="run-", dir=ws.root / "slurm"))

@@ -92,3 +92,17 @@ def test_provision_through_slurm_needs_a_partition_or_nodelist(
     assert main(["provision", "--work-dir", str(tmp_path / "w")]) == 2
     assert "error: provision needs --hostfile" in capsys.readouterr().err
     assert not (tmp_path / "p").exists()
+
+
+def test_slurm_without_sbatch_says_so_before_writing_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from builder import cmd
+
+    monkeypatch.setattr(cmd, "which", lambda program, env=None: None)  # FAKE: a machine without Slurm's clients
+    matrix = tmp_path / "m.toml"
+    matrix.write_text(f'recipes = ["{ROOT / "recipes" / "cpu.toml"}"]\n')
+    work = tmp_path / "work"
+    assert main(["build-wheel", "--matrix", str(matrix), "--slurm", "--work-dir", str(work)]) == 3
+    assert "error: sbatch was not found on PATH: this machine cannot submit Slurm jobs" in capsys.readouterr().err
+    assert not work.exists()
