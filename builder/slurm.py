@@ -343,7 +343,10 @@ class SmokeResult:
 
 
 def read_smoke(run: Path, name: str, partition: str) -> SmokeResult | None:
-    path = results_dir(run) / f"{name}.smoke.{partition}.json"
+    return _smoke_file(results_dir(run) / f"{name}.smoke.{partition}.json", name, partition)
+
+
+def _smoke_file(path: Path, name: str, partition: str) -> SmokeResult | None:
     data = _read(path)
     if data is None:
         return None
@@ -353,8 +356,9 @@ def read_smoke(run: Path, name: str, partition: str) -> SmokeResult | None:
     if f.text("partition") != partition:
         raise f.fail("partition", f"is not {partition}")
     return SmokeResult(
-        partition, f.choice("status", ("passed", "failed")), f.get("reason", str)[:2000], f.text("node", _NODE),
-        f.text("gpus", _GPUS), f.get("saw_gpu", bool), float(f.get("seconds", (int, float))), f.text("sha256", _SHA),
+        partition, f.choice("status", ("passed", "reused", "failed")), f.get("reason", str)[:2000],
+        f.text("node", _NODE), f.text("gpus", _GPUS), f.get("saw_gpu", bool), float(f.get("seconds", (int, float))),
+        f.text("sha256", _SHA),
     )  # fmt: skip
 
 
@@ -426,8 +430,14 @@ def run_smoke(run: Path, name: str, partition: str) -> SmokeResult:
     gpus = re.sub(r"[^A-Za-z0-9,:_-]", "", os.environ.get("CUDA_VISIBLE_DEVICES", ""))[:200]
     start = time.monotonic()
     status, reason, details = "passed", "", []
+    earlier = _earlier_smoke(Path(item["folder"]), name, partition, sha or "", wanted[0]["require_gpu"])
     if sha256_of(wheel) != sha:
         status, reason = "failed", f"{wheel} changed after its build task (another run rebuilt it?)"
+    elif earlier is not None:  # these bytes already passed on this partition: no second smoke
+        result = dataclasses.replace(earlier, status="reused", seconds=0.0,
+                                     reason=f"passed on {earlier.node} in an earlier run, for these bytes")  # fmt: skip
+        _write_smoke(results_dir(run) / f"{name}.smoke.{partition}.json", name, job, result)
+        return result
     else:
         try:
             report = smoke(wheel, Workspace(run / "smoke" / f"{name}-{partition}"))
@@ -444,9 +454,27 @@ def run_smoke(run: Path, name: str, partition: str) -> SmokeResult:
         else:
             reason = f"{why} (require_gpu = false: fake GPUs)"
     result = SmokeResult(partition, status, reason, node, gpus, saw, round(time.monotonic() - start, 1), sha or "")
-    data = {"schema": 1, "target": name, "job": job, **dataclasses.asdict(result)}
-    write_atomic(results_dir(run) / f"{name}.smoke.{partition}.json", json.dumps(data, indent=2) + "\n")
+    _write_smoke(results_dir(run) / f"{name}.smoke.{partition}.json", name, job, result)
+    if status == "passed":  # kept with the target, for the next run of the same bytes
+        _write_smoke(Path(item["folder"]) / "gpu-smoke" / f"{partition}.json", name, job, result)
     return result
+
+
+def _write_smoke(path: Path, name: str, job: str, result: SmokeResult) -> None:
+    data = {"schema": 1, "target": name, "job": job, **dataclasses.asdict(result)}
+    make_dirs(path.parent)
+    write_atomic(path, json.dumps(data, indent=2) + "\n")
+
+
+def _earlier_smoke(folder: Path, name: str, partition: str, sha: str, require_gpu: bool) -> SmokeResult | None:
+    """A passing GPU smoke of exactly these bytes on this partition from an earlier run, if one is kept."""
+    try:
+        earlier = _smoke_file(folder / "gpu-smoke" / f"{partition}.json", name, partition)
+    except ManifestError:
+        return None  # damaged: smoke again
+    if earlier is None or earlier.sha256 != sha or earlier.status != "passed":
+        return None
+    return earlier if earlier.saw_gpu or not require_gpu else None
 
 
 # ---------------------------------------------------------------- the collect job
@@ -485,7 +513,7 @@ def target_result(run: Path, item: Mapping[str, Any]) -> TargetResult:
 
 def _gpu_smoke(run: Path, item: Mapping[str, Any], sha: str | None) -> StageResult:
     """Every GPU smoke job of a target merged: passed only if each passed on that wheel's bytes."""
-    failed, notes, seconds = [], [], 0.0
+    failed, notes, seconds, reused = [], [], 0.0, 0
     for s in item["smoke"]:
         try:
             got = read_smoke(run, item["name"], s["partition"])
@@ -499,12 +527,13 @@ def _gpu_smoke(run: Path, item: Mapping[str, Any], sha: str | None) -> StageResu
         elif got.status == "failed":
             failed.append(f"on {s['partition']} ({got.node}): {got.reason}")
         else:
+            reused += got.status == "reused"
             seconds = max(seconds, got.seconds)
             note = f"on {s['partition']} ({got.node}, GPUs {got.gpus or 'none'})"
             notes.append(note + (f": {got.reason}" if got.reason else ""))
     if failed:
         return StageResult("failed", "; ".join(failed), seconds)
-    return StageResult("passed", "; ".join(notes), seconds)
+    return StageResult("reused" if reused == len(item["smoke"]) else "passed", "; ".join(notes), seconds)
 
 
 def collect(run: Path, wheelhouse: Path) -> list[TargetResult]:

@@ -257,3 +257,25 @@ def test_a_recipes_slurm_sizes_are_checked() -> None:
                            ({"gpus": 1}, 'unknown key "slurm.gpus"')]:  # fmt: skip
         with pytest.raises(RecipeError, match=message):
             parse_recipe({**base, "slurm": table})
+
+
+def test_a_gpu_smoke_of_the_same_bytes_is_reused_only_when_it_proved_a_gpu(tmp_path: Path) -> None:
+    """The next run of an unchanged target reuses a passing GPU smoke kept in its folder, for
+    exactly those bytes on that partition; a damaged or different one means smoke again."""
+    run, item = _run(tmp_path, {"9.0": GpuSmoke("h100")})
+    folder = Path(item["folder"]) / "gpu-smoke"
+    folder.mkdir(parents=True)
+    kept = {"schema": 1, "target": "cu130-multi-min", "job": "8", "partition": "h100", "status": "passed",
+            "reason": "", "node": "g1", "gpus": "0", "saw_gpu": True, "seconds": 40.0, "sha256": SHA}  # fmt: skip
+    (folder / "h100.json").write_text(json.dumps(kept))
+    earlier = slurm._earlier_smoke(Path(item["folder"]), "cu130-multi-min", "h100", SHA, require_gpu=True)
+    assert earlier is not None and earlier.node == "g1"
+    assert slurm._earlier_smoke(Path(item["folder"]), "cu130-multi-min", "h100", "cd" * 32, True) is None
+    (folder / "h100.json").write_text(json.dumps({**kept, "saw_gpu": False}))  # proved no GPU: not for a real one
+    assert slurm._earlier_smoke(Path(item["folder"]), "cu130-multi-min", "h100", SHA, True) is None
+    assert slurm._earlier_smoke(Path(item["folder"]), "cu130-multi-min", "h100", SHA, False) is not None
+    (folder / "h100.json").write_text("{")
+    assert slurm._earlier_smoke(Path(item["folder"]), "cu130-multi-min", "h100", SHA, False) is None
+    _build_result(run)
+    _smoke_result(run, "h100", status="reused", reason="passed on g1 in an earlier run, for these bytes")
+    assert slurm.target_result(run, item).stages["smoke"].status == "reused"
