@@ -42,13 +42,11 @@ _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
     },
     "deepspeed": {"version": str, "sha256": str},
     "torch": {"version": str},
-    "slurm": {"cpus": int, "mem": str, "time": str},
 }
 _REQUIRED: dict[str, tuple[str, ...]] = {
     "": ("name", "accelerator", "ops", "deepspeed", "torch"),
     "deepspeed": ("version", "sha256"),
     "torch": ("version",),
-    "slurm": (),
 }
 _KIND: dict[type | tuple[type, ...], str] = {
     str: "a string",
@@ -56,12 +54,36 @@ _KIND: dict[type | tuple[type, ...], str] = {
     dict: "a table",
     bool: "true or false",
     (str, list): "a string or a list",
-    int: "a whole number",
 }
 CUDA_TOOLKITS = ("auto", "system", "pip")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_SLURM_SIZE = re.compile(r"^[A-Za-z0-9:_.-]{1,32}$")  # 24G, 02:00:00: no shell, no spaces
+SLURM_WORD = re.compile(r"^[A-Za-z0-9:_.-]{1,64}$")  # a partition, gres, 24G, 02:00:00: no shell, no spaces
+SLURM_SIZES = {"cpus": int, "mem": str, "time": str}  # a build task's size (recipe and matrix [slurm])
+
+
+def check_slurm_table(
+    table: Mapping[str, Any], kinds: Mapping[str, type], where: str, prefix: str, example: str
+) -> dict[str, Any]:
+    """A [slurm]-like table (a recipe's, a matrix file's, a [slurm.gpu] entry), its keys named
+    `prefix`key: known keys only; counts of 1 or more, true/false, absolute paths, and words
+    Slurm takes (no shell, no spaces)."""
+    for key, value in table.items():
+        if key not in kinds:
+            raise RecipeError(f'{where}: unknown key "{prefix}{key}"{did_you_mean(key, list(kinds))}',
+                              f"allowed: {', '.join(kinds)}")  # fmt: skip
+        kind = kinds[key]
+        if kind is bool:
+            ok = isinstance(value, bool)
+        elif kind is int:
+            ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+        elif kind is Path:  # a folder every node sees
+            ok = isinstance(value, str) and Path(value).is_absolute() and "\n" not in value
+        else:
+            ok = isinstance(value, str) and SLURM_WORD.match(value) is not None
+        if not ok:
+            raise RecipeError(f"{where}: {prefix}{key} = {str(value)[:40]!r} is not valid", example)
+    return dict(table)
 
 
 @dataclass(frozen=True)
@@ -199,12 +221,7 @@ def parse_recipe(data: Mapping[str, Any], path: Path | None = None) -> Recipe:
     pythons = data.get("python", [])
     if not all(isinstance(p, str) and p for p in pythons):
         raise RecipeError(f"{where}: python must list versions or interpreter paths", 'e.g. python = ["3.10", "3.12"]')
-    slurm = data.get("slurm", {})
-    _check_table(slurm, "slurm", where)
-    for key, value in slurm.items():
-        ok = value >= 1 and not isinstance(value, bool) if key == "cpus" else bool(_SLURM_SIZE.match(value))
-        if not ok:
-            raise RecipeError(f"{where}: slurm.{key} = {str(value)[:40]!r} is not valid",
+    slurm = check_slurm_table(data.get("slurm", {}), SLURM_SIZES, where, "slurm.",
                               'e.g. [slurm] cpus = 16, mem = "64G", time = "04:00:00"')  # fmt: skip
     return Recipe(
         slurm=tuple(sorted(slurm.items())),

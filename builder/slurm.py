@@ -31,6 +31,7 @@ from builder.errors import BuilderError, MatrixError, ToolError
 from builder.files import make_dirs, write_atomic
 from builder.node import Fields, ManifestError, check_wheel_name
 from builder.pipeline import STAGES, StageResult, TargetResult
+from builder.recipe import SLURM_WORD
 from builder.targets import GpuSmoke, Target
 
 RUN_FILE = "run.json"
@@ -38,7 +39,6 @@ SCHEMA = 2
 _STATUSES = ("passed", "reused", "failed", "skipped")
 _JOB_ID = re.compile(r"^\d{1,12}(_\d{1,6})?$")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,100}$")
-_PART = re.compile(r"^[A-Za-z0-9:_.-]{1,64}$")
 _SHA = re.compile(r"^[0-9a-f]{64}$")
 _NODE = re.compile(r"^[A-Za-z0-9._-]{0,128}$")
 _GPUS = re.compile(r"^[A-Za-z0-9,:_-]{0,200}$")
@@ -271,10 +271,10 @@ def load_run(run: Path) -> dict[str, Any]:
             t.text("job", _JOB_ID, optional=True)
             for j, smoke in enumerate(t.get("smoke", list)):
                 s = Fields(smoke, f"{t.where}.smoke[{j}]")
-                s.text("partition", _PART)
-                s.text("gres", _PART)
+                s.text("partition", SLURM_WORD)
+                s.text("gres", SLURM_WORD)
                 s.get("require_gpu", bool)
-                s.text("time", _PART)
+                s.text("time", SLURM_WORD)
                 s.text("job", _JOB_ID, optional=True)
     except ManifestError as exc:
         raise MatrixError(exc.message, "the run folder was edited: submit the matrix again") from exc

@@ -21,7 +21,7 @@ from typing import Any
 
 from builder.cmd import query
 from builder.errors import BuilderError, RecipeError, ToolError
-from builder.recipe import Recipe, load_recipe
+from builder.recipe import SLURM_SIZES, Recipe, check_slurm_table, load_recipe
 
 _VERSION_SPEC = re.compile(r"^3\.\d{1,2}$")
 
@@ -172,10 +172,8 @@ class GpuSmoke:
 
 
 _MATRIX_KEYS = {"recipes": list, "python": list, "deepspeed": list, "jobs": int, "slurm": dict}
-_SLURM_KEYS = {"cpus": int, "mem": str, "time": str, "partition": str, "account": str, "compiler_cache": str,
-               "gpu": dict}  # fmt: skip
+_SLURM_KEYS = {**SLURM_SIZES, "partition": str, "account": str, "compiler_cache": Path}
 _GPU_KEYS = {"partition": str, "gres": str, "require_gpu": bool, "time": str}
-_SLURM_TEXT = re.compile(r"^[A-Za-z0-9:_.-]{1,64}$")  # partition, account, 24G, 02:00:00: no shell, no spaces
 
 
 def load_matrix(path: Path) -> Matrix:
@@ -229,19 +227,8 @@ def parse_matrix(data: Mapping[str, Any], path: Path) -> Matrix:
         raise RecipeError(f"{path}: jobs must be 1 or more", "jobs = 1 builds one target at a time")
     slurm = dict(data.get("slurm", {}))
     gpu = _gpu_table(slurm.pop("gpu", {}), path)
-    for key, value in slurm.items():
-        if key not in _SLURM_KEYS:
-            raise RecipeError(f'{path}: unknown key "slurm.{key}"', f"allowed: {', '.join(_SLURM_KEYS)}")
-        ok = isinstance(value, _SLURM_KEYS[key]) and not isinstance(value, bool)
-        if key == "compiler_cache":
-            ok = ok and Path(value).is_absolute() and "\n" not in value
-        else:
-            ok = ok and (_SLURM_TEXT.match(value) is not None if isinstance(value, str) else value >= 1)
-        if not ok:
-            raise RecipeError(
-                f"{path}: slurm.{key} = {str(value)[:40]!r} is not valid",
-                'e.g. cpus = 8, mem = "24G", compiler_cache = "/shared/ccache" (an absolute path every node sees)',
-            )
+    example = 'e.g. cpus = 8, mem = "24G", compiler_cache = "/shared/ccache" (a path every node sees)'
+    slurm = check_slurm_table(slurm, _SLURM_KEYS, str(path), "slurm.", example)
     return Matrix(path, tuple(recipes), tuple(pythons), jobs, slurm, gpu)
 
 
@@ -262,12 +249,7 @@ def _gpu_table(table: Any, path: Path) -> dict[str, GpuSmoke]:
             raise RecipeError(f'{where}: "{arch}" names several archs', 'one compute capability a key: "9.0"')
         if not isinstance(item, dict) or "partition" not in item:
             raise RecipeError(f"{where} needs a partition", '"9.0" = { partition = "h100", gres = "gpu:1" }')
-        for key, value in item.items():
-            if key not in _GPU_KEYS:
-                raise RecipeError(f'{where}: unknown key "{key}"', f"allowed: {', '.join(_GPU_KEYS)}")
-            ok = isinstance(value, _GPU_KEYS[key]) and (isinstance(value, bool) or bool(_SLURM_TEXT.match(str(value))))
-            if not ok:
-                raise RecipeError(f"{where}: {key} = {str(value)[:40]!r} is not valid",
-                                  'e.g. partition = "h100", gres = "gpu:h100:1", time = "00:30:00"')  # fmt: skip
+        check_slurm_table(item, _GPU_KEYS, where, "",
+                          'e.g. partition = "h100", gres = "gpu:h100:1", time = "00:30:00"')  # fmt: skip
         out[gpu_of(norm[0])] = GpuSmoke(**item)
     return out

@@ -4,6 +4,7 @@ are read, and every file a job writes for another read back as hostile."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,11 @@ def test_the_matrix_gpu_table_is_checked(tmp_path: Path) -> None:
             parse_matrix({**base, "slurm": {"gpu": table}}, tmp_path / "m.toml")
     with pytest.raises(RecipeError, match="compiler_cache = 'cache' is not valid"):
         parse_matrix({**base, "slurm": {"compiler_cache": "cache"}}, tmp_path / "m.toml")  # every node: absolute
+    for table, message in [({"cpus": 0}, "slurm.cpus = '0' is not valid"), ({"cpus": True}, "slurm.cpus = 'True'"),
+                           ({"account": "ml --wrap=x"}, "slurm.account = 'ml --wrap=x' is not valid"),
+                           ({"partiton": "a"}, 'unknown key "slurm.partiton" (did you mean "partition"')]:  # fmt: skip
+        with pytest.raises(RecipeError, match=re.escape(message)):
+            parse_matrix({**base, "slurm": table}, tmp_path / "m.toml")
 
 
 def _answers(monkeypatch: pytest.MonkeyPatch, answers: list[tuple[int, str, str]]) -> list[list[str]]:
