@@ -32,7 +32,7 @@ def build_wheel(args: argparse.Namespace) -> int:
     from builder import coverage, pipeline
     from builder.errors import MatrixError, RecipeError
     from builder.recipe import load_recipe
-    from builder.targets import load_matrix, targets_for
+    from builder.targets import load_matrix, select, targets_for
 
     if args.matrix and args.recipes:
         raise RecipeError("--matrix and --recipe both name what to build", "pass one of them")
@@ -41,12 +41,7 @@ def build_wheel(args: argparse.Namespace) -> int:
     pythons = args.pythons or (list(matrix.python) if matrix else [])
     targets = targets_for(recipes, pythons)  # every recipe and interpreter checked before the first build
     if args.target:
-        chosen = [t for t in targets if t.name == args.target]
-        if not chosen:
-            raise RecipeError(
-                f'the matrix has no target "{args.target}"', f"its targets: {', '.join(t.name for t in targets)}"
-            )
-        targets = chosen
+        targets = [select(targets, args.target)]
     if args.slurm:
         return _submit_to_slurm(args, matrix, targets)
     if args.wait or args.partition or args.account:
@@ -85,7 +80,7 @@ def _submit_to_slurm(args: argparse.Namespace, matrix: Any, targets: list[Any]) 
     import tempfile
 
     from builder import slurm
-    from builder.build.ccache import CACHE_DIR_ENV
+    from builder.build import ccache
     from builder.build.source import sdist_folder
     from builder.errors import BuilderError, RecipeError
     from builder.files import make_dirs
@@ -101,9 +96,10 @@ def _submit_to_slurm(args: argparse.Namespace, matrix: Any, targets: list[Any]) 
     make_dirs(ws.root / "slurm")
     run = Path(tempfile.mkdtemp(prefix="run-", dir=ws.root / "slurm"))
     run.chmod(0o755)
-    given = {k: v for k, v in matrix.slurm.items() if k != "compiler_cache"}
+    given = {k: v for k, v in matrix.slurm.items() if k != "compiler_cache"}  # the build tasks' sizes
     given.update({k: v for k, v in (("partition", args.partition), ("account", args.account)) if v})
-    cache = Path(matrix.slurm.get("compiler_cache") or os.environ.get(CACHE_DIR_ENV) or ws.cache / "ccache")
+    shared = matrix.slurm.get("compiler_cache")
+    cache = Path(shared) if shared else ccache.cache_dir(ws.cache, os.environ)
     sdists = sdist_folder(ws.cache, os.environ)
     try:
         record = slurm.submit(targets, matrix.path, run, ws.root / "slurm" / "targets", args.wheelhouse,
@@ -127,21 +123,20 @@ def _submit_to_slurm(args: argparse.Namespace, matrix: Any, targets: list[Any]) 
 
 
 def _report_run(run: Path, count: int, record: dict[str, Any]) -> int:
+    from builder import coverage
     from builder.errors import MatrixError
+    from builder.node import ManifestError
 
     try:
-        report = json.loads((run / "coverage" / "coverage.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise MatrixError(
-            f"the collect job {record['collect_job']} wrote no coverage report", f"read {run / 'logs'}"
-        ) from exc
+        report = coverage.load(run / "coverage")
+    except ManifestError as exc:
+        raise MatrixError(f"{exc.message}: not a coverage report", f"read {run / 'logs'}") from exc
+    if report is None:
+        raise MatrixError(f"the collect job {record['collect_job']} wrote no coverage report", f"read {run / 'logs'}")
     md = run / "coverage" / "coverage.md"
     output.step("coverage:\n    " + md.read_text(encoding="utf-8").replace("\n", "\n    "))
-    failed = report.get("failed") if isinstance(report, dict) else None
-    if not isinstance(failed, list) or not all(isinstance(n, str) for n in failed):
-        raise MatrixError(f"{run / 'coverage' / 'coverage.json'} is not a coverage report", f"read {run / 'logs'}")
-    if failed:
-        raise MatrixError(f"{len(failed)} of {count} targets failed: {', '.join(failed[:50])}",
+    if report.failed:
+        raise MatrixError(f"{len(report.failed)} of {count} targets failed: {', '.join(report.failed[:50])}",
                           f"read the reasons in {md}")  # fmt: skip
     return 0
 

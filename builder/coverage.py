@@ -1,21 +1,27 @@
 """The coverage report of a matrix run: target x stage x status, with the reason of every
 failure and skip, as JSON (for tools) and Markdown (for people and CI summaries).
 
-Rendering is pure; `write` is the edge, through the one atomic write.
+Rendering is pure; `write` is the edge, through the one atomic write; `load` reads a report
+back (another job may have written it), checked field by field.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from builder.files import make_dirs, write_atomic
-from builder.pipeline import STAGES, TargetResult
+from builder.node import Fields, ManifestError
+from builder.pipeline import STAGES, StageResult, TargetResult
 
 SCHEMA = 1
+STATUSES = ("passed", "reused", "failed", "skipped")
+TARGET_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,100}$")
 _MARK = {"passed": "passed", "reused": "reused", "failed": "FAILED", "skipped": "skipped"}
 
 
@@ -77,3 +83,42 @@ def write(results: Sequence[TargetResult], folder: Path, matrix: str | None) -> 
     js = write_atomic(folder / "coverage.json", json.dumps(to_json(results, matrix, finished), indent=2) + "\n")
     md = write_atomic(folder / "coverage.md", to_markdown(results, matrix, finished))
     return js, md
+
+
+# ---------------------------------------------------------------- reading a report back
+
+
+def parse_stages(data: object, where: str) -> dict[str, StageResult]:
+    """A target's {stage: {status, reason, seconds}} as written by TargetResult.to_json, checked."""
+    table = Fields(data, where)
+    out = {}
+    for stage in STAGES:
+        s = Fields(table.get(stage, dict), f"{where}.{stage}")
+        out[stage] = StageResult(s.choice("status", STATUSES), s.get("reason", str)[:2000],
+                                 float(s.get("seconds", (int, float))))  # fmt: skip
+    return out
+
+
+@dataclass(frozen=True)
+class Report:
+    stages: Mapping[str, Mapping[str, StageResult]]  # target -> stage -> result
+    failed: tuple[str, ...]
+
+
+def load(folder: Path) -> Report | None:
+    """The coverage.json in `folder`, checked (ManifestError); None when there is none yet."""
+    path = folder / "coverage.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise ManifestError(f"{path}: cannot be read as JSON ({exc})", "run the matrix again") from exc
+    f = Fields(data, str(path))
+    if f.get("schema", int) != SCHEMA:
+        raise f.fail("schema", f"is not {SCHEMA}")
+    stages = {}
+    for i, row in enumerate(f.get("targets", list)):
+        r = Fields(row, f"{path}: targets[{i}]")
+        stages[r.text("target", TARGET_NAME)] = parse_stages(r.get("stages", dict), f"{r.where}.stages")
+    return Report(stages, f.texts("failed", TARGET_NAME))

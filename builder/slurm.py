@@ -27,18 +27,18 @@ from pathlib import Path
 from typing import Any
 
 from builder import cmd, output
-from builder.errors import BuilderError, MatrixError, ToolError
+from builder.coverage import TARGET_NAME, parse_stages
+from builder.coverage import load as load_coverage
+from builder.errors import BuilderError, MatrixError, RecipeError, ToolError
 from builder.files import make_dirs, write_atomic
 from builder.node import Fields, ManifestError, check_wheel_name
-from builder.pipeline import STAGES, StageResult, TargetResult
+from builder.pipeline import StageResult, TargetResult
 from builder.recipe import SLURM_WORD
 from builder.targets import GpuSmoke, Target
 
 RUN_FILE = "run.json"
 SCHEMA = 2
-_STATUSES = ("passed", "reused", "failed", "skipped")
 _JOB_ID = re.compile(r"^\d{1,12}(_\d{1,6})?$")
-_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,100}$")
 _SHA = re.compile(r"^[0-9a-f]{64}$")
 _NODE = re.compile(r"^[A-Za-z0-9._-]{0,128}$")
 _GPUS = re.compile(r"^[A-Za-z0-9,:_-]{0,200}$")
@@ -259,10 +259,10 @@ def load_run(run: Path) -> dict[str, Any]:
         for i, array in enumerate(f.get("arrays", list)):
             a = Fields(array, f"{where}: arrays[{i}]")
             a.text("job", _JOB_ID, optional=True)
-            arrays.append(a.texts("targets", _NAME))
+            arrays.append(a.texts("targets", TARGET_NAME))
         for i, item in enumerate(f.get("targets", list)):
             t = Fields(item, f"{where}: targets[{i}]")
-            name = t.text("name", _NAME)
+            name = t.text("name", TARGET_NAME)
             group, task = t.get("array", int), t.get("task", int)
             if not (0 <= group < len(arrays) and 0 <= task < len(arrays[group]) and arrays[group][task] == name):
                 raise t.fail("task", f"is not {name}'s place in its job array")
@@ -314,12 +314,7 @@ def read_build(run: Path, item: Mapping[str, Any]) -> tuple[TargetResult, str | 
     row = Fields(f.get("result", dict), f"{path}: result")
     if row.text("target") != item["name"]:
         raise row.fail("target", f"is not {item['name']}")
-    table = Fields(row.get("stages", dict), f"{row.where}.stages")
-    stages = {}
-    for stage in STAGES:
-        s = Fields(table.get(stage, dict), f"{table.where}.{stage}")
-        stages[stage] = StageResult(s.choice("status", _STATUSES), s.get("reason", str)[:2000],
-                                    float(s.get("seconds", (int, float))))  # fmt: skip
+    stages = parse_stages(row.get("stages", dict), f"{row.where}.stages")
     wheel, sha = None, None
     if written := row.get("wheel", str, optional=True):
         file_name = Path(written).name
@@ -377,15 +372,16 @@ def run_task(run: Path, name: str) -> TargetResult:
     from builder import pipeline
     from builder.build.ccache import CACHE_DIR_ENV
     from builder.build.source import SDIST_CACHE_ENV, sha256_of
-    from builder.targets import load_matrix, targets_for
+    from builder.targets import load_matrix, select, targets_for
     from builder.workspace import Workspace
 
     record = load_run(run)
     item = entry(record, name)
     matrix = load_matrix(Path(record["matrix"]))
-    found = [t for t in targets_for(matrix.recipes, matrix.python) if t.name == name]
-    if not found:
-        raise MatrixError(f"{record['matrix']} no longer has the target {name}", "submit the matrix again")
+    try:
+        target = select(targets_for(matrix.recipes, matrix.python), name, f"{record['matrix']} (changed since submit?)")
+    except RecipeError as exc:
+        raise MatrixError(exc.message, "submit the matrix again") from exc
     os.environ[CACHE_DIR_ENV] = record["compiler_cache"]
     os.environ.setdefault(SDIST_CACHE_ENV, record["sdists"])
     folder = Path(item["folder"])
@@ -393,7 +389,7 @@ def run_task(run: Path, name: str) -> TargetResult:
     cores = int(os.environ.get("SLURM_CPUS_PER_TASK", "0")) or len(os.sched_getaffinity(0))
     stages = pipeline.Stages(smoke=not item["smoke"], publish=False)
     with FileLock(str(folder) + ".lock"):  # another run building the same target waits here
-        (result,) = pipeline.run(found, Workspace(folder), run / "unused", stages, keep_going=True, cores=cores)
+        (result,) = pipeline.run([target], Workspace(folder), run / "unused", stages, keep_going=True, cores=cores)
         sha = sha256_of(result.wheel) if result.wheel else None
     job, node = _job_env()
     write_atomic(results_dir(run) / f"{name}.build.json",
@@ -484,6 +480,11 @@ def target_result(run: Path, item: Mapping[str, Any]) -> TargetResult:
     """One target's outcome from what its jobs wrote; a job that wrote nothing (killed, out of
     memory, node failure) or wrote something that does not check out fails the target, with the
     reason and its log."""
+    return _outcome(run, item)[0]
+
+
+def _outcome(run: Path, item: Mapping[str, Any]) -> tuple[TargetResult, str | None]:
+    """target_result, and the sha256 the build task recorded for its wheel."""
     skipped = StageResult("skipped", "the build failed")
     slurm = {"job": str(item.get("job", "")), "log": str(item.get("log", "")), "node": ""}
     try:
@@ -494,7 +495,7 @@ def target_result(run: Path, item: Mapping[str, Any]) -> TargetResult:
         bad = StageResult("failed", f"the build task wrote no result: read its Slurm log {slurm['log']}")
     if built is None:
         return TargetResult(item["name"], item["recipe"], item["python"], None,
-                            {"build": bad, "smoke": skipped, "publish": skipped}, slurm=slurm)  # fmt: skip
+                            {"build": bad, "smoke": skipped, "publish": skipped}, slurm=slurm), None  # fmt: skip
     result, sha = built
     slurm = dict(result.slurm or {})
     stages = dict(result.stages)
@@ -508,7 +509,7 @@ def target_result(run: Path, item: Mapping[str, Any]) -> TargetResult:
         if item["accelerator"] == "cuda" and stages["smoke"].status == "passed":
             why = f"on CPU: no [slurm.gpu] partition for archs {', '.join(item['archs'])}"
             stages["smoke"] = dataclasses.replace(stages["smoke"], reason=why)
-    return dataclasses.replace(result, stages=stages, slurm=slurm)
+    return dataclasses.replace(result, stages=stages, slurm=slurm), sha
 
 
 def _gpu_smoke(run: Path, item: Mapping[str, Any], sha: str | None) -> StageResult:
@@ -545,12 +546,11 @@ def collect(run: Path, wheelhouse: Path) -> list[TargetResult]:
     record = load_run(run)
     results = []
     for item in record["targets"]:
-        result = target_result(run, item)
+        result, sha = _outcome(run, item)
         if result.wheel is not None and result.ok and result.stages["smoke"].status in ("passed", "reused"):
             start = time.monotonic()
-            built = read_build(run, item)
             try:
-                if built is None or sha256_of(result.wheel) != built[1]:
+                if sha256_of(result.wheel) != sha:
                     raise MatrixError(f"{result.wheel} changed after its build task", "run the matrix again")
                 (published,) = pipeline.publish([result.wheel], wheelhouse, Workspace(run / "collect"))
                 stage = StageResult("passed", "", time.monotonic() - start)
@@ -561,7 +561,7 @@ def collect(run: Path, wheelhouse: Path) -> list[TargetResult]:
                 result, stages={**result.stages, "publish": stage}, published=published,
                 install_command=pipeline.install_command(wheelhouse, published) if published else None,
             )  # fmt: skip
-        elif result.stages["publish"].status != "failed":
+        else:
             why = "the build failed" if result.wheel is None else "the smoke failed"
             result = dataclasses.replace(result, stages={**result.stages, "publish": StageResult("skipped", why)})
         results.append(result)
@@ -593,12 +593,15 @@ def queue(jobs: Sequence[str], tries: int = 5, poll: float = 2.0) -> dict[str, s
 def states(run: Path, record: Mapping[str, Any], active: Mapping[str, str]) -> dict[str, str]:
     """Each target's state, one line: from the coverage report once the collect job wrote it,
     else from the results jobs wrote and Slurm's queue."""
-    report = _read_coverage(run)
+    try:
+        report = load_coverage(run / "coverage")
+    except ManifestError:
+        report = None  # not believed: the jobs' own results say more
     out = {}
     for item in record["targets"]:
         name = item["name"]
-        if report is not None and name in report:
-            out[name] = report[name]
+        if report is not None and name in report.stages:
+            out[name] = ", ".join(f"{stage} {s.status}" for stage, s in report.stages[name].items())
             continue
         job = item.get("job", "")
         try:
@@ -622,23 +625,6 @@ def states(run: Path, record: Mapping[str, Any], active: Mapping[str, str]) -> d
         if not item["smoke"]:
             line += f", smoke {result.stages['smoke'].status}"
         out[name] = line + ", publish waits for the collect job"
-    return out
-
-
-def _read_coverage(run: Path) -> dict[str, str] | None:
-    try:
-        data = _read(run / "coverage" / "coverage.json")
-        rows = Fields(data, "coverage.json").get("targets", list) if data is not None else None
-    except ManifestError:
-        return None
-    if rows is None:
-        return None
-    out = {}
-    for row in rows:
-        if isinstance(row, dict) and isinstance(row.get("stages"), dict) and isinstance(row.get("target"), str):
-            out[row["target"]] = ", ".join(
-                f"{stage} {s.get('status')}" for stage, s in row["stages"].items() if isinstance(s, dict)
-            )
     return out
 
 

@@ -145,6 +145,14 @@ def targets_for(recipes: Sequence[Recipe], pythons: Sequence[str] = ()) -> list[
     return out
 
 
+def select(targets: Sequence[Target], name: str, where: str = "the matrix") -> Target:
+    """The target called `name` (build-wheel --target, a Slurm build task)."""
+    for t in targets:
+        if t.name == name:
+            return t
+    raise RecipeError(f'{where} has no target "{name}"', f"its targets: {', '.join(t.name for t in targets)}")
+
+
 # ---------------------------------------------------------------- matrix files
 
 

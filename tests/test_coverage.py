@@ -58,6 +58,31 @@ def test_a_failed_target_does_not_stop_the_matrix(tmp_path: Path, monkeypatch: p
     assert "| cpu | " in text and "| passed 80s | skipped | skipped | deepspeed-0.19.8+cpu" in text
     assert "- cu130-multi-min build: FAILED: op fused_adam failed to compile" in text
     assert oct(md.stat().st_mode & 0o777) == "0o644"
+    # Read back (the collect job wrote it for --wait and slurm-status): what was written, checked.
+    loaded = coverage.load(tmp_path / "coverage")
+    assert loaded is not None and loaded.failed == ("cu130-multi-min",)
+    assert loaded.stages["cpu"]["build"] == pipeline.StageResult("passed", "", 80.0)
+    assert coverage.load(tmp_path / "nothing") is None
+
+
+def test_a_tampered_coverage_report_is_not_believed(tmp_path: Path) -> None:
+    from builder.node import ManifestError
+
+    stages = {s: {"status": "passed", "reason": "", "seconds": 1.0} for s in ("build", "smoke", "publish")}
+    good = {"schema": 1, "targets": [{"target": "cpu", "stages": stages}], "failed": []}
+    fine = {**stages, "smoke": {"status": "fine", "reason": "", "seconds": 1}}
+    for change, message in [
+        ({"failed": ["../x"]}, "holds an invalid item"),
+        ({"targets": [{"target": "cpu", "stages": fine}]}, "not one of"),
+        ({"targets": [{"target": "Cpu; rm", "stages": stages}]}, "field 'target' is not valid"),
+        ({"schema": 2}, "is not 1"),
+    ]:  # fmt: skip
+        (tmp_path / "coverage.json").write_text(json.dumps({**good, **change}))
+        with pytest.raises(ManifestError, match=message):
+            coverage.load(tmp_path)
+    (tmp_path / "coverage.json").write_text("{")
+    with pytest.raises(ManifestError, match="cannot be read as JSON"):
+        coverage.load(tmp_path)
 
 
 def test_jobs_run_targets_at_once_with_a_share_of_the_cores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
