@@ -36,6 +36,7 @@ from builder.build import ops, source
 from builder.build.plan import plan_build
 from builder.build.wheel import build_wheel, prepare, toolchain_env
 from builder.errors import ToolError
+from builder.files import write_atomic
 from builder.recipe import Recipe
 from builder.workspace import Workspace
 
@@ -46,6 +47,14 @@ FIRST_OP = {
 }
 # The op each recipe adds for the one-op rebuild, in order of preference.
 EXTRA_OPS = ("deepspeed_shm_comm", "cpu_lion", "cpu_adagrad", "fused_lion", "fused_lamb")
+
+
+def _report(stem: Path, result: dict[str, Any], table: str) -> dict[str, Any]:
+    """STEM.json and STEM.md (the table README.md carries), and the table on stdout."""
+    write_atomic(stem.with_suffix(".json"), json.dumps(result, indent=2) + "\n")
+    write_atomic(stem.with_suffix(".md"), table)
+    output.result(table)
+    return result
 
 
 def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
@@ -260,10 +269,7 @@ def bench(recipe: Recipe, out: Path, runs: int) -> dict[str, Any]:
             "clone_uv_vs_pip": med["clone_uv"] / med["clone_pip"],
         },
     }
-    (out / "bench.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    (out / "bench.md").write_text(render_table(result), encoding="utf-8")
-    output.result(render_table(result))
-    return result
+    return _report(out / "bench", result, render_table(result))
 
 
 TARGETS = {
@@ -403,10 +409,7 @@ def bench_slurm(matrix: Path, out: Path) -> dict[str, Any]:
             "slurm_vs_local_second": seconds["slurm_second"] / seconds["local_second"],
         },
     }
-    (out / "bench-slurm.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    (out / "bench-slurm.md").write_text(render_slurm(result), encoding="utf-8")
-    output.result(render_slurm(result))
-    return result
+    return _report(out / "bench-slurm", result, render_slurm(result))
 
 
 def render_slurm(result: dict[str, Any]) -> str:

@@ -112,7 +112,9 @@ def parser() -> argparse.ArgumentParser:
         help="targets built at once (default: the matrix file's jobs; for a matrix without one, as "
         "many as cores and memory allow, 8 cores and 24 GB each; else 1)",
     )
-    b.add_argument("--target", metavar="NAME", help="build only this target of the matrix (what each Slurm task runs)")
+    b.add_argument(
+        "--target", metavar="NAME", help="build only this target of the matrix (its name: cpu, cpu-cp312, ...)"
+    )
     b.add_argument(
         "--slurm",
         action="store_true",
@@ -131,41 +133,37 @@ def parser() -> argparse.ArgumentParser:
         "--json", action="store_true", help="print each target's result (wheel, smoke, install command) as JSON"
     )
 
-    sc = sub.add_parser(
-        "slurm-collect",
-        parents=[common],
-        help="(run by the Slurm collect job) publish a matrix run's passing targets, write its coverage",
-        description="Read every array task's result in RUN (checked: other jobs wrote them), publish the "
-        "wheels whose smoke passed into the wheelhouse, and write RUN/coverage/coverage.{json,md}.",
-    )
-    sc.add_argument("run", type=Path, metavar="RUN", help="the run folder build-wheel --slurm printed")
+    def slurm_command(name: str, help: str, description: str) -> argparse.ArgumentParser:
+        """A command about one matrix run on Slurm: its RUN folder first."""
+        cp = sub.add_parser(name, parents=[common], help=help, description=description)
+        cp.add_argument("run", type=Path, metavar="RUN", help="the run folder build-wheel --slurm printed")
+        return cp
 
-    st = sub.add_parser(
+    slurm_command(
         "slurm-status",
-        parents=[common],
-        help="each target's state in a matrix run on Slurm (results so far and Slurm's queue)",
-        description="Read RUN's coverage report (once the collect job wrote it), else each job's result and "
-        "squeue, and print one line per target: build, smoke (on which partition) and publish.",
+        "each target's state in a matrix run on Slurm (results so far and Slurm's queue)",
+        "Read RUN's coverage report (once the collect job wrote it), else each job's result and squeue, and "
+        "print one line per target: build, smoke (on which partition) and publish.",
     )
-    st.add_argument("run", type=Path, metavar="RUN", help="the run folder build-wheel --slurm printed")
-    tk = sub.add_parser(
+    slurm_command(
+        "slurm-collect",
+        "(run by the Slurm collect job) publish a matrix run's passing targets, write its coverage",
+        "Read every job's result in RUN (checked: other jobs wrote them), publish the wheels whose smoke "
+        "passed into the wheelhouse, and write RUN/coverage/coverage.{json,md}.",
+    )
+    slurm_command(
         "slurm-task",
-        parents=[common],
-        help="(run by each Slurm array task) build one target of a matrix run",
-        description="Build TARGET of RUN in its own folder under the run's work folder, with the shared "
-        "compiler cache; smoke it here unless a GPU smoke job does; write RUN/results/TARGET.build.json.",
-    )
-    tk.add_argument("run", type=Path, metavar="RUN")
-    tk.add_argument("--target", required=True, metavar="NAME")
-    sk = sub.add_parser(
+        "(run by each Slurm array task) build one target of a matrix run",
+        "Build TARGET of RUN in its folder WORK_DIR/slurm/targets/TARGET (the same in every run), with the "
+        "shared compiler cache; smoke it here unless a GPU smoke job does; write RUN/results/TARGET.build.json.",
+    ).add_argument("--target", required=True, metavar="NAME")
+    sk = slurm_command(
         "slurm-smoke",
-        parents=[common],
-        help="(run by a Slurm GPU smoke job) smoke one built target on this node's GPUs",
-        description="Smoke the wheel RUN's build task made for TARGET on the GPUs Slurm gave this job "
-        "and write RUN/results/TARGET.smoke.PARTITION.json (failed when no GPU is seen, unless the "
-        "matrix says require_gpu = false).",
+        "(run by a Slurm GPU smoke job) smoke one built target on this node's GPUs",
+        "Smoke the wheel RUN's build task made for TARGET on the GPUs Slurm gave this job and write "
+        "RUN/results/TARGET.smoke.PARTITION.json (failed when no GPU is seen, unless the matrix says "
+        "require_gpu = false).",
     )
-    sk.add_argument("run", type=Path, metavar="RUN")
     sk.add_argument("--target", required=True, metavar="NAME")
     sk.add_argument("--partition", required=True)
 

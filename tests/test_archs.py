@@ -80,20 +80,17 @@ def test_fatbin_captured_from_nvcc_13() -> None:
 def test_so_archs_reads_a_real_shared_object(tmp_path: Path) -> None:
     cu = tmp_path / "k.cu"
     cu.write_text("__global__ void k(float* x) { x[threadIdx.x] += 1.0f; }\n")
-    so = tmp_path / "k.so"
-    subprocess.run(
-        ["/usr/local/cuda/bin/nvcc", "-shared", "-Xcompiler", "-fPIC", "-gencode", "arch=compute_75,code=sm_75",
-         "-gencode", "arch=compute_90,code=compute_90", str(cu), "-o", str(so)],
-        check=True,
-    )  # fmt: skip
+
+    def nvcc(name: str, *flags: str) -> Path:
+        so = tmp_path / name
+        subprocess.run(["/usr/local/cuda/bin/nvcc", "-shared", "-Xcompiler", "-fPIC", *flags, str(cu), "-o", str(so)],
+                       check=True)  # fmt: skip
+        return so
+
+    so = nvcc("k.so", "-gencode", "arch=compute_75,code=sm_75", "-gencode", "arch=compute_90,code=compute_90")
     assert so_archs(so) == {FatbinCode("sass", 75), FatbinCode("ptx", 90)}
     assert not so_compressed(so)
-    packed = tmp_path / "kc.so"
-    subprocess.run(
-        ["/usr/local/cuda/bin/nvcc", "-shared", "-Xcompiler", "-fPIC", "-gencode", "arch=compute_90,code=sm_90",
-         "-Xfatbin", "-compress-all", str(cu), "-o", str(packed)],
-        check=True,
-    )  # fmt: skip
+    packed = nvcc("kc.so", "-gencode", "arch=compute_90,code=sm_90", "-Xfatbin", "-compress-all")
     assert so_compressed(packed) and so_archs(packed) == {FatbinCode("sass", 90)}  # archs still read
     host_only = tmp_path / "h.so"
     (tmp_path / "h.c").write_text("int f(void) { return 1; }\n")

@@ -199,12 +199,10 @@ def node_outcome(node: str, out: Path) -> NodeOutcome:
 
 def run_slurm(nodes: list[str], partition: str | None, script: Path, out: Path, log: Path) -> list[NodeOutcome]:
     """srun the install script once on every node; each node's outcome, even where some failed."""
-    for sub in ("results", "logs"):
-        stale = out / sub
-        if stale.is_dir():  # results of an earlier provision must not pass for this one's
-            for node in nodes:
-                (stale / f"{node}.{'json' if sub == 'results' else 'log'}").unlink(missing_ok=True)
-        make_dirs(stale)
+    for node in nodes:  # an earlier provision's result must not pass for this one's
+        (out / "results" / f"{node}.json").unlink(missing_ok=True)
+    make_dirs(out / "results")
+    make_dirs(out / "logs")
     try:
         cmd.run(srun_command(nodes, partition, script, out.resolve()), log=log,
                 fix="read each node's log below")  # fmt: skip
