@@ -36,6 +36,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port, 0 (any free one) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0 to 65535; 0 picks a free one)")
+    return value
+
+
 def folder_arg(text: str) -> Path:
     """A folder given as a path or as a file:// URL (publish prints file:// URLs)."""
     if text.startswith("file:"):
@@ -238,10 +249,22 @@ def parser() -> argparse.ArgumentParser:
         parents=[common],
         help="remove wheels no recipe or lock refers to",
         description="Remove published wheels built from recipes that no longer exist and pinned by no lock, "
-        "keeping the index and manifest consistent.",
+        "keeping the index and manifest consistent. A missing or empty recipes folder is an error (exit 2), and a "
+        "prune that would remove every wheel is refused (exit 2) unless --all is given.",
     )
-    pr.add_argument("--recipes-dir", type=Path, default=Path("recipes"), help="current recipes (default: %(default)s)")
+    pr.add_argument(
+        "--recipes-dir",
+        type=Path,
+        default=Path("recipes"),
+        help="the folder of current recipes; it must exist and hold at least one (default: %(default)s)",
+    )
     pr.add_argument("--dry-run", action="store_true", help="only list what would be removed")
+    pr.add_argument(
+        "--all",
+        dest="remove_all",
+        action="store_true",
+        help="allow removing every wheel of the wheelhouse (without it, a prune that would empty it is refused)",
+    )
 
     pv = sub.add_parser(
         "provision",
@@ -308,7 +331,7 @@ def parser() -> argparse.ArgumentParser:
     )
     w.add_argument("--wheelhouse", type=folder_arg, default=Path("wheelhouse"), help="folder (or file:// URL) to serve")
     w.add_argument("--bind", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    w.add_argument("--port", type=int, default=8765, help="port (default: %(default)s)")
+    w.add_argument("--port", type=port_number, default=8765, help="port, 0 to 65535 (default: %(default)s)")
     w.add_argument("--debug", action="store_true", help="show a traceback on errors")
     return p
 

@@ -102,7 +102,9 @@ def ask(args: Sequence[str], timeout: float = 60) -> subprocess.CompletedProcess
     if which(args[0]) is None:
         raise ToolError(f"'{args[0]}' was not found on PATH", f"install {args[0]} or put it on PATH")
     try:
-        return subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, check=False)
+        return subprocess.run(
+            list(args), capture_output=True, text=True, errors="replace", timeout=timeout, check=False
+        )
     except subprocess.TimeoutExpired as exc:
         raise ToolError(f"{quote(list(args))} did not answer in {timeout:.0f} s", "check the service it asks") from exc
 
@@ -111,10 +113,11 @@ def query(args: Sequence[str]) -> str:
     """Stdout of a short, quiet query (`nvcc --version`, `gcc -dumpfullversion`); '' if missing or failing.
 
     Detection asks many such questions where "no answer" is itself the answer, so nothing is
-    printed or raised; a minute's timeout keeps a hung driver query from hanging detection.
+    printed or raised; a minute's timeout keeps a hung driver query from hanging detection. Output
+    that is not UTF-8 (a broken or hostile program) is decoded with replacement characters.
     """
     try:
-        done = subprocess.run(list(args), capture_output=True, text=True, timeout=60, check=False)
+        done = subprocess.run(list(args), capture_output=True, text=True, errors="replace", timeout=60, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return done.stdout if done.returncode == 0 else ""

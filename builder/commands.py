@@ -288,12 +288,20 @@ def lock(args: argparse.Namespace) -> int:
 
 
 def prune(args: argparse.Namespace) -> int:
+    from builder.errors import RecipeError
     from builder.recipe import load_recipe
     from builder.wheelhouse import prune as prune_wheelhouse
     from builder.wheelhouse.lock import locked_wheels
 
-    names = [load_recipe(p).name for p in sorted(args.recipes_dir.glob("*.toml"))]
-    gone = prune_wheelhouse(args.wheelhouse, names, locked_wheels(args.wheelhouse), args.dry_run)
+    folder: Path = args.recipes_dir
+    if not folder.is_dir():
+        raise RecipeError(f"the recipes folder {folder} does not exist (prune keeps the wheels of its recipes)",
+                          "run prune from the checkout that holds recipes/, or pass --recipes-dir")  # fmt: skip
+    names = [load_recipe(p).name for p in sorted(folder.glob("*.toml"))]
+    if not names:
+        raise RecipeError(f"{folder} holds no recipe (*.toml): prune would keep nothing",
+                          "pass --recipes-dir with the folder of your recipes")  # fmt: skip
+    gone = prune_wheelhouse(args.wheelhouse, names, locked_wheels(args.wheelhouse), args.dry_run, args.remove_all)
     verb = "would remove" if args.dry_run else "removed"
     output.result("\n".join(f"{verb} {name}" for name in gone))
     output.step(f"{verb} {len(gone)} wheels; kept those of recipes {', '.join(names)} and of locks")

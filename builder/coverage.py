@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.files import make_dirs, write_atomic
-from builder.node import Fields, ManifestError
+from builder.node import Fields, ManifestError, read_bounded
 from builder.pipeline import STAGES, StageResult, TargetResult
 
 SCHEMA = 1
@@ -109,7 +109,7 @@ def load(folder: Path) -> Report | None:
     """The coverage.json in `folder`, checked (ManifestError); None when there is none yet."""
     path = folder / "coverage.json"
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_bounded(path, "report"))
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:

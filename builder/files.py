@@ -27,6 +27,15 @@ def is_temp_name(name: str) -> bool:
     return bool(_TEMP.match(name))
 
 
+def is_file_here(path: Path) -> bool:
+    """Path.is_file that answers False where a folder on the way cannot be searched (a PATH entry
+    the user may not read raises PermissionError from pathlib's own is_file and exists)."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
+
+
 def make_dirs(path: Path, mode: int = DIR_MODE) -> None:
     """mkdir -p, giving every folder it creates `mode` whatever the umask."""
     missing = []

@@ -32,12 +32,12 @@ import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 MANIFEST_FILE = "manifest.json"
 INSTALLER = "tools/ds-node-install.py"
 BUILD_MANIFEST = "ds_builder.json"  # inside the wheel's *.dist-info/
-MANIFEST_SCHEMA = 2
+MANIFEST_SCHEMA = 3  # 3: each wheel lists the dependency files it installs with ("requires")
 ACCELERATORS = ("cpu", "cuda")
 CPU_TARGETS = ("x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4", "native")
 CHECK_STATUSES = ("passed", "failed", "skipped")
@@ -51,6 +51,10 @@ TARGET_FLAGS: dict[str, tuple[str, ...]] = {
 }
 EXIT_INSTALL = 9  # no wheel fits, a download failed, or the wheelhouse failed a check
 EXIT_BAD_WHEELHOUSE = 8
+# Everything read from a wheelhouse is read up to a limit far beyond any real one (a manifest of a
+# thousand wheels is about 5 MB), so a hostile or damaged file cannot make a node or the build host
+# use gigabytes of memory: past the limit it is refused, the limit named.
+LIMITS = {"manifest": 32 << 20, "index page": 8 << 20, "wheel": 4 << 30, "report": 8 << 20, "probe": 1 << 20}
 
 # PEP 427 file name: name-version(-build)?-python-abi-platform.whl; no component holds '-'.
 _WHEEL_NAME = re.compile(
@@ -146,9 +150,13 @@ class WheelEntry:
     report_sha256: str | None = None
     published_at: str = ""
     narrowed_ops: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # op -> the fewer archs it holds
+    # The dependency files (manifest "dependencies") this wheel installs with, its whole runtime
+    # closure but torch; None where an older toolkit published it without the list.
+    requires: tuple[str, ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
+            **({"requires": list(self.requires)} if self.requires is not None else {}),
             "sha256": self.sha256,
             "version": self.version,
             "recipe": self.recipe,
@@ -310,12 +318,47 @@ def parse_wheel_entry(name: str, data: object, where: str) -> WheelEntry:
         metadata_sha256=f.text("metadata_sha256", SHA256_RE, optional=True),
         report_sha256=f.text("report_sha256", SHA256_RE, optional=True),
         published_at=f.text("published_at", STAMP_RE, optional=True) or "",
+        requires=_requires(f),
     )
     if wheel.version != entry.version:
         raise f.fail("version", f"is {entry.version!r} but the file name says {wheel.version!r}")
     if wheel.python != entry.python_tag:
         raise f.fail("python_tag", f"is {entry.python_tag!r} but the file name says {wheel.python!r}")
+    for key, why in label_contradictions(entry):
+        raise f.fail(key, why)
     return entry
+
+
+def _requires(f: Fields) -> tuple[str, ...] | None:
+    """An entry's dependency file names, each a wheel file name; None where the field is absent."""
+    if "requires" not in f.data:
+        return None
+    names = f.get("requires", list)
+    for name in names:
+        check_wheel_name(name, f"{f.where}.requires")
+    return tuple(names)
+
+
+# The local version label build-wheel stamps: cpu.torch2.13, cu130.torch2.14.sm90 (builder.build.plan).
+_LABEL = re.compile(r"^(?:(?P<cpu>cpu)|cu(?P<cuda>\d{2,4}))\.torch(?P<torch>\d+\.\d+)(?:\..*)?$")
+
+
+def label_contradictions(entry: WheelEntry) -> list[tuple[str, str]]:
+    """Fields that contradict what the wheel's own file name says it was built for (its local label).
+
+    The name is what pip and every reader see; a manifest whose fields say otherwise was edited.
+    """
+    m = _LABEL.match(entry.version.partition("+")[2])
+    if not m:
+        return []  # a label this toolkit did not write: nothing to compare
+    out = []
+    if (entry.accelerator == "cpu") != bool(m["cpu"]):
+        out.append(("accelerator", f"is {entry.accelerator!r} but the file name says {entry.version!r}"))
+    if m["cuda"] and (not entry.cuda or "".join(entry.cuda.split(".")[:2]) != m["cuda"]):
+        out.append(("cuda", f"is {entry.cuda!r} but the file name says CUDA from {entry.version!r}"))
+    if ".".join(_public(entry.torch).split(".")[:2]) != m["torch"]:
+        out.append(("torch", f"is {entry.torch!r} but the file name says torch {m['torch']}"))
+    return out
 
 
 def _file_entries(table: Mapping[str, Any], where: str, names_are_wheels: bool) -> dict[str, FileEntry]:
@@ -337,14 +380,19 @@ def parse_manifest(text: str | bytes, where: str = MANIFEST_FILE) -> WheelhouseM
         raise ManifestError(f"{where} is not valid JSON ({exc})", "re-publish the wheelhouse") from exc
     top = Fields(data, where)
     schema = top.get("schema", int)
-    if schema not in (1, MANIFEST_SCHEMA):
-        raise top.fail("schema", f"is {schema}; this toolkit reads 1 and {MANIFEST_SCHEMA}")
+    if schema not in range(1, MANIFEST_SCHEMA + 1):
+        raise top.fail("schema", f"is {schema}; this toolkit reads 1 to {MANIFEST_SCHEMA}")
     wheels = {n: parse_wheel_entry(n, v, where) for n, v in top.table("wheels").items()}
     deps = _file_entries(top.table("dependencies", optional=True), f"{where}: dependencies", True)
     tools = _file_entries(top.table("tools", optional=True), f"{where}: tools", False)
     clash = set(wheels) & set(deps)
     if clash:
         raise ManifestError(f"{where}: {sorted(clash)[0]} is listed as a wheel and as a dependency", "re-publish")
+    for name, entry in wheels.items():
+        unlisted = [n for n in entry.requires or () if n not in deps]
+        if unlisted:
+            raise ManifestError(f"{where}: wheels[{name}] requires {unlisted[0]!r}, which no dependency entry lists",
+                                "the manifest was edited: re-publish the wheelhouse")  # fmt: skip
     return WheelhouseManifest(wheels, deps, tools)
 
 
@@ -527,13 +575,44 @@ def narrowed_for(entry: WheelEntry, node: Node) -> list[str]:
     ]
 
 
+_PEP440 = re.compile(
+    r"^v?(?:(?P<epoch>\d+)!)?(?P<release>\d+(?:\.\d+)*)(?:[-_.]?(?P<pre>a|b|rc|alpha|beta|c)[-_.]?(?P<pre_n>\d*))?"
+    r"(?:[-_.]?(?:post|rev|r)[-_.]?(?P<post>\d*))?(?:[-_.]?dev[-_.]?(?P<dev>\d*))?(?:\+(?P<local>.*))?$",
+    re.IGNORECASE,
+)
+
+
+def version_key(version: str) -> tuple[Any, ...]:
+    """A sort key that orders versions as PEP 440 does (0.19.10 after 0.19.9, 1.0rc1 before 1.0),
+    standard library only; a version it cannot read sorts first."""
+    m = _PEP440.match(version.strip())
+    if not m:
+        return (-1,)
+    release = [int(x) for x in m["release"].split(".")]
+    while len(release) > 1 and release[-1] == 0:
+        release.pop()
+    pre_rank = {"a": 0, "alpha": 0, "b": 1, "beta": 1, "c": 2, "rc": 2}
+    if m["pre"] is not None:
+        pre: tuple[int, int] = (pre_rank[m["pre"].lower()], int(m["pre_n"] or 0))
+    elif m["dev"] is not None and m["post"] is None:
+        pre = (-1, 0)  # 1.0.dev1 comes before 1.0a1
+    else:
+        pre = (3, 0)
+    post = int(m["post"] or 0) if m["post"] is not None else -1
+    dev = int(m["dev"] or 0) if m["dev"] is not None else float("inf")
+    parts = [p for p in re.split(r"[-_.]", m["local"] or "") if p]
+    local = tuple((1, int(p), "") if p.isdigit() else (0, 0, p.lower()) for p in parts)
+    return (0, int(m["epoch"] or 0), tuple(release), pre, post, dev, local)
+
+
 def choose(manifest: WheelhouseManifest, node: Node) -> WheelEntry:
-    """The newest fitting wheel; InstallError listing what the wheelhouse has when none fits."""
+    """The newest fitting wheel by version (never by publish time or file-name text); InstallError
+    listing what the wheelhouse has when none fits."""
     fits = [e for e in manifest.wheels.values() if not mismatches(e, node)]
     if fits:
         exact = [e for e in fits if node.torch and e.torch == node.torch]
         wanted = "cuda" if node.gpus else "cpu"  # a node without GPUs prefers a CPU wheel
-        return max(exact or fits, key=lambda e: (e.accelerator == wanted, e.published_at, e.name))
+        return max(exact or fits, key=lambda e: (e.accelerator == wanted, version_key(e.version)))
     lines = [f"  {name}: {'; '.join(mismatches(e, node))}" for name, e in sorted(manifest.wheels.items())]
     raise InstallError(
         f"no wheel in the wheelhouse fits this node ({node.describe()}); it has:\n" + ("\n".join(lines) or "  nothing"),
@@ -595,11 +674,15 @@ def parse_node_probe(output: str, flags: frozenset[str]) -> Node:
 def probe_node(python: str) -> Node:
     """This node's Python, torch, CUDA and GPUs (asked of `python`), and its CPU flags."""
     try:
-        done = subprocess.run([python, "-c", _NODE_PROBE], capture_output=True, text=True, check=False)
+        done = subprocess.run([python, "-c", _NODE_PROBE], capture_output=True, text=True, errors="replace",
+                              check=False)  # fmt: skip
     except OSError as exc:
         raise InstallError(f"cannot run {python}: {exc.strerror}", "pass --python with a working Python") from exc
     if done.returncode != 0:
         raise InstallError(f"cannot run {python}: {done.stderr.strip()[-300:]}", "pass --python with a working Python")
+    if len(done.stdout) > LIMITS["probe"]:
+        raise InstallError(f"{python} printed {len(done.stdout)} characters for a one-line probe",
+                           "pass --python with a plain Python (its startup prints too much)")  # fmt: skip
     return parse_node_probe(done.stdout, cpu_flags())
 
 
@@ -622,14 +705,43 @@ def wheelhouse_base(source: str) -> str:
     return source
 
 
-def fetch(base: str, name: str) -> bytes:
-    """A file of the wheelhouse at `base`; `name` must be one this module checked or a fixed name."""
+def too_big(what: str, where: str) -> ManifestError:
+    limit = LIMITS[what]
+    return ManifestError(
+        f"{where} is larger than the {limit >> 20} MiB limit for a {what}: no real wheelhouse has one that large",
+        "the file is damaged or hostile: run `python -m builder verify` on the wheelhouse and re-publish it",
+    )
+
+
+def read_limited(stream: BinaryIO, what: str, where: str) -> bytes:
+    """All of `stream`, or ManifestError once it passes the limit for `what` (nothing more is read)."""
+    data = stream.read(LIMITS[what] + 1)
+    if len(data) > LIMITS[what]:
+        raise too_big(what, where)
+    return data
+
+
+class TooLarge(ValueError):
+    """A file past its limit (LIMITS); a ValueError, as unreadable JSON is, wherever files are parsed."""
+
+
+def read_bounded(path: Path, what: str) -> bytes:
+    """A local file another machine or job wrote, up to the limit for `what` (TooLarge past it)."""
+    with open(path, "rb") as f:
+        data = f.read(LIMITS[what] + 1)
+    if len(data) > LIMITS[what]:
+        raise TooLarge(f"{path} is larger than the {LIMITS[what] >> 20} MiB limit for a {what}")
+    return data
+
+
+def fetch(base: str, name: str, what: str = "manifest") -> bytes:
+    """A file of the wheelhouse at `base`, up to the limit for `what`; `name` must be one this
+    module checked or a fixed name."""
     if base.startswith(("http://", "https://")):
         url = base + "/".join(urllib.parse.quote(part) for part in name.split("/"))
         try:
             with urllib.request.urlopen(url, timeout=120) as response:
-                data: bytes = response.read()
-                return data
+                return read_limited(response, what, url)
         except urllib.error.HTTPError as exc:
             raise InstallError(f"{url}: HTTP {exc.code} {exc.reason}", "run `verify` on the served wheelhouse") from exc
         except (urllib.error.URLError, OSError) as exc:
@@ -637,7 +749,8 @@ def fetch(base: str, name: str) -> bytes:
             raise InstallError(f"cannot reach {url}: {reason}", "check the wheelhouse URL and the network") from exc
     path = Path(base) / name
     try:
-        return path.read_bytes()
+        with open(path, "rb") as f:
+            return read_limited(f, what, str(path))
     except OSError as exc:
         raise InstallError(
             f"cannot read {path}: {exc.strerror}", "check the wheelhouse path; run `verify` on it"
@@ -672,7 +785,7 @@ def load_wheelhouse(base: str) -> WheelhouseManifest:
     where = f"{base.rstrip('/')}/{MANIFEST_FILE}"
     manifest = parse_manifest(fetch(base, MANIFEST_FILE), where)
     try:
-        root = fetch(base, "simple/index.html").decode("utf-8")
+        root = fetch(base, "simple/index.html", "index page").decode("utf-8")
     except (InstallError, UnicodeDecodeError) as exc:
         raise ManifestError(f"the wheelhouse's simple/index.html cannot be read: {exc}", "re-publish it") from exc
     extra = unlisted_projects(root, manifest)
@@ -686,7 +799,7 @@ def load_wheelhouse(base: str) -> WheelhouseManifest:
 
 def checked_wheel(base: str, entry: WheelEntry) -> bytes:
     """The wheel's bytes, after its sha256 and its embedded build manifest agree with the entry."""
-    data = fetch(base, entry.name)
+    data = fetch(base, entry.name, "wheel")
     digest = hashlib.sha256(data).hexdigest()
     if digest != entry.sha256:
         raise ManifestError(
@@ -707,8 +820,39 @@ def checked_wheel(base: str, entry: WheelEntry) -> bytes:
     return data
 
 
+def checked_dependencies(base: str, manifest: WheelhouseManifest, entry: WheelEntry) -> dict[str, bytes]:
+    """The dependency files the wheel installs with, each checked against its manifest sha256."""
+    if entry.requires is None:
+        raise ManifestError(
+            f"manifest.json does not say which dependency files {entry.name} needs (published by an older toolkit)",
+            "publish any wheel into the wheelhouse again with this toolkit: it records them for every wheel",
+        )
+    files = {}
+    for name in entry.requires:
+        data = fetch(base, name, "wheel")
+        digest, want = hashlib.sha256(data).hexdigest(), manifest.dependencies[name].sha256
+        if digest != want:
+            raise ManifestError(
+                f"{name} from {base} has sha256 {digest}, the manifest says {want}",
+                "the wheelhouse copy is damaged or was tampered with: run `python -m builder verify` on it",
+            )
+        files[name] = data
+    return files
+
+
+def hashed_requirements(files: Mapping[str, str]) -> str:
+    """A pip requirements file pinning every file (name -> sha256) by version and hash: in pip's
+    hash-checking mode nothing else can be installed, from anywhere."""
+    lines = []
+    for name, digest in sorted(files.items()):
+        wheel = check_wheel_name(name)
+        lines.append(f"{wheel.project}=={wheel.version} --hash=sha256:{digest}")
+    return "\n".join(lines) + "\n"
+
+
 def install(wheelhouse: str, python: str, dry_run: bool = False, pip_args: Sequence[str] = ()) -> dict[str, Any]:
-    """Pick, fetch, check and pip-install the wheel for this node; returns what was done."""
+    """Pick, fetch, check and pip-install the wheel for this node, with its dependencies from the
+    wheelhouse alone (hash-checked; no index is asked); returns what was done."""
     base = wheelhouse_base(wheelhouse)
     manifest = load_wheelhouse(base)
     node = probe_node(python)
@@ -719,22 +863,32 @@ def install(wheelhouse: str, python: str, dry_run: bool = False, pip_args: Seque
     for line in narrowed_for(entry, node):
         say(f"warning: {line}")
     data = checked_wheel(base, entry)
-    say(f"==> {entry.name}: sha256 {entry.sha256[:16]}... verified, build manifest agrees")
+    deps = checked_dependencies(base, manifest, entry)
+    say(f"==> {entry.name}: sha256 {entry.sha256[:16]}... verified, build manifest agrees; "
+        f"{len(deps)} dependency wheels verified")  # fmt: skip
     result = {"wheel": entry.name, "sha256": entry.sha256, "node": node.to_json(), "installed": False,
-              "ops_without_code_for_this_gpu": narrowed_for(entry, node)}  # fmt: skip
+              "dependencies": sorted(deps), "ops_without_code_for_this_gpu": narrowed_for(entry, node)}  # fmt: skip
     if dry_run:
         return result
     tmp = tempfile.mkdtemp(prefix="ds-install-")
     try:
-        wheel = os.path.join(tmp, entry.name)  # a checked wheel name: no separator, no '..'
-        with open(wheel, "wb") as f:
-            f.write(data)
-        cmd = [python, "-m", "pip", "install", *pip_args, wheel]
+        for name, content in {entry.name: data, **deps}.items():  # checked names: no separator, no '..'
+            with open(os.path.join(tmp, name), "wb") as f:
+                f.write(content)
+        pins = {entry.name: entry.sha256, **{n: manifest.dependencies[n].sha256 for n in deps}}
+        requirements = os.path.join(tmp, "requirements.txt")
+        with open(requirements, "w", encoding="utf-8") as f:
+            f.write(hashed_requirements(pins))
+        # Only the checked files: no index (an air-gapped node has none), pip's hash-checking mode.
+        cmd = [python, "-m", "pip", "install", "--no-index", "--find-links", tmp, "--require-hashes",
+               *pip_args, "-r", requirements]  # fmt: skip
         say(f"+ {' '.join(cmd)}")
         done = subprocess.run(cmd, check=False, stdout=sys.stderr)  # stdout is for --json
         if done.returncode != 0:
             raise InstallError(
-                f"pip could not install {entry.name} (exit {done.returncode})", "read pip's output above"
+                f"pip could not install {entry.name} (exit {done.returncode})",
+                "read pip's output above (the node needs the wheel's torch installed: "
+                f"pip install torch=={_public(entry.torch)})",
             )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -31,7 +31,7 @@ from builder.coverage import TARGET_NAME, parse_stages
 from builder.coverage import load as load_coverage
 from builder.errors import BuilderError, MatrixError, RecipeError, ToolError
 from builder.files import make_dirs, write_atomic
-from builder.node import Fields, ManifestError, check_wheel_name
+from builder.node import Fields, ManifestError, check_wheel_name, read_bounded
 from builder.pipeline import StageResult, TargetResult
 from builder.recipe import SLURM_WORD
 from builder.targets import GpuSmoke, Target
@@ -242,7 +242,7 @@ def load_run(run: Path) -> dict[str, Any]:
     """The run record `submit` wrote, checked (every job reads it from shared storage)."""
     where = str(run / RUN_FILE)
     try:
-        data = json.loads((run / RUN_FILE).read_text(encoding="utf-8"))
+        data = json.loads(read_bounded(run / RUN_FILE, "report"))
     except (OSError, ValueError) as exc:
         raise MatrixError(f"{where}: cannot be read as JSON ({exc})",
                           "pass the run folder build-wheel --slurm printed")  from exc  # fmt: skip
@@ -296,7 +296,7 @@ def results_dir(run: Path) -> Path:
 def _read(path: Path) -> Any:
     """A JSON file another job wrote; None when it is absent (the job did not get that far)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(read_bounded(path, "report"))
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:

@@ -22,8 +22,8 @@ from builder import cmd, envs, output
 from builder.build.source import sha256_of
 from builder.contracts import BuildManifest, Check, SmokeReport, verdict
 from builder.errors import SmokeError
-from builder.files import write_atomic
-from builder.node import CHECK_STATUSES, Fields, ManifestError
+from builder.files import is_file_here, write_atomic
+from builder.node import CHECK_STATUSES, Fields, ManifestError, TooLarge, read_bounded
 from builder.resources import resource
 from builder.workspace import Workspace
 
@@ -76,11 +76,13 @@ def load_report(wheel: Path) -> SmokeReport | None:
     """The wheel's smoke report, validated; None when there is none."""
     path = report_path(wheel)
     try:
-        text = path.read_bytes()
+        text = read_bounded(path, "report")
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise SmokeError(f"cannot read {path}: {exc.strerror}", "check the file's permissions") from exc
+    except TooLarge as exc:
+        raise SmokeError(str(exc), "smoke the wheel again: no smoke report is that large") from exc
     try:
         return SmokeReport.from_json(text, str(path))
     except ManifestError as exc:
@@ -102,7 +104,7 @@ def without_toolkit(env: dict[str, str]) -> dict[str, str]:
     (CUDA_HOME and CUDA_PATH unset, no nvcc on PATH), where a CUDA wheel must import and load."""
     out = {k: v for k, v in env.items() if k not in ("CUDA_HOME", "CUDA_PATH")}
     out["PATH"] = os.pathsep.join(
-        d for d in env.get("PATH", "").split(os.pathsep) if d and not (Path(d) / "nvcc").exists()
+        d for d in env.get("PATH", "").split(os.pathsep) if d and not is_file_here(Path(d) / "nvcc")
     )
     return out
 

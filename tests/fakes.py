@@ -6,6 +6,8 @@ valid build manifest and METADATA, and a smoke report bound to their bytes.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import zipfile
 from html.parser import HTMLParser
@@ -62,12 +64,10 @@ def fake_wheel(
     """A FAKE wheel: a zip holding only the embedded build manifest and METADATA, plus its smoke report."""
     wheel = folder / name
     version = name.split("-")[1]
-    with zipfile.ZipFile(wheel, "w") as zf:
-        zf.writestr(
-            f"deepspeed-{version}.dist-info/ds_builder.json", json.dumps({**BUILD, "version": version, **build})
-        )
-        zf.writestr(f"deepspeed-{version}.dist-info/METADATA", metadata)
-        zf.writestr("deepspeed/payload", payload)
+    build_manifest = json.dumps({**BUILD, "version": version, **build})
+    write_wheel(wheel, {f"deepspeed-{version}.dist-info/ds_builder.json": build_manifest.encode(),
+                        f"deepspeed-{version}.dist-info/METADATA": metadata.encode(),
+                        "deepspeed/payload": payload})  # fmt: skip
     if passed is not None:
         status = "passed" if passed else "failed"
         report = SmokeReport(
@@ -75,3 +75,34 @@ def fake_wheel(
         )
         report_path(wheel).write_text(report.to_json())
     return wheel
+
+
+def write_wheel(wheel: Path, files: dict[str, bytes]) -> Path:
+    """A zip pip can install: `files` plus the dist-info's WHEEL and a RECORD with every hash."""
+    name, version, python, abi, platform = wheel.name.removesuffix(".whl").split("-")
+    dist_info = f"{name}-{version}.dist-info"
+    files = {**files, f"{dist_info}/WHEEL": f"Wheel-Version: 1.0\nGenerator: fakes\nRoot-Is-Purelib: true\n"
+             f"Tag: {python}-{abi}-{platform}\n".encode()}  # fmt: skip
+    record = []
+    for path, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(data)}")
+    record.append(f"{dist_info}/RECORD,,")
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for path, data in files.items():
+            zf.writestr(path, data)
+        zf.writestr(f"{dist_info}/RECORD", "\n".join(record) + "\n")
+    return wheel
+
+
+def dep_wheel(
+    folder: Path, project: str, version: str, requires: tuple[str, ...] = (), tag: str = "py3-none-any"
+) -> Path:
+    """A FAKE dependency wheel (pure Python, one module) that pip really installs."""
+    module = project.replace("-", "_")
+    meta = f"Metadata-Version: 2.1\nName: {project}\nVersion: {version}\n" + "".join(
+        f"Requires-Dist: {r}\n" for r in requires
+    )
+    return write_wheel(folder / f"{module}-{version}-{tag}.whl",
+                       {f"{module}.py": f"VERSION = {version!r}\n".encode(),
+                        f"{module}-{version}.dist-info/METADATA": meta.encode()})  # fmt: skip

@@ -7,6 +7,7 @@ import json
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,12 +72,13 @@ def test_a_tampered_coverage_report_is_not_believed(tmp_path: Path) -> None:
     stages = {s: {"status": "passed", "reason": "", "seconds": 1.0} for s in ("build", "smoke", "publish")}
     good = {"schema": 1, "targets": [{"target": "cpu", "stages": stages}], "failed": []}
     fine = {**stages, "smoke": {"status": "fine", "reason": "", "seconds": 1}}
-    for change, message in [
+    changes: list[tuple[dict[str, Any], str]] = [
         ({"failed": ["../x"]}, "holds an invalid item"),
         ({"targets": [{"target": "cpu", "stages": fine}]}, "not one of"),
         ({"targets": [{"target": "Cpu; rm", "stages": stages}]}, "field 'target' is not valid"),
         ({"schema": 2}, "is not 1"),
-    ]:  # fmt: skip
+    ]  # fmt: skip
+    for change, message in changes:
         (tmp_path / "coverage.json").write_text(json.dumps({**good, **change}))
         with pytest.raises(ManifestError, match=message):
             coverage.load(tmp_path)

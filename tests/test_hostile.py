@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import NAME, fake_wheel
+from fakes import METADATA, NAME, dep_wheel, fake_wheel
 
 from builder import node
 from builder.build.diagnose import find_failures
@@ -181,15 +181,31 @@ def test_a_host_never_runs_a_tampered_installer(house: Path, tmp_path: Path) -> 
 
 
 def test_an_edited_torch_field_is_caught_by_verify_and_by_the_node(house: Path) -> None:
+    """Issue 20, "manifest vs its own file name": an entry whose torch contradicts the wheel's name
+    (+cpu.torch2.13) is tampering (exit 8) before any node is compared with it (no fit: exit 9)."""
+
     def retarget(d: dict[str, Any]) -> None:
         d["wheels"][NAME]["torch"] = "2.14.1+cu130"
 
     edit_manifest(house, retarget)
-    assert f"{NAME}: torch: manifest says '2.14.1+cu130', the wheel says '2.13.0+cpu'" in verify(house)
-    manifest = node.load_wheelhouse(str(house))
-    chosen = node.choose(manifest, Node("cp311", "2.14.1+cu130", None, (), AVX2))  # the lie makes it fit
-    with pytest.raises(ManifestError, match="disagrees with .*own build manifest"):
-        node.checked_wheel(str(house), chosen)  # ... but the wheel itself says otherwise
+    assert any("field 'torch' is '2.14.1+cu130' but the file name says torch 2.13" in p for p in verify(house))
+    with pytest.raises(ManifestError, match="field 'torch' is '2.14.1\\+cu130' but the file name says torch 2.13"):
+        node.load_wheelhouse(str(house))
+    assert ManifestError.exit_code == 8
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "complaint"),
+    [("accelerator", "cuda", "field 'accelerator' is 'cuda' but the file name says"),
+     ("torch", "2.12.0+cpu", "field 'torch' is '2.12.0+cpu' but the file name says torch 2.13")],
+)  # fmt: skip
+@pytest.mark.spawns
+def test_a_field_contradicting_the_file_name_exits_8_not_9(house: Path, field: str, value: str, complaint: str) -> None:
+    """The installer's CLI on a node whose torch the lie would rule out: tampering, exit 8."""
+    edit_manifest(house, lambda d: d["wheels"][NAME].__setitem__(field, value))
+    done = builder("install", "--wheelhouse", str(house), "--dry-run")
+    assert done.returncode == 8, done.stderr
+    assert complaint in done.stderr and "Traceback" not in done.stderr
 
 
 @pytest.mark.parametrize(
@@ -454,7 +470,7 @@ def test_verify_fails_on_a_missing_or_empty_wheelhouse(tmp_path: Path, where: st
 
 
 def test_verify_fails_on_a_wheelhouse_whose_every_wheel_was_pruned(house: Path) -> None:
-    prune(house, [], keep=[])
+    prune(house, [], keep=[], remove_all=True)
     assert verify(house) == ["manifest.json lists no DeepSpeed wheel: the wheelhouse is empty"]
 
 
@@ -469,11 +485,7 @@ def test_the_closure_is_fetched_hash_listed_and_indexed(tmp_path: Path) -> None:
 
     def fetcher(reqs: Any, tag: str, dest: Path, log: Any) -> list[Path]:
         asked.append(list(reqs))
-        files = []
-        for name in ("hjson-3.1.0-py3-none-any.whl", "pydantic-2.14.3-py3-none-any.whl"):
-            (dest / name).write_bytes(name.encode())
-            files.append(dest / name)
-        return files
+        return [dep_wheel(dest, "hjson", "3.1.0"), dep_wheel(dest, "pydantic", "2.14.3")]
 
     (tmp_path / "dist").mkdir()
     target = tmp_path / "house"
@@ -624,3 +636,561 @@ def test_install_dry_run_json_and_its_exit_codes(house: Path) -> None:
     bad = builder("install", "--wheelhouse", str(house), "--dry-run", "--json")
     assert bad.returncode == 8 and "Traceback" not in bad.stderr
     assert json.loads(bad.stdout)["exit_code"] == 8 and "has sha256" in json.loads(bad.stdout)["error"]
+
+
+# ================================================================ issue 20: the second round
+# Each test below names the case of issue 20 it covers:
+#   air-gapped node ........ test_the_node_installs_dependencies_from_the_wheelhouse_alone,
+#                            test_a_tampered_dependency_is_refused_before_pip_runs,
+#                            test_node_installs_its_wheel_from_the_served_wheelhouse (test_pipeline, real wheel)
+#   serve leaks ............ test_serve_hands_out_nothing_from_outside_the_wheelhouse, test_serve_port_is_checked
+#   prune wipes ............ test_prune_without_its_recipes_folder_deletes_nothing,
+#                            test_a_prune_that_would_empty_the_wheelhouse_needs_all
+#   killed publishes ....... test_publishes_killed_at_random_moments_leave_nothing_verify_trips_on,
+#                            test_repair_cleans_a_wheelhouse_whose_first_publish_was_killed,
+#                            test_a_publish_that_fails_cleanly_leaves_no_journal_and_no_files
+#   abi3 never present ..... test_an_abi3_dependency_in_the_wheelhouse_needs_no_index
+#   bumped version ......... test_the_build_key_holds_what_names_the_wheel,
+#                            test_two_recipe_files_with_one_name_never_replace_each_others_wheel
+#   no traceback ........... test_non_utf8_output_of_programs_is_no_traceback, test_a_node_python_printing_bytes,
+#                            test_an_unreadable_path_entry_is_skipped, test_serve_port_is_checked,
+#                            test_a_hostfile_slots_value_that_is_not_a_number,
+#                            test_a_toolchain_folder_under_a_file_is_refused_without_promising_mkdir
+#   say what is wrong ...... test_an_edited_torch_field_is_caught_by_verify_and_by_the_node,
+#                            test_a_field_contradicting_the_file_name_exits_8_not_9 (above),
+#                            test_detect_reports_a_broken_cuda_setup, test_detect_cli_names_a_broken_cuda_setup,
+#                            test_the_newest_wheel_is_chosen_by_version_not_by_text_or_publish_time (test_node.py),
+#                            test_a_manifest_beyond_any_real_wheelhouse_is_refused_unread
+
+
+def deps_fetcher(calls: list[list[str]]) -> Any:
+    """A FAKE `pip download` (no index here): DeepSpeed's closure as two tiny real wheels, one needing the other."""
+
+    def fetch(reqs: Any, tag: str, dest: Path, log: Any) -> list[Path]:
+        calls.append(list(reqs))
+        return [dep_wheel(dest, "fakedep-a", "1.0", requires=("fakedep-b>=2",)), dep_wheel(dest, "fakedep-b", "2.1")]
+
+    return fetch
+
+
+NEEDS_DEPS = METADATA.replace("Requires-Dist: torch==2.13.0\n", "Requires-Dist: fakedep-a>=1\n")
+
+
+@pytest.fixture
+def deps_house(tmp_path: Path) -> Path:
+    """A wheelhouse with one FAKE (pip-installable) DeepSpeed wheel needing fakedep-a, which needs fakedep-b."""
+    (tmp_path / "dist").mkdir()
+    house = tmp_path / "deps-house"
+    wheel = fake_wheel(tmp_path / "dist", metadata=NEEDS_DEPS, cpu_target="x86-64")
+    publish([wheel], house, fetch_closure=deps_fetcher([]))
+    assert verify(house) == []
+    return house
+
+
+def air_gapped_env() -> dict[str, str]:
+    """No pip configuration, and an index on a closed port: only the wheelhouse is reachable."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
+    env.update(PIP_CONFIG_FILE="/dev/null", PIP_INDEX_URL="http://127.0.0.1:9/simple/", PIP_NO_CACHE_DIR="1",
+               PIP_DISABLE_PIP_VERSION_CHECK="1")  # fmt: skip
+    return env
+
+
+def serving(folder: Path) -> Any:
+    import http.server
+    import threading
+
+    from builder.wheelhouse.serve import handler_for
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler_for(folder))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_the_manifest_records_each_wheels_closure(deps_house: Path) -> None:
+    entry = node.load_wheelhouse(str(deps_house)).wheels[NAME]
+    assert entry.requires == ("fakedep_a-1.0-py3-none-any.whl", "fakedep_b-2.1-py3-none-any.whl")
+
+
+@pytest.mark.spawns
+def test_the_node_installs_dependencies_from_the_wheelhouse_alone(deps_house: Path, tmp_path: Path) -> None:
+    """Air-gapped node: the published installer (tools/ds-node-install.py) in a venv with pip alone,
+    no index reachable; folder, file:// and http:// wheelhouses alike, every file hash-checked by pip."""
+    from nodes import node_venv
+
+    python = node_venv(tmp_path / "node")
+    server = serving(deps_house)
+    try:
+        for source in (str(deps_house), deps_house.as_uri(), f"http://127.0.0.1:{server.server_address[1]}/"):
+            done = subprocess.run([python, str(deps_house / INSTALLER), "--wheelhouse", source, "--json"],
+                                  capture_output=True, text=True, env=air_gapped_env())  # fmt: skip
+            assert done.returncode == 0, (source, done.stderr[-3000:])
+            result = json.loads(done.stdout)
+            assert result["installed"] and result["dependencies"] == list(
+                node.load_wheelhouse(str(deps_house)).wheels[NAME].requires or ()
+            )
+            assert "--require-hashes" in done.stderr and "--no-index" in done.stderr
+            show = "import fakedep_a, fakedep_b; print(fakedep_a.VERSION, fakedep_b.VERSION)"
+            check = subprocess.run([python, "-c", show], capture_output=True, text=True)
+            assert check.stdout.split() == ["1.0", "2.1"], check.stderr
+            subprocess.run([python, "-m", "pip", "uninstall", "-y", "-q", "deepspeed", "fakedep-a", "fakedep-b"],
+                           check=True, env=air_gapped_env())  # fmt: skip
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.spawns
+def test_a_tampered_dependency_is_refused_before_pip_runs(deps_house: Path, tmp_path: Path) -> None:
+    from nodes import node_venv
+
+    dep = deps_house / "fakedep_b-2.1-py3-none-any.whl"
+    dep.write_bytes(dep.read_bytes() + b"tampered")
+    python = node_venv(tmp_path / "node")
+    done = subprocess.run([python, str(deps_house / INSTALLER), "--wheelhouse", str(deps_house)],
+                          capture_output=True, text=True, env=air_gapped_env())  # fmt: skip
+    assert done.returncode == 8 and "fakedep_b-2.1-py3-none-any.whl from" in done.stderr and "has sha256" in done.stderr
+    assert "pip install" not in done.stderr and "Traceback" not in done.stderr
+    listed = subprocess.run([python, "-m", "pip", "list"], capture_output=True, text=True, env=air_gapped_env())
+    assert "deepspeed" not in listed.stdout and "fakedep" not in listed.stdout
+
+
+def test_an_old_manifest_without_requires_is_refused_by_the_node_and_filled_by_the_next_publish(
+    deps_house: Path, tmp_path: Path
+) -> None:
+    edit_manifest(deps_house, lambda d: d["wheels"][NAME].pop("requires"))
+    manifest = node.load_wheelhouse(str(deps_house))
+    with pytest.raises(ManifestError, match="does not say which dependency files"):
+        node.checked_dependencies(str(deps_house), manifest, manifest.wheels[NAME])
+    other = fake_wheel(tmp_path / "dist", name=NAME.replace("0.19.8", "0.19.9"), metadata=NEEDS_DEPS)
+    publish([other], deps_house, fetch_closure=deps_fetcher([]))
+    assert node.load_wheelhouse(str(deps_house)).wheels[NAME].requires == (
+        "fakedep_a-1.0-py3-none-any.whl", "fakedep_b-2.1-py3-none-any.whl")  # fmt: skip
+
+
+def test_a_requires_entry_naming_an_unlisted_file_is_tampering(deps_house: Path) -> None:
+    edit_manifest(deps_house, lambda d: d["wheels"][NAME]["requires"].append("evil-1.0-py3-none-any.whl"))
+    with pytest.raises(ManifestError, match="requires 'evil-1.0-py3-none-any.whl', which no dependency entry lists"):
+        node.load_wheelhouse(str(deps_house))
+    edit_manifest(deps_house, lambda d: d["wheels"][NAME].__setitem__("requires", ["../../etc/passwd"]))
+    with pytest.raises(ManifestError, match="is not a wheel file name"):
+        node.load_wheelhouse(str(deps_house))
+
+
+# ---------------------------------------------------------------- serve
+
+
+def http_get(url: str) -> tuple[int, bytes]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_serve_hands_out_nothing_from_outside_the_wheelhouse(
+    house: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    secret = tmp_path / "shadow"
+    secret.write_text("root:$6$secret")
+    (house / "x-1.0-py3-none-any.whl").symlink_to(secret)
+    (house / "simple" / "rootfs").symlink_to("/")
+    (house / "simple" / "up").symlink_to(tmp_path)
+    server = serving(house)
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        status, body = http_get(f"{base}/{NAME}")
+        assert status == 200 and body == (house / NAME).read_bytes()
+        assert http_get(f"{base}/simple/")[1] == (house / "simple" / "index.html").read_bytes()  # the index page
+        assert http_get(f"{base}/simple/deepspeed/")[0] == 200
+        for path in (
+            "/x-1.0-py3-none-any.whl",
+            "/simple/rootfs/etc/passwd",
+            "/simple/rootfs/",
+            "/simple/up/shadow",
+            "/tools/",
+            "/.publish.lock",
+            "/%2e%2e/shadow",
+            "/simple/../../shadow",
+            "/simple/rootfs/root/",
+        ):
+            status, body = http_get(base + path)
+            assert status == 404 and b"root:" not in body and b"<title>Directory listing" not in body, path
+    finally:
+        server.shutdown()
+        server.server_close()
+    said = capsys.readouterr().err
+    assert "refused '/x-1.0-py3-none-any.whl': a link to" in said and "outside the wheelhouse" in said
+    assert "refused '/tools/': cannot open it (No such file or directory)" in said  # no listing of tools/
+
+
+@pytest.mark.spawns
+@pytest.mark.parametrize("port", ["99999", "-5", "http"])
+def test_serve_port_is_checked(house: Path, port: str) -> None:
+    done = builder("serve", "--wheelhouse", str(house), f"--port={port}")
+    assert done.returncode == 2 and "is not a port number (0 to 65535" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+# ---------------------------------------------------------------- prune
+
+
+@pytest.mark.spawns
+@pytest.mark.parametrize("where", ["no recipes folder", "misspelt --recipes-dir", "empty recipes folder"])
+def test_prune_without_its_recipes_folder_deletes_nothing(house: Path, tmp_path: Path, where: str) -> None:
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    args = ["prune", "--wheelhouse", str(house)]
+    if where == "misspelt --recipes-dir":
+        args += ["--recipes-dir", str(ROOT / "recipe")]
+    elif where == "empty recipes folder":
+        (cwd / "recipes").mkdir()
+    before = sorted(p.name for p in house.iterdir())
+    done = builder(*args, cwd=cwd)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert ("does not exist" if where != "empty recipes folder" else "holds no recipe") in done.stderr
+    assert "--recipes-dir" in done.stderr and sorted(p.name for p in house.iterdir()) == before
+    assert verify(house) == []
+
+
+@pytest.mark.spawns
+def test_a_prune_that_would_empty_the_wheelhouse_needs_all(house: Path, tmp_path: Path) -> None:
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    (recipes / "other.toml").write_text(DEFAULT_RECIPE.replace('name = "cpu"', 'name = "other"'))
+    done = builder("prune", "--wheelhouse", str(house), "--recipes-dir", str(recipes))
+    assert done.returncode == 2 and "prune would remove every wheel" in done.stderr and "--all" in done.stderr
+    assert (house / NAME).is_file() and verify(house) == []
+    done = builder("prune", "--wheelhouse", str(house), "--recipes-dir", str(recipes), "--all")
+    assert done.returncode == 0, done.stderr
+    assert not (house / NAME).exists() and f"removed {NAME}" in done.stdout
+
+
+# ---------------------------------------------------------------- killed and failed publishes
+
+_KILLED_PUBLISH = """
+import sys, time
+from pathlib import Path
+sys.path[:0] = [sys.argv[3], sys.argv[4]]
+from fakes import dep_wheel
+from builder.wheelhouse import publish
+
+def slow_fetch(reqs, tag, dest, log):  # a FAKE pip download that takes a while
+    out = []
+    for req in reqs:
+        time.sleep(0.1)
+        out.append(dep_wheel(dest, req, "1.0"))
+    if sys.argv[5] == "die":
+        import os, signal
+        os.kill(os.getpid(), signal.SIGKILL)
+    return out
+
+publish([Path(sys.argv[1])], Path(sys.argv[2]), fetch_closure=slow_fetch)
+"""
+
+
+def start_publish(wheel: Path, house: Path, how: str = "slow") -> subprocess.Popen[bytes]:
+    args = [sys.executable, "-c", _KILLED_PUBLISH, str(wheel), str(house), str(ROOT), str(ROOT / "tests"), how]
+    return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def slow_metadata(i: int) -> str:
+    """METADATA of 0.19.<i> needing four dependencies of its own: each publish downloads for a while."""
+    return METADATA.replace("0.19.8", f"0.19.{i}").replace("Requires-Dist: torch==2.13.0\n", "") + "".join(
+        f"Requires-Dist: slowdep{i}x{k}\n" for k in range(4)
+    )
+
+
+@pytest.mark.spawns
+def test_publishes_killed_at_random_moments_leave_nothing_verify_trips_on(house: Path, tmp_path: Path) -> None:
+    """15 publishes, each killed with SIGKILL at a random moment (seeded); after each, the next publish or
+    repair (in turn) removes every leftover, dependency downloads included, and verify passes."""
+    import random
+    import signal
+    import time
+
+    rng = random.Random(20)
+    dist = tmp_path / "dist"
+    for i in range(15):
+        name = NAME.replace("0.19.8", f"0.19.{100 + i}")
+        wheel = fake_wheel(dist, name=name, metadata=slow_metadata(100 + i), payload=bytes([i]))
+        proc = start_publish(wheel, house)
+        time.sleep(rng.uniform(0.1, 1.2))  # start-up takes about 0.4 s, the download 0.4 s, the copies after
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if i % 2:
+            repair(house)
+        else:
+            publish([fake_wheel(dist, name=NAME.replace("0.19.8", f"0.19.{200 + i}"), payload=bytes([i]))], house)
+        problems = verify(house)
+        assert problems == [], (i, problems)
+        assert not [p for p in house.iterdir() if p.name.startswith(".deps")]
+
+
+@pytest.mark.spawns
+def test_repair_cleans_a_wheelhouse_whose_first_publish_was_killed(tmp_path: Path) -> None:
+    house = tmp_path / "first"
+    wheel = fake_wheel(tmp_path, metadata=slow_metadata(8))
+    assert start_publish(wheel, house, "die").wait() == -9
+    left = sorted(p.name for p in house.iterdir())
+    assert ".publish-journal.json" in left and NAME in left and any(n.startswith(".deps.") for n in left)
+    removed = repair(house)  # no manifest.json yet: it was refused before
+    assert NAME in removed and ".publish-journal.json" in removed
+    assert sorted(p.name for p in house.iterdir() if p.is_file()) == [".publish.lock"]
+    assert verify(house) == [f"{house} has no manifest.json: nothing was published there"]
+    (tmp_path / "dist").mkdir()
+    publish([fake_wheel(tmp_path / "dist")], house)
+    assert verify(house) == []
+
+
+def test_repair_refuses_a_folder_no_publish_touched(tmp_path: Path) -> None:
+    (tmp_path / "mine.txt").write_text("keep")
+    with pytest.raises(WheelhouseError, match="has no manifest.json and nothing a publish left"):
+        repair(tmp_path)
+    assert (tmp_path / "mine.txt").read_text() == "keep"
+
+
+def test_a_publish_that_fails_cleanly_leaves_no_journal_and_no_files(house: Path, tmp_path: Path) -> None:
+    from builder.errors import ToolError
+
+    def no_index(reqs: Any, tag: str, dest: Path, log: Any) -> list[Path]:
+        dep_wheel(dest, "half", "1.0")
+        raise ToolError("pip download: no index reachable", "FAKE fetcher")
+
+    before = sorted(p.name for p in house.rglob("*"))
+    wheel = fake_wheel(tmp_path / "dist", name=NAME.replace("0.19.8", "0.19.9"), metadata=NEEDS_DEPS)
+    with pytest.raises(ToolError, match="no index reachable"):
+        publish([wheel], house, fetch_closure=no_index)
+    assert sorted(p.name for p in house.rglob("*")) == before
+    assert verify(house) == []
+
+
+def test_an_abi3_dependency_in_the_wheelhouse_needs_no_index(tmp_path: Path) -> None:
+    """psutil ships cp36-abi3 wheels: once in the wheelhouse it is present for cp311, and a second
+    publish on a host with no index asks for nothing."""
+    calls: list[list[str]] = []
+
+    def once(reqs: Any, tag: str, dest: Path, log: Any) -> list[Path]:
+        calls.append(list(reqs))
+        if len(calls) > 1:
+            raise AssertionError(f"publish asked the index again for {reqs}")
+        return [dep_wheel(dest, "psutil", "7.1.0", tag="cp36-abi3-manylinux_2_17_x86_64.manylinux2014_x86_64")]
+
+    meta = METADATA.replace("Requires-Dist: torch==2.13.0\n", "Requires-Dist: psutil\nRequires-Dist: torch\n")
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    house = tmp_path / "house"
+    publish([fake_wheel(dist, metadata=meta)], house, fetch_closure=once)
+    other = NAME.replace("0.19.8", "0.19.9")
+    publish([fake_wheel(dist, name=other, metadata=meta.replace("0.19.8", "0.19.9"))], house, fetch_closure=once)
+    assert calls == [["psutil"]]
+    wheels = node.load_wheelhouse(str(house)).wheels
+    assert wheels[other].requires == ("psutil-7.1.0-cp36-abi3-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",)
+    assert verify(house) == []
+
+
+# ---------------------------------------------------------------- the build key and wheel names
+
+
+def test_the_build_key_holds_what_names_the_wheel() -> None:
+    import dataclasses
+
+    from builder.build.buildkey import MachineFacts, build_key, key_inputs
+
+    recipe = load_recipe(ROOT / "recipes" / "cpu.toml")
+    machine = MachineFacts(python="3.11.7")
+    key = build_key(key_inputs(recipe, machine, {}))
+    bumped = dataclasses.replace(recipe, deepspeed=dataclasses.replace(recipe.deepspeed, version="0.19.99"))
+    assert bumped.deepspeed.sha256 == recipe.deepspeed.sha256
+    assert build_key(key_inputs(bumped, machine, {})) != key
+    renamed = dataclasses.replace(recipe, name="cpu2")
+    assert build_key(key_inputs(renamed, machine, {})) != key
+
+
+def test_two_recipe_files_with_one_name_never_replace_each_others_wheel(tmp_path: Path) -> None:
+    from builder.build.wheel import built_from, refuse_name_clash
+    from builder.targets import Target, this_interpreter
+
+    first = tmp_path / "a" / "cpu.toml"
+    second = tmp_path / "b" / "cpu.toml"
+    for path, ops in ((first, "cpu_adam"), (second, "cpu_lion")):
+        path.parent.mkdir()
+        path.write_text(re.sub(r"(?m)^ops = \[.*\]", f'ops = ["{ops}"]', DEFAULT_RECIPE))
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    a, b = load_recipe(first), load_recipe(second)
+    wheel = fake_wheel(dist)
+    (dist / f"{wheel.name}.build.json").write_text(json.dumps(built_from(a, Target(a, this_interpreter()))))
+    refuse_name_clash(a, Target(a, this_interpreter()), dist, force=False)  # the same recipe file: a rebuild
+    with pytest.raises(RecipeError, match=f"was built from {re.escape(str(first))}, another recipe named 'cpu'"):
+        refuse_name_clash(b, Target(b, this_interpreter()), dist, force=False)
+    refuse_name_clash(b, Target(b, this_interpreter()), dist, force=True)  # --force replaces it, as asked
+
+
+# ---------------------------------------------------------------- no traceback, ever
+
+
+def fake_program(folder: Path, name: str, body: str) -> Path:
+    """A FAKE program (a shell script) standing in for a broken nvcc or Python."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.spawns
+def test_non_utf8_output_of_programs_is_no_traceback(tmp_path: Path) -> None:
+    from builder.cmd import ask, query, run
+
+    garbage = fake_program(tmp_path, "nvcc", "printf 'Cuda compilation tools, release \\377\\376 13.0\\n'\n")
+    assert "\ufffd" in query([str(garbage), "--version"])
+    assert "\ufffd" in ask([str(garbage)]).stdout
+    assert "\ufffd" in run([str(garbage)])
+
+
+@pytest.mark.spawns
+def test_a_node_python_printing_bytes(house: Path, tmp_path: Path) -> None:
+    python = fake_program(tmp_path, "python", "printf '\\377\\376{not json\\n'\n")
+    done = builder("install", "--wheelhouse", str(house), "--python", str(python), "--dry-run")
+    assert done.returncode == 9 and "the node probe printed no usable report" in done.stderr
+    assert "--python" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_an_unreadable_path_entry_is_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A PATH entry this user may not read: FAKE refusals (PermissionError from listdir and stat, as an
+    unprivileged user gets them; root here gets none), after which detection goes on."""
+    from builder.detect import probes
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_listdir, real_stat = os.listdir, os.stat
+
+    def listdir(path: Any) -> list[str]:
+        if str(path) == str(locked):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_listdir(path)
+
+    def stat_(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(path).startswith(str(locked) + "/"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "listdir", listdir)
+    monkeypatch.setattr(os, "stat", stat_)
+    env = {"PATH": f"{locked}{os.pathsep}/usr/bin"}
+    compilers, _ = probes.probe_compilers(env, lambda args: "12.2.0")
+    assert all(not c.path.startswith(str(locked)) for c in compilers)
+    assert [c.name for c in compilers if c.name == "gcc"] == (["gcc"] if shutil.which("gcc", path="/usr/bin") else [])
+    assert all(locked not in root.parents for root in probes.toolkit_roots(env, [], None))
+
+
+@pytest.mark.spawns
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("runuser"), reason="needs root and runuser to become nobody")
+@pytest.mark.skipif(SYSTEM_PYTHON is None, reason="needs a system python3 that user nobody may run")
+def test_detect_as_an_unprivileged_user_with_an_unreadable_path_entry(tmp_path: Path) -> None:
+    """For real: user nobody runs detect with a PATH entry it may neither list nor search (mode 0700,
+    root's), from a venv of the system Python that nobody may run."""
+    from builder.envs import TOOLS, pip_sources, uv_binary
+
+    shared = Path("/tmp") / f"ds-builder-path-{os.getpid()}"
+    shared.mkdir(mode=0o755)
+    try:
+        uv = uv_binary(TOOLS)
+        subprocess.run([uv, "venv", "-q", "--python", str(SYSTEM_PYTHON), str(shared / "venv")], check=True)
+        python = str(shared / "venv" / "bin" / "python")
+        subprocess.run([uv, "pip", "install", "-q", "--python", python, *pip_sources().uv_args(), "packaging",
+                        "py-cpuinfo", "filelock"], check=True)  # fmt: skip
+        locked = shared / "locked"
+        locked.mkdir(mode=0o700)
+        fake_program(locked, "gcc", "echo 12.2.0\n")
+        code = shared / "code"
+        shutil.copytree(ROOT / "builder", code / "builder")
+        env = {"PYTHONPATH": str(code), "HOME": str(shared), "PATH": f"{locked}{os.pathsep}/usr/bin:/bin"}
+        done = subprocess.run(
+            [str(shutil.which("runuser")), "-u", "nobody", "--", python, "-m", "builder", "detect", "--json",
+             "--python", python],
+            capture_output=True, text=True, env=env, cwd="/",
+        )  # fmt: skip
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+        assert json.loads(done.stdout)["schema"] >= 1
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_a_hostfile_slots_value_that_is_not_a_number() -> None:
+    from builder.errors import BuilderError
+    from builder.wheelhouse.provision import parse_hostfile
+
+    for bad in ("host slots=abc", "host slots=0", "host slots=-2"):
+        with pytest.raises(BuilderError, match="hostfile:1: slots=.* is not a whole number of at least 1"):
+            parse_hostfile(bad)
+
+
+def test_a_toolchain_folder_under_a_file_is_refused_without_promising_mkdir(tmp_path: Path) -> None:
+    from builder.build.toolchain import ToolchainPlan, apply
+    from builder.errors import FolderError
+
+    blocker = tmp_path / "bin"
+    blocker.write_text("a file")
+    for folder in (blocker, blocker / "sub"):
+        plan = ToolchainPlan(toolkit=None, compiler_dir=folder, links={"gcc": "/usr/bin/gcc-12"})
+        for dry_run in (True, False):
+            with pytest.raises(FolderError, match=f"{re.escape(str(blocker))} is a file, not a folder") as err:
+                apply(plan, dry_run=dry_run)
+            assert err.value.exit_code == 10 and "--folder" in err.value.fix
+    assert blocker.read_text() == "a file"
+
+
+# ---------------------------------------------------------------- say what is wrong
+
+
+def test_detect_reports_a_broken_cuda_setup(tmp_path: Path) -> None:
+    from builder.detect.probes import is_toolkit
+    from builder.detect.problems import cuda_setup_problems
+
+    not_a_kit = tmp_path / "empty"
+    not_a_kit.mkdir()
+    problems = cuda_setup_problems({"CUDA_HOME": str(tmp_path / "gone"), "CUDA_PATH": str(not_a_kit)}, is_toolkit,
+                                   "/opt/bad/bin/nvcc", "\ufffd\ufffd garbage\n")  # fmt: skip
+    text = [(p.severity, p.message, p.fix) for p in problems]
+    assert text[0][:2] == ("error", f"CUDA_HOME={tmp_path / 'gone'} does not exist: torch's JIT and DeepSpeed's op "
+                                    "builder take the toolkit from it")  # fmt: skip
+    assert "is not a CUDA toolkit" in text[1][1] and "point CUDA_PATH at a CUDA toolkit folder" in text[1][2]
+    assert "the first nvcc on PATH (/opt/bad/bin/nvcc) gives no CUDA version" in text[2][1]
+    assert "'\ufffd\ufffd garbage'" in text[2][1] and "remove it from PATH" in text[2][2]
+    ok = "Cuda compilation tools, release 13.0, V13.0.48\n"
+    assert cuda_setup_problems({}, is_toolkit, "/usr/local/cuda/bin/nvcc", ok) == []
+    assert "did not run or printed nothing" in cuda_setup_problems({}, is_toolkit, "/x/nvcc", "")[0].message
+
+
+@pytest.mark.spawns
+def test_detect_cli_names_a_broken_cuda_setup(tmp_path: Path) -> None:
+    bad = fake_program(tmp_path / "bin", "nvcc", "printf '\\377\\376 not a compiler\\n'\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_HOME": str(tmp_path / "no-such-cuda"),
+           "PATH": f"{bad.parent}{os.pathsep}{os.environ['PATH']}"}  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "builder", "detect", "--json"], capture_output=True, text=True,
+                          env=env, cwd=ROOT)  # fmt: skip
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    messages = [p["message"] for p in json.loads(done.stdout)["problems"]]
+    assert any(m.startswith(f"CUDA_HOME={tmp_path / 'no-such-cuda'} does not exist") for m in messages), messages
+    assert any(f"the first nvcc on PATH ({bad}) gives no CUDA version" in m for m in messages), messages
+
+
+def test_a_manifest_beyond_any_real_wheelhouse_is_refused_unread(house: Path, tmp_path: Path) -> None:
+    """33 MiB of manifest (the limit is 32 MiB; a thousand wheels take about 5 MB): refused by verify,
+    by the node, and by publish, with the limit named, before it is parsed."""
+    path = house / "manifest.json"
+    path.write_text('{"schema": 3, "wheels": {}, "pad": "' + "x" * (33 << 20) + '"}')
+    assert verify(house) == [f"{path} is larger than the 32 MiB limit for a manifest: no real wheelhouse has one that "
+                             "large"]  # fmt: skip
+    with pytest.raises(ManifestError, match="larger than the 32 MiB limit for a manifest"):
+        node.load_wheelhouse(str(house))
+    with pytest.raises(WheelhouseError, match="32 MiB limit"):
+        publish([fake_wheel(tmp_path / "dist", name=NAME.replace("0.19.8", "0.19.9"))], house)
+    report = house / f"{NAME}.smoke.json"
+    report.write_bytes(b" " * (9 << 20))
+    with pytest.raises(SmokeError, match="8 MiB limit for a report"):
+        load_report(house / NAME)

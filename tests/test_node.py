@@ -30,15 +30,15 @@ def wheel_name(label: str, version: str = "0.19.8") -> str:
     return f"deepspeed-{version}+{label}-cp311-cp311-linux_x86_64.whl"
 
 
-def entry(label: str = "cpu.torch2.13", **changes: Any) -> WheelEntry:
+def entry(label: str = "cpu.torch2.13", ds: str = "0.19.8", **changes: Any) -> WheelEntry:
     """A wheelhouse entry, made through the same loader that reads manifest.json."""
     base = {
         "python_tag": "cp311", "torch": "2.13.0+cpu", "accelerator": "cpu", "cuda": None, "archs": [],
         "cpu_target": "x86-64-v3", "cpu_flags": [], "ops": ["cpu_adam"], "recipe": "cpu",
         "smoke": {"passed": True, "finished_at": "", "checks": {"import": {"status": "passed", "detail": ""}}},
-        "published_at": "2026-11-01", "sha256": "0" * 64, "version": f"0.19.8+{label}",
+        "published_at": "2026-11-01", "sha256": "0" * 64, "version": f"{ds}+{label}",
     }  # fmt: skip
-    return parse_wheel_entry(wheel_name(label), {**base, **changes}, "test")
+    return parse_wheel_entry(wheel_name(label, ds), {**base, **changes}, "test")
 
 
 FAILED_SMOKE = {"passed": False, "finished_at": "", "checks": {"import": {"status": "failed", "detail": "x"}}}
@@ -46,11 +46,32 @@ CPU, H100, AMPERE, OLD, FAILED = (
     entry(),
     entry("cu130.torch2.14.sm90", torch="2.14.1+cu130", accelerator="cuda", cuda="13.0", archs=["9.0"]),
     entry("cu130.torch2.14.sm80", torch="2.14.1+cu130", accelerator="cuda", cuda="13.0", archs=["8.0"]),
-    entry("cu130.torch2.14.sm90.old", torch="2.14.1+cu130", accelerator="cuda", cuda="13.0", archs=["9.0"],
-          published_at="2026-10-01"),
+    entry("cu130.torch2.14.sm90", "0.19.7", torch="2.14.1+cu130", accelerator="cuda", cuda="13.0", archs=["9.0"],
+          published_at="2026-12-01"),  # an older DeepSpeed published later
     entry("cpu.torch2.12", torch="2.12.0+cpu", smoke=FAILED_SMOKE),
 )  # fmt: skip
 MANIFEST = WheelhouseManifest({e.name: e for e in (CPU, H100, AMPERE, OLD, FAILED)})
+
+
+def test_the_newest_wheel_is_chosen_by_version_not_by_text_or_publish_time() -> None:
+    """Issue 20, "newest by version": 0.19.10 sorts before 0.19.9 as text; 0.19.9 was published later."""
+    nine = entry(ds="0.19.9", published_at="2026-12-24")
+    ten = entry(ds="0.19.10", published_at="2026-01-01")
+    rc = entry(ds="0.19.11rc1", published_at="2026-12-31")
+    node = Node("cp311", "2.13.0+cpu", None, (), AVX2)
+    assert choose(WheelhouseManifest({e.name: e for e in (nine, ten)}), node) == ten
+    assert choose(WheelhouseManifest({e.name: e for e in (nine, ten, rc)}), node) == rc
+
+
+@pytest.mark.parametrize(
+    "order", [["0.9", "0.19.8", "0.19.10", "1.0.dev1", "1.0a1", "1.0rc2", "1.0", "1.0.post1", "1.0.1", "2!0.1"]]
+)
+def test_version_key_orders_as_pep440(order: list[str]) -> None:
+    from packaging.version import Version
+
+    from builder.node import version_key
+
+    assert sorted(order, key=version_key) == sorted(order, key=Version) == order
 
 
 def test_arch_coverage() -> None:
@@ -66,7 +87,7 @@ def test_each_node_gets_its_wheel() -> None:
     cpu_node = Node("cp311", "2.13.0+cpu", None, (), AVX2)
     assert choose(MANIFEST, cpu_node) == CPU
     h100 = Node("cp311", "2.14.1+cu130", "13.0", ("9.0",), AVX2)
-    assert choose(MANIFEST, h100) == H100  # the newest of the two sm_90 wheels
+    assert choose(MANIFEST, h100) == H100  # the newer DeepSpeed of the two sm_90 wheels, not the later published
     a100x8 = Node("cp311", "2.14.1+cu130", "13.0", ("8.0",) * 8, AVX2)
     assert choose(MANIFEST, a100x8) == AMPERE
     bare = Node("cp311", None, None, (), AVX2)  # no torch yet: pip installs the pinned one

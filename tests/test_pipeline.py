@@ -209,7 +209,9 @@ def _free_port() -> int:
 def test_node_installs_its_wheel_from_the_served_wheelhouse(
     pipeline: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path
 ) -> None:
-    """A node with only Python, pip and its torch: `builder install` over HTTP from `builder serve`."""
+    """An air-gapped node with only Python, pip and its torch (no pip configuration, the index on a
+    closed port): `builder install` over HTTP from `builder serve` installs the real wheel and its
+    14-odd dependency wheels from the wheelhouse alone, every file hash-checked (issue 20)."""
     import time
     import urllib.request
 
@@ -231,12 +233,16 @@ def test_node_installs_its_wheel_from_the_served_wheelhouse(
         python = node_venv(node, "torch==2.13.0")
         no_packaging = subprocess.run([python, "-c", "import packaging"], capture_output=True)
         assert no_packaging.returncode != 0  # the node has nothing of the builder's dependencies
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
+        env.update(PYTHONPATH=str(ROOT), PIP_CONFIG_FILE="/dev/null", PIP_INDEX_URL="http://127.0.0.1:9/simple/",
+                   PIP_NO_CACHE_DIR="1", PIP_DISABLE_PIP_VERSION_CHECK="1")  # fmt: skip
         done = subprocess.run(
-            [python, "-m", "builder", "install", "--wheelhouse", url], env=env, capture_output=True, text=True
+            [python, "-m", "builder", "install", "--wheelhouse", url, "--json"], env=env, capture_output=True, text=True
         )
         assert done.returncode == 0, done.stdout + done.stderr
         assert f"==> chosen: {WHEEL}" in done.stderr and "verified" in done.stderr
+        deps = json.loads(done.stdout)["dependencies"]
+        assert any(d.startswith("hjson-") for d in deps) and any(d.startswith("psutil-") for d in deps), deps
         version = (
             subprocess.run(
                 [python, "-c", "import deepspeed; print(deepspeed.__version__)"],

@@ -199,7 +199,7 @@ def test_prune_keeps_current_recipes_and_locked_wheels(tmp_path: Path) -> None:
     assert not (house / f"{names[1]}.smoke.json").exists()
     assert verify(house) == []
     assert sorted(json.loads((house / "manifest.json").read_text())["wheels"]) == sorted([names[0], names[2]])
-    assert prune(house, [], keep=[]) == sorted([names[0], names[2]])
+    assert prune(house, [], keep=[], remove_all=True) == sorted([names[0], names[2]])
     assert not (house / "simple" / "deepspeed").exists()  # no stale page links deleted wheels
     assert links((house / "simple" / "index.html").read_text()) == []
     assert "lists no DeepSpeed wheel" in verify(house)[0]  # an empty wheelhouse does not pass

@@ -44,9 +44,13 @@ def key_inputs(recipe: Recipe, machine: MachineFacts, env: Mapping[str, str]) ->
     return {
         "builder": __version__,
         "python": machine.python,
+        # Everything that names or fills the wheel: its version (DeepSpeed's and the local label the
+        # rest of these make), the recipe name, file and op order its embedded manifest records.
+        "deepspeed": recipe.deepspeed.version,
         "deepspeed_sdist_sha256": recipe.deepspeed.sha256,
+        "recipe": {"name": recipe.name, "file": recipe.path.name if recipe.path else None},
         "accelerator": recipe.accelerator,
-        "ops": sorted(recipe.ops),
+        "ops": list(recipe.ops),
         "archs": list(recipe.archs) if not recipe.auto_arch else ["auto:" + ";".join(machine.gpu_archs)],
         "cpu_target": recipe.cpu_target,
         "strip": recipe.strip,

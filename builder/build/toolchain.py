@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from builder.detect import Compiler, Report, Toolkit, cuda_major_minor
-from builder.errors import ToolError
+from builder.errors import FolderError, ToolError
 from builder.files import make_dirs, write_atomic
 
 
@@ -153,6 +153,12 @@ def plan_links(plan: ToolchainPlan) -> list[tuple[str, Path, str]]:
     folder = plan.compiler_dir
     if folder is None:
         return []
+    blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise FolderError(
+            f"the compiler folder {folder} cannot be made: {blocker} is a file, not a folder",
+            "pass --folder with a folder (or a path that does not exist yet), e.g. WORK_DIR/toolchain/bin",
+        )
     if _system_folder(folder):
         raise ToolError(
             f"{folder} is a system folder; the toolchain step only writes a private folder of its own",

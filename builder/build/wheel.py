@@ -26,7 +26,7 @@ from builder.build.plan import BuildPlan, plan_build, resolve_archs
 from builder.build.toolchain import ToolchainPlan, apply, compose_env, plan_toolchain
 from builder.contracts import BuildManifest
 from builder.detect import Report, available_memory_gb, detect
-from builder.errors import BuilderError, BuildError, ToolError
+from builder.errors import BuilderError, BuildError, RecipeError, ToolError
 from builder.files import write_atomic
 from builder.node import cpu_flags
 from builder.recipe import Recipe
@@ -127,6 +127,7 @@ def build_wheel(
         seconds = time.monotonic() - start
         output.step(f"up to date: {built.name} (build key {key}, checked in {seconds:.1f}s)")
         return BuildResult(wheel=built, seconds=seconds, log=log, key=key, reused=True)
+    refuse_name_clash(recipe, target, ws.dist, force)
     log.unlink(missing_ok=True)
     output.step(
         f"build-wheel: recipe {recipe.name} ({recipe.path}) for Python {target.python.version}, build key {key}; "
@@ -188,12 +189,44 @@ def build_wheel(
     shutil.rmtree(src, ignore_errors=True)
     seconds = time.monotonic() - start
     record = {"built_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+              **built_from(recipe, target),
               "build_seconds": round(seconds, 1), "build_key": key, "log": str(log),
               "ccache": {"hits": cache_stats.hits, "misses": cache_stats.misses} if cache_stats else None,
               "shared_objects": sizes}  # fmt: skip
     write_atomic(wheel.with_name(wheel.name + ".build.json"), json.dumps(record, indent=2) + "\n")
     _summary(wheel, plan, seconds, log, sizes)
     return BuildResult(wheel=wheel, seconds=seconds, log=log, key=key)
+
+
+def built_from(recipe: Recipe, target: Target) -> dict[str, str | None]:
+    """What the build record beside a wheel says of where it came from (refuse_name_clash reads it)."""
+    return {"recipe_name": recipe.name, "recipe_path": str(recipe.path.resolve()) if recipe.path else None,
+            "deepspeed": recipe.deepspeed.version, "python_tag": target.python.tag}  # fmt: skip
+
+
+def refuse_name_clash(recipe: Recipe, target: Target, dist: Path, force: bool) -> None:
+    """Two recipe files with one name make the same wheel file name: the later build would silently
+    replace the other's wheel in dist/. Refused unless --force says to replace it."""
+    mine = built_from(recipe, target)
+    if force or mine["recipe_path"] is None:
+        return
+    for record in sorted(dist.glob("*.whl.build.json")):
+        try:
+            data = json.loads(record.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(data, dict) or not record.with_name(record.name.removesuffix(".build.json")).is_file():
+            continue
+        theirs = {k: data.get(k) for k in mine}
+        if theirs["recipe_path"] not in (None, mine["recipe_path"]) and all(
+            theirs[k] == mine[k] for k in ("recipe_name", "deepspeed", "python_tag")
+        ):
+            raise RecipeError(
+                f"{record.name.removesuffix('.build.json')} in {dist} was built from {theirs['recipe_path']}, another "
+                f"recipe named {recipe.name!r}; building {recipe.path} would replace it under the same file name",
+                "give one of the recipes another name (name = ...), use another --work-dir, or pass --force to "
+                "replace that wheel",
+            )
 
 
 def _compile_error(exc: ToolError, log: Path, plan: BuildPlan) -> BuilderError:

@@ -8,6 +8,7 @@ and fake nvidia-smi output for GPUs this machine lacks.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -42,6 +43,7 @@ from builder.detect.parsers import (
 )
 from builder.detect.probes import (
     available_memory_gb,
+    is_toolkit,
     parse_torch_probe,
     probe_compilers,
     probe_cpu,
@@ -54,6 +56,7 @@ from builder.detect.probes import (
 from builder.detect.problems import (
     choose_toolkit,
     cpu_problems,
+    cuda_setup_problems,
     find_problems,
 )
 from builder.detect.render import (
@@ -115,6 +118,7 @@ def detect(
     toolkits = probe_toolkits(env, run, search, torch.site_packages)
     chosen = choose_toolkit(toolkits, torch.cuda)
     compilers, default_gcc = probe_compilers(env, run)
+    first_nvcc = shutil.which("nvcc", path=env.get("PATH", ""))
     return Report(
         gpus=tuple(gpus),
         gpu_source=gpu_source,
@@ -129,6 +133,7 @@ def detect(
         libraries=probe_libraries(chosen.root if chosen else None, torch.site_packages, torch.nccl),
         problems=tuple(
             find_problems(gpus, toolkits, chosen, torch, compilers, default_gcc, driver_cuda, wanted_archs)
+            + cuda_setup_problems(env, is_toolkit, first_nvcc, run([first_nvcc, "--version"]) if first_nvcc else "")
             + cpu_problems(cpu)
         ),
     )

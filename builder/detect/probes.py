@@ -33,6 +33,7 @@ from builder.detect.parsers import (
     parse_smi,
     parse_smi_cuda,
 )
+from builder.files import is_file_here
 from builder.resources import resource
 
 # ---------------------------------------------------------------- probes
@@ -100,9 +101,14 @@ def parse_torch_probe(python: str, line: str) -> tuple[TorchFacts, list[Gpu]]:
 def _is_toolkit(root: Path) -> bool:
     """nvcc plus the toolkit's headers: /usr/local (holding only a wrapper bin/nvcc) is not one."""
     inc = root / "include"
-    return (root / "bin" / "nvcc").is_file() and (
-        (inc / "crt" / "host_config.h").is_file() or (inc / "cuda_runtime.h").is_file()
+    return is_file_here(root / "bin" / "nvcc") and (
+        is_file_here(inc / "crt" / "host_config.h") or is_file_here(inc / "cuda_runtime.h")
     )
+
+
+def is_toolkit(root: Path) -> bool:
+    """Whether `root` is a CUDA toolkit folder (bin/nvcc and its headers)."""
+    return _is_toolkit(root)
 
 
 def toolkit_roots(env: Mapping[str, str], search: Sequence[Path], site_packages: str | None) -> dict[Path, list[str]]:
@@ -120,7 +126,7 @@ def toolkit_roots(env: Mapping[str, str], search: Sequence[Path], site_packages:
             add(Path(env[var]), var)
     for d in env.get("PATH", "").split(os.pathsep):
         nvcc = Path(d) / "nvcc"
-        if d and nvcc.is_file():
+        if d and is_file_here(nvcc):
             add(nvcc.resolve().parent.parent, "PATH")
             # A wrapper script (`exec /usr/local/cuda-13.0/bin/nvcc "$@"`) names its toolkit.
             try:
@@ -162,9 +168,11 @@ def probe_compilers(env: Mapping[str, str], run: Runner) -> tuple[list[Compiler]
     pattern = re.compile(r"^(gcc|g\+\+|clang|clang\+\+)(-\d+)?$")
     seen: dict[str, Compiler] = {}
     for d in env.get("PATH", "").split(os.pathsep):
-        if not d or not os.path.isdir(d):
+        try:
+            names = sorted(os.listdir(d)) if d else []
+        except OSError:  # a folder that is not there, or that this user may not read: nothing found in it
             continue
-        for name in sorted(os.listdir(d)):
+        for name in names:
             path = os.path.join(d, name)
             if name in seen or not pattern.match(name) or not os.access(path, os.X_OK):
                 continue

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from packaging.version import Version
@@ -18,6 +18,7 @@ from builder.detect.model import (
 )
 from builder.detect.parsers import (
     cuda_major_minor,
+    parse_nvcc_version,
 )
 
 # ---------------------------------------------------------------- judgement (pure)
@@ -139,3 +140,37 @@ def cpu_problems(cpu: Cpu) -> list[Problem]:
             "build CPU ops on the oldest CPU of the cluster, or for a portable x86-64 target",
         )]  # fmt: skip
     return []
+
+
+def cuda_setup_problems(
+    env: Mapping[str, str], is_toolkit: Callable[[Path], bool], first_nvcc: str | None, nvcc_said: str
+) -> list[Problem]:
+    """A broken CUDA set-up in the environment: torch's JIT and DeepSpeed's op builder use CUDA_HOME
+    (else CUDA_PATH) and the first nvcc on PATH exactly as they are, so each is checked as they use it."""
+    out = []
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        value = env.get(var)
+        if not value:
+            continue
+        folder = Path(value)
+        if not folder.is_dir():
+            why = "does not exist" if not folder.exists() else "is not a folder"
+        elif not is_toolkit(folder):
+            why = "is not a CUDA toolkit (no bin/nvcc with its include/ headers)"
+        else:
+            continue
+        out.append(Problem(
+            "error",
+            f"{var}={value} {why}: torch's JIT and DeepSpeed's op builder take the toolkit from it",
+            f"point {var} at a CUDA toolkit folder (the one holding bin/nvcc), or unset it",
+        ))  # fmt: skip
+    if first_nvcc and not parse_nvcc_version(nvcc_said):
+        first = next((line.strip() for line in nvcc_said.splitlines() if line.strip()), "")
+        said = f"printed {first[:80]!r}" if first else "did not run or printed nothing"
+        out.append(Problem(
+            "error",
+            f"the first nvcc on PATH ({first_nvcc}) gives no CUDA version: `nvcc --version` {said}",
+            "fix or remove it from PATH (or put a working toolkit's bin/ before it): torch's JIT and DeepSpeed "
+            "call the first nvcc on PATH",
+        ))  # fmt: skip
+    return out

@@ -7,6 +7,7 @@ simple/ (PEP 503); tools/ds-node-install.py; locks/; manifest.json (builder.node
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,6 +34,17 @@ DOCS = ("README.md",)  # files a person may keep in the wheelhouse folder
 
 LOCKS = "locks"
 
+# The folder a publish downloads DeepSpeed's dependencies into, inside the wheelhouse (same file
+# system): `.deps.<random>.tmp`, and `.deps-<random>` as older versions named it. A killed publish
+# leaves it behind; the next publish and repair remove it.
+DEPS_PREFIX, DEPS_SUFFIX = ".deps.", ".tmp"
+_DEPS_FOLDER = re.compile(r"^\.deps[-.][A-Za-z0-9_]{8}(\.tmp)?$")
+
+
+def is_deps_folder(name: str) -> bool:
+    return bool(_DEPS_FOLDER.match(name))
+
+
 # Nodes have torch (and recipes pin it); everything else DeepSpeed needs goes into the wheelhouse.
 NOT_BUNDLED = ("torch",)
 
@@ -41,11 +53,14 @@ def load_manifest(wheelhouse: Path) -> WheelhouseManifest:
     """The wheelhouse's validated manifest (empty when there is none yet)."""
     path = wheelhouse / MANIFEST
     try:
-        text = path.read_bytes()
+        with open(path, "rb") as f:
+            text = node.read_limited(f, "manifest", str(path))
     except FileNotFoundError:
         return WheelhouseManifest()
     except OSError as exc:
         raise WheelhouseError(f"cannot read {path}: {exc.strerror}", "check the wheelhouse's permissions") from exc
+    except ManifestError as exc:
+        raise WheelhouseError(exc.message, exc.fix) from exc
     try:
         return node.parse_manifest(text, str(path))
     except ManifestError as exc:

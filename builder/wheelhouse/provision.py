@@ -19,7 +19,7 @@ from builder import cmd, output
 from builder.build.source import sha256_of
 from builder.errors import BuilderError, ToolError, WheelhouseError
 from builder.files import make_dirs, write_atomic
-from builder.node import INSTALLER, ManifestError, check_wheel_name
+from builder.node import INSTALLER, ManifestError, check_wheel_name, read_bounded
 
 _HOST_LINE = re.compile(r"^\s*([A-Za-z0-9._-]+)((?:\s+\w+=\S+)*)\s*$")
 
@@ -47,7 +47,11 @@ def parse_hostfile(text: str, where: str = "hostfile") -> list[Host]:
             raise BuilderError(
                 f"{where}:{number}: unknown option {', '.join(sorted(unknown))}", "use slots= or python="
             )
-        slots = int(options["slots"]) if "slots" in options else None
+        slots_text = options.get("slots")
+        if slots_text is not None and not (slots_text.isdigit() and int(slots_text) > 0):
+            raise BuilderError(f"{where}:{number}: slots={slots_text!r} is not a whole number of at least 1",
+                               "write `hostname slots=8`")  # fmt: skip
+        slots = int(slots_text) if slots_text is not None else None
         hosts.append(Host(m.group(1), slots, options.get("python", "python3")))
     if not hosts:
         raise BuilderError(f"{where} lists no hosts", "one host a line: `node1 slots=8`")
@@ -177,7 +181,7 @@ def node_outcome(node: str, out: Path) -> NodeOutcome:
     path = out / "results" / f"{node}.json"
     log = out / "logs" / f"{node}.log"
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_bounded(path, "report"))
     except FileNotFoundError:
         return NodeOutcome(node, False, f"no result: read {log}")
     except (OSError, ValueError):

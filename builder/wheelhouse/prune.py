@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
-from builder.errors import WheelhouseError
+from builder.errors import RecipeError, WheelhouseError
 from builder.wheelhouse.index import (
     write_index,
 )
@@ -19,10 +19,13 @@ from builder.wheelhouse.layout import (
 )
 
 
-def prune(wheelhouse: Path, recipe_names: Iterable[str], keep: Iterable[str], dry_run: bool = False) -> list[str]:
+def prune(
+    wheelhouse: Path, recipe_names: Iterable[str], keep: Iterable[str], dry_run: bool = False, remove_all: bool = False
+) -> list[str]:
     """Remove wheels built from no current recipe and pinned by no lock; returns their names.
 
-    Only names from the validated manifest are ever joined to the wheelhouse path.
+    Only names from the validated manifest are ever joined to the wheelhouse path. Removing every
+    wheel is what a prune run from the wrong folder does: it needs `remove_all`.
     """
     recipes, pinned = set(recipe_names), set(keep)
     if not (wheelhouse / MANIFEST).is_file():
@@ -30,6 +33,13 @@ def prune(wheelhouse: Path, recipe_names: Iterable[str], keep: Iterable[str], dr
     with locked(wheelhouse):
         manifest = load_manifest(wheelhouse)
         doomed = [n for n, e in sorted(manifest.wheels.items()) if e.recipe not in recipes and n not in pinned]
+        if doomed and len(doomed) == len(manifest.wheels) and not remove_all:
+            raise RecipeError(
+                f"prune would remove every wheel of {wheelhouse} ({len(doomed)}): none was built from the recipes "
+                f"given ({', '.join(sorted(recipes)) or 'none'}); recipes of the wheels: "
+                + ", ".join(sorted({e.recipe for e in manifest.wheels.values()})),
+                "pass --recipes-dir with the folder of the recipes they were built from, or --all to empty it",
+            )
         if dry_run or not doomed:
             return doomed
         kept = {n: e for n, e in manifest.wheels.items() if n not in doomed}

@@ -17,19 +17,17 @@ else put there: only the former is ever removed.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import hashlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 import zipfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from email.parser import Parser
 from pathlib import Path
-
-from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
 
 from builder import node, output
 from builder.build.source import sha256_of
@@ -44,18 +42,22 @@ from builder.node import (
     WheelEntry,
     WheelhouseManifest,
     check_wheel_name,
-    normalize,
 )
 from builder.smoke import load_report, report_path
+from builder.wheelhouse import closure
 from builder.wheelhouse.index import (
     write_index,
 )
 from builder.wheelhouse.layout import (
+    DEPS_PREFIX,
+    DEPS_SUFFIX,
     JOURNAL,
+    LOCK,
     LOCKS,
     MANIFEST,
     NOT_BUNDLED,
     _companions,
+    is_deps_folder,
     load_manifest,
     locked,
     write_manifest,
@@ -116,21 +118,6 @@ def _build_of(wheel: Path) -> BuildManifest:
         raise PublishError(exc.message, "publish only wheels made by build-wheel") from exc
 
 
-def runtime_requirements(metadata: str) -> list[str]:
-    """The wheel's unconditional requirements (no extras) that the wheelhouse must carry."""
-    out = []
-    for line in Parser().parsestr(metadata).get_all("Requires-Dist") or []:
-        try:
-            req = Requirement(line)
-        except InvalidRequirement:
-            continue
-        if req.marker is not None and "extra" in str(req.marker):
-            continue
-        if canonicalize_name(req.name) not in NOT_BUNDLED:
-            out.append(str(req))
-    return sorted(out)
-
-
 def pip_download_closure(requirements: Sequence[str], python_tag: str, dest: Path, log: Path | None) -> list[Path]:
     """Wheels of `requirements` and everything they need, for `python_tag`, via pip download."""
     from builder import cmd
@@ -155,6 +142,8 @@ def _leftovers(wheelhouse: Path, manifest: WheelhouseManifest) -> tuple[list[Pat
     """What killed publishes left: files to remove, and notes on what is left alone (not ours)."""
     doomed: list[Path] = []
     notes: list[str] = []
+    if wheelhouse.is_dir():  # dependency downloads a killed publish left (named by publish alone)
+        doomed += [p for p in wheelhouse.iterdir() if is_deps_folder(p.name) and p.is_dir() and not p.is_symlink()]
     for folder in (wheelhouse, wheelhouse / "simple", wheelhouse / "tools", wheelhouse / LOCKS):
         if folder.is_dir():
             doomed += [p for p in folder.iterdir() if is_temp_name(p.name) and p.is_file()]
@@ -165,7 +154,7 @@ def _leftovers(wheelhouse: Path, manifest: WheelhouseManifest) -> tuple[list[Pat
     journal = wheelhouse / JOURNAL
     if journal.is_file():
         try:
-            files = json.loads(journal.read_text(encoding="utf-8"))["files"]
+            files = json.loads(node.read_bounded(journal, "report"))["files"]
             listed = {
                 **{n: e.sha256 for n, e in manifest.wheels.items()},
                 **{n: e.sha256 for n, e in manifest.dependencies.items()},
@@ -189,7 +178,10 @@ def _leftovers(wheelhouse: Path, manifest: WheelhouseManifest) -> tuple[list[Pat
 def _clean(wheelhouse: Path, manifest: WheelhouseManifest) -> list[str]:
     doomed, notes = _leftovers(wheelhouse, manifest)
     for path in doomed:
-        path.unlink(missing_ok=True)
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
         if path.name != JOURNAL:
             output.note(f"removed {path.relative_to(wheelhouse)}, left by an interrupted publish")
     for note in notes:
@@ -208,7 +200,6 @@ def publish(
     """
     checked = [(w, passing_report(w), _build_of(w)) for w in wheels]  # refuse before writing anything
     _writable(wheelhouse)
-    published = []
     with locked(wheelhouse):
         manifest = load_manifest(wheelhouse)
         _clean(wheelhouse, manifest)
@@ -223,63 +214,114 @@ def publish(
                     f"the wheelhouse already has a different {wheel.name}",
                     "a published file name is never reused: bump the build string, or prune the old wheel",
                 )
-        _journal(wheelhouse, {w.name: r.sha256 for w, r, _ in checked})
-        deps = dict(manifest.dependencies)
-        for wheel, report, build in checked:
-            target = wheelhouse / wheel.name
-            if target.is_file() and sha256_of(target) == report.sha256:
-                output.note(f"{wheel.name} is already published (same sha256)")
-                os.chmod(target, 0o644)
-            else:
-                copy_atomic(wheel, target)
-                output.note(f"published {target}")
-            metadata = wheel_metadata(target)
-            write_atomic(wheelhouse / f"{wheel.name}.metadata", metadata)
-            report_text = report_path(wheel).read_bytes()
-            write_atomic(wheelhouse / f"{wheel.name}.smoke.json", report_text)
-            previous = wheels_now.get(wheel.name)
-            wheels_now[wheel.name] = manifest_entry(
-                wheel.name, build, report, hashlib.sha256(metadata).hexdigest(),
-                hashlib.sha256(report_text).hexdigest(), previous.published_at if previous else _now(),
-            )  # fmt: skip
-            deps.update(_closure(wheelhouse, metadata.decode("utf-8"), build.python_tag, deps, log, fetch_closure))
-            published.append(target)
-        tools = {INSTALLER: FileEntry(INSTALLER, _publish_installer(wheelhouse))}
-        manifest = WheelhouseManifest(wheels_now, deps, tools)
-        write_index(wheelhouse, manifest)
-        write_manifest(wheelhouse, manifest)
+        journal = {w.name: r.sha256 for w, r, _ in checked}
+        _journal(wheelhouse, journal)
+        try:
+            published = _publish_files(wheelhouse, checked, manifest, wheels_now, journal, log, fetch_closure)
+        except BaseException:
+            # A failed publish (no index reachable, a clash, Ctrl-C) removes what it copied, by its
+            # journal, against the manifest on disk now: nothing half-published stays behind.
+            _clean(wheelhouse, load_manifest(wheelhouse))
+            raise
         (wheelhouse / JOURNAL).unlink(missing_ok=True)
     return published
 
 
+def _publish_files(
+    wheelhouse: Path,
+    checked: Sequence[tuple[Path, SmokeReport, BuildManifest]],
+    manifest: WheelhouseManifest,
+    wheels_now: dict[str, WheelEntry],
+    journal: dict[str, str],
+    log: Path | None,
+    fetch_closure: Fetcher,
+) -> list[Path]:
+    """Copy the wheels, their companions and dependencies, then write index and manifest (the
+    journal already names every file this copies, so a kill at any point is undone)."""
+    published = []
+    deps = dict(manifest.dependencies)
+    for wheel, report, build in checked:
+        target = wheelhouse / wheel.name
+        if target.is_file() and sha256_of(target) == report.sha256:
+            output.note(f"{wheel.name} is already published (same sha256)")
+            os.chmod(target, 0o644)
+        else:
+            copy_atomic(wheel, target)
+            output.note(f"published {target}")
+        metadata = wheel_metadata(target)
+        write_atomic(wheelhouse / f"{wheel.name}.metadata", metadata)
+        report_text = report_path(wheel).read_bytes()
+        write_atomic(wheelhouse / f"{wheel.name}.smoke.json", report_text)
+        previous = wheels_now.get(wheel.name)
+        requires = _closure(wheelhouse, metadata.decode("utf-8"), build.python_tag, deps, journal, log, fetch_closure)
+        wheels_now[wheel.name] = dataclasses.replace(
+            manifest_entry(wheel.name, build, report, hashlib.sha256(metadata).hexdigest(),
+                           hashlib.sha256(report_text).hexdigest(), previous.published_at if previous else _now()),
+            requires=requires,
+        )  # fmt: skip
+        published.append(target)
+    for name, entry in list(wheels_now.items()):  # entries an older toolkit published without the list
+        if entry.requires is None and (wheelhouse / f"{name}.metadata").is_file():
+            found = closure.resolve(
+                closure.requirements_of((wheelhouse / f"{name}.metadata").read_text("utf-8"), entry.python_tag),
+                entry.python_tag, deps, lambda n: wheel_metadata(wheelhouse / n).decode("utf-8"),
+            )  # fmt: skip
+            if not found.missing:
+                wheels_now[name] = dataclasses.replace(entry, requires=found.files)
+    tools = {INSTALLER: FileEntry(INSTALLER, _publish_installer(wheelhouse))}
+    manifest = WheelhouseManifest(wheels_now, deps, tools)
+    write_index(wheelhouse, manifest)
+    write_manifest(wheelhouse, manifest)
+    return published
+
+
 def _closure(
-    wheelhouse: Path, metadata: str, python_tag: str, have: Mapping[str, FileEntry], log: Path | None, fetch: Fetcher
-) -> dict[str, FileEntry]:
-    """DeepSpeed's runtime dependencies for this wheel, copied into the wheelhouse (only what is missing)."""
-    wanted = runtime_requirements(metadata)
-    present = {check_wheel_name(n).project for n in have if python_tag in n or "-py3-" in n or "-py2.py3-" in n}
-    missing = [r for r in wanted if normalize(Requirement(r).name) not in present]
-    if not missing:
-        return {}
-    output.note(f"fetching DeepSpeed's runtime dependencies for {python_tag}: {', '.join(missing)}")
-    added: dict[str, FileEntry] = {}
+    wheelhouse: Path,
+    metadata: str,
+    python_tag: str,
+    deps: dict[str, FileEntry],
+    journal: dict[str, str],
+    log: Path | None,
+    fetch: Fetcher,
+) -> tuple[str, ...]:
+    """The dependency files this wheel installs with, fetching into the wheelhouse only what none of
+    its files meets (`deps` and the journal are updated); an index is asked only then."""
+    wanted = closure.requirements_of(metadata, python_tag)
+
+    def metadata_of(name: str) -> str:
+        return wheel_metadata(wheelhouse / name).decode("utf-8")
+
+    found = closure.resolve(wanted, python_tag, deps, metadata_of)
+    if not found.missing:
+        return found.files
+    output.note(f"fetching DeepSpeed's runtime dependencies for {python_tag}: {', '.join(found.missing)}")
     make_dirs(wheelhouse)
-    with tempfile.TemporaryDirectory(dir=wheelhouse, prefix=".deps-") as tmp:
-        for path in fetch(missing, python_tag, Path(tmp), log):
-            digest = sha256_of(path)
-            target = wheelhouse / path.name
-            old = have.get(path.name)
+    with tempfile.TemporaryDirectory(dir=wheelhouse, prefix=DEPS_PREFIX, suffix=DEPS_SUFFIX) as tmp:
+        got = fetch(list(found.missing), python_tag, Path(tmp), log)
+        fetched = {path.name: (path, sha256_of(path)) for path in got}
+        for name, (_, digest) in fetched.items():
+            old = deps.get(name)
             if old and old.sha256 != digest:
                 raise PublishError(
-                    f"the wheelhouse already has a different {path.name}", "files are never replaced: prune it first"
+                    f"the wheelhouse already has a different {name}", "files are never replaced: prune it first"
                 )
-            if not old:
-                if target.exists() and sha256_of(target) != digest:
-                    raise PublishError(f"{target} exists and is not the file pip downloaded", "move it away")
-                copy_atomic(path, target)
-            added[path.name] = FileEntry(path.name, digest)
-    output.note(f"the wheelhouse carries {len(added)} dependency wheels for {python_tag}")
-    return added
+            if not old and (wheelhouse / name).exists() and sha256_of(wheelhouse / name) != digest:
+                raise PublishError(f"{wheelhouse / name} exists and is not the file pip downloaded", "move it away")
+        new = {name: digest for name, (_, digest) in fetched.items() if name not in deps}
+        journal.update(new)
+        _journal(wheelhouse, journal)  # named before copied: a kill from here on is undone
+        for name in new:
+            copy_atomic(fetched[name][0], wheelhouse / name)
+            deps[name] = FileEntry(name, new[name])
+    found = closure.resolve(wanted, python_tag, deps, metadata_of)
+    if found.missing:
+        raise PublishError(
+            f"the dependencies fetched for {python_tag} do not meet {', '.join(found.missing)}",
+            "check the index pip uses (pip config list): it must offer wheels of them for this Python",
+        )
+    output.note(f"the wheelhouse carries {len(new)} new dependency wheels for {python_tag} "
+                f"({len(found.files)} in this wheel's closure)")  # fmt: skip
+    return found.files
 
 
 def installer_source() -> bytes:
@@ -317,11 +359,31 @@ def _writable(wheelhouse: Path) -> None:
 
 
 def repair(wheelhouse: Path) -> list[str]:
-    """Remove what interrupted publishes left and rewrite the index from the manifest; what was removed."""
-    if not (wheelhouse / MANIFEST).is_file():
-        raise WheelhouseError(f"{wheelhouse} has no {MANIFEST}", "pass --wheelhouse with a published wheelhouse")
+    """Remove what interrupted publishes left and rewrite the index from the manifest; what was removed.
+
+    A wheelhouse whose first publish was killed has no manifest yet, only what that publish left
+    (its journal, lock, temporary files): it is cleaned the same way, against an empty manifest.
+    """
+    has_manifest = (wheelhouse / MANIFEST).is_file()
+    if not has_manifest and not _publish_traces(wheelhouse):
+        raise WheelhouseError(f"{wheelhouse} has no {MANIFEST} and nothing a publish left",
+                              "pass --wheelhouse with a published wheelhouse")  # fmt: skip
     with locked(wheelhouse):
         manifest = load_manifest(wheelhouse)
         removed = _clean(wheelhouse, manifest)
-        write_index(wheelhouse, manifest)
+        tool = wheelhouse / INSTALLER
+        if not has_manifest and tool.is_file() and not tool.is_symlink() and tool.read_bytes() == installer_source():
+            tool.unlink()  # the installer the killed first publish wrote (these exact bytes): ours
+            removed.append(INSTALLER)
+        if has_manifest or (wheelhouse / "simple").is_dir():
+            write_index(wheelhouse, manifest)
     return removed
+
+
+def _publish_traces(wheelhouse: Path) -> bool:
+    """Whether a publish ever ran in `wheelhouse` (its lock, journal or temporary names are there)."""
+    if not wheelhouse.is_dir():
+        return False
+    return any(
+        p.name in (JOURNAL, LOCK) or is_temp_name(p.name) or is_deps_folder(p.name) for p in wheelhouse.iterdir()
+    )

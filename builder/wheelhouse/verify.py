@@ -20,6 +20,7 @@ from builder.node import (
     WheelEntry,
     WheelhouseManifest,
     entry_differences,
+    read_bounded,
 )
 from builder.wheelhouse.index import (
     parse_links,
@@ -38,8 +39,8 @@ from builder.wheelhouse.layout import (
 
 def _read_text(path: Path) -> str | None:
     try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
+        return read_bounded(path, "index page").decode("utf-8")
+    except (OSError, ValueError):
         return None
 
 
@@ -101,9 +102,11 @@ def _verify_wheel(wheelhouse: Path, name: str, entry: WheelEntry) -> list[str]:
 
 def _verify_report(path: Path, name: str, entry: WheelEntry) -> list[str]:
     try:
-        report = SmokeReport.from_json(path.read_bytes(), path.name)
+        report = SmokeReport.from_json(read_bounded(path, "report"), path.name)
     except ManifestError as exc:
         return [exc.message]
+    except (OSError, ValueError) as exc:
+        return [f"{path.name}: {exc}"]
     problems = []
     if report.wheel != name or report.sha256 != entry.sha256:
         problems.append(f"{path.name}: the report is for other bytes than {name}")

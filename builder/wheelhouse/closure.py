@@ -1,0 +1,112 @@
+"""A wheel's runtime closure: which dependency wheels of the wheelhouse it installs with (pure).
+
+pip download resolved the closure once, when it was fetched; afterwards the wheelhouse itself is
+the only index a publish host or a node may have. So the closure is read back from the files:
+each requirement (markers evaluated for the wheel's Python on this platform) is met by the newest
+dependency wheel whose tags fit that Python (abi3 and py3 wheels included) and whose version the
+specifier allows, and its own requirements are followed in turn. What nothing in the wheelhouse
+meets is returned as missing, for pip download to fetch.
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from email.parser import Parser
+
+from packaging.markers import InvalidMarker, UndefinedComparison, UndefinedEnvironmentName
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.tags import Tag, compatible_tags, cpython_tags, platform_tags
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import Version
+
+from builder.wheelhouse.layout import NOT_BUNDLED
+
+
+def _version_of(python_tag: str) -> tuple[int, int]:
+    return int(python_tag[2]), int(python_tag[3:])
+
+
+@functools.cache
+def supported_tags(python_tag: str) -> frozenset[Tag]:
+    """Every tag a CPython of `python_tag` on this platform installs (cp311: cp311, abi3 of cp32..cp311, py3)."""
+    version = _version_of(python_tag)
+    platforms = list(platform_tags())
+    return frozenset(cpython_tags(version, platforms=platforms)) | frozenset(
+        compatible_tags(version, python_tag, platforms)
+    )
+
+
+def fits(file_name: str, python_tag: str) -> bool:
+    """Whether a wheel file installs on CPython `python_tag` here (by its tags, not its name's text)."""
+    try:
+        tags = parse_wheel_filename(file_name)[3]
+    except InvalidWheelFilename:
+        return False
+    return not tags.isdisjoint(supported_tags(python_tag))
+
+
+def marker_env(python_tag: str) -> dict[str, str]:
+    """The environment markers of CPython `python_tag` on this (Linux) machine."""
+    major, minor = _version_of(python_tag)
+    return {"python_version": f"{major}.{minor}", "python_full_version": f"{major}.{minor}.0",
+            "implementation_name": "cpython", "platform_python_implementation": "CPython",
+            "implementation_version": f"{major}.{minor}.0", "sys_platform": "linux", "platform_system": "Linux",
+            "os_name": "posix", "platform_machine": platform.machine(), "platform_release": "",
+            "platform_version": "", "extra": ""}  # fmt: skip
+
+
+def requirements_of(metadata: str, python_tag: str, extras: Iterable[str] = ()) -> list[Requirement]:
+    """The requirements in METADATA that apply to `python_tag` with these extras (torch left out)."""
+    env = marker_env(python_tag)
+    out = []
+    for line in Parser().parsestr(metadata).get_all("Requires-Dist") or []:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
+            continue
+        if req.marker is not None:
+            try:
+                if not any(req.marker.evaluate({**env, "extra": e}) for e in ("", *extras)):
+                    continue
+            except (InvalidMarker, UndefinedComparison, UndefinedEnvironmentName):
+                continue
+        if canonicalize_name(req.name) not in NOT_BUNDLED:
+            out.append(req)
+    return out
+
+
+@dataclass(frozen=True)
+class Closure:
+    files: tuple[str, ...]  # dependency wheel file names, sorted
+    missing: tuple[str, ...]  # requirements nothing in the wheelhouse meets
+
+
+def resolve(
+    requirements: Sequence[Requirement], python_tag: str, available: Iterable[str], metadata_of: Callable[[str], str]
+) -> Closure:
+    """The dependency files meeting `requirements` and theirs, for `python_tag`, from `available`."""
+    by_project: dict[str, list[tuple[Version, str]]] = {}
+    for name in available:
+        if fits(name, python_tag):
+            project, version, _, _ = parse_wheel_filename(name)
+            by_project.setdefault(project, []).append((version, name))
+    chosen: dict[str, tuple[Version, str]] = {}
+    missing: list[str] = []
+    queue = list(requirements)
+    while queue:
+        req = queue.pop(0)
+        project = canonicalize_name(req.name)
+        if project in chosen:
+            if not req.specifier.contains(chosen[project][0], prereleases=True):
+                missing.append(str(req))
+            continue
+        meets = [c for c in by_project.get(project, []) if req.specifier.contains(c[0], prereleases=True)]
+        if not meets:
+            missing.append(str(req))
+            continue
+        chosen[project] = max(meets)
+        queue += requirements_of(metadata_of(chosen[project][1]), python_tag, req.extras)
+    return Closure(tuple(sorted(name for _, name in chosen.values())), tuple(missing))
