@@ -1057,6 +1057,9 @@ def test_a_node_python_printing_bytes(house: Path, tmp_path: Path) -> None:
     done = builder("install", "--wheelhouse", str(house), "--python", str(python), "--dry-run")
     assert done.returncode == 9 and "the node probe printed no usable report" in done.stderr
     assert "--python" in done.stderr and "Traceback" not in done.stderr
+    done = builder("detect", "--python", str(python))  # detect's torch probe of the same interpreter
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert f"no torch in {python}: {python} printed no torch report" in done.stdout + done.stderr
 
 
 def test_an_unreadable_path_entry_is_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

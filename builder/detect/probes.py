@@ -81,20 +81,23 @@ def probe_torch(python: str, run: Runner) -> tuple[TorchFacts, list[Gpu]]:
 def parse_torch_probe(python: str, line: str) -> tuple[TorchFacts, list[Gpu]]:
     if not line:
         return TorchFacts(python=python, version=None, error=f"{python} could not be run"), []
-    data = json.loads(line)
-    if "error" in data:
-        return TorchFacts(python=python, version=None, error=data["error"]), []
-    gpus = [Gpu(*g) for g in data.pop("gpus")]
-    facts = TorchFacts(
-        python=python,
-        version=data["version"],
-        cuda=data["cuda"],
-        cxx11_abi=data["cxx11_abi"],
-        arch_list=tuple(data["arch_list"]),
-        nccl=data["nccl"],
-        site_packages=data["site_packages"],
-        pip_cuda_include=tuple(data["pip_cuda_include"]),
-    )
+    try:  # another interpreter's output: anything at all (a wrapper's banner, bytes that are not UTF-8)
+        data = json.loads(line)
+        if "error" in data:
+            return TorchFacts(python=python, version=None, error=str(data["error"])), []
+        gpus = [Gpu(*g) for g in data.pop("gpus")]
+        facts = TorchFacts(
+            python=python,
+            version=str(data["version"]),
+            cuda=data["cuda"],
+            cxx11_abi=data["cxx11_abi"],
+            arch_list=tuple(data["arch_list"]),
+            nccl=data["nccl"],
+            site_packages=data["site_packages"],
+            pip_cuda_include=tuple(data["pip_cuda_include"]),
+        )
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return TorchFacts(python=python, version=None, error=f"{python} printed no torch report: {line[:120]!r}"), []
     return facts, gpus
 
 

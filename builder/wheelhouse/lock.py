@@ -18,6 +18,7 @@ from builder import cmd, output
 from builder.build.source import sha256_of
 from builder.errors import WheelhouseError
 from builder.files import write_atomic
+from builder.node import version_key
 from builder.wheelhouse.layout import load_manifest
 
 LOCKS = "locks"
@@ -65,7 +66,7 @@ def lock(wheelhouse: Path, wheel: str | None, log: Path) -> Path:
         mine = [n for n, e in wheels.items() if e.python_tag == tag]
         if not mine:
             raise WheelhouseError(f"no wheel for this Python ({tag}) in {wheelhouse}", "pass --wheel NAME")
-        wheel = max(mine, key=lambda n: wheels[n].published_at)
+        wheel = max(mine, key=lambda n: version_key(wheels[n].version))  # newest by version, not publish time
     if wheel not in wheels:
         raise WheelhouseError(f"{wheel} is not in {wheelhouse}/manifest.json", f"choose one of: {', '.join(wheels)}")
     entry = wheels[wheel]
