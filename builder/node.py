@@ -32,7 +32,7 @@ import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any
 
 MANIFEST_FILE = "manifest.json"
 INSTALLER = "tools/ds-node-install.py"
@@ -405,12 +405,22 @@ def embedded_build_manifest(wheel: zipfile.ZipFile, where: str) -> dict[str, Any
     if len(names) != 1:
         raise ManifestError(f"{where} holds {len(names)} {BUILD_MANIFEST} files, not one", "rebuild the wheel")
     try:
-        data = json.loads(wheel.read(names[0]))
+        data = json.loads(read_member(wheel, names[0], f"{where}: {names[0]}"))
     except (ValueError, UnicodeDecodeError) as exc:
         raise ManifestError(f"{where}: {BUILD_MANIFEST} is not valid JSON ({exc})", "rebuild the wheel") from exc
     if not isinstance(data, dict):
         raise ManifestError(f"{where}: {BUILD_MANIFEST} is not a JSON object", "rebuild the wheel")
     return data
+
+
+def read_member(wheel: zipfile.ZipFile, name: str, where: str) -> bytes:
+    """A small file inside a wheel (a manifest, METADATA), refused past the report limit before it is
+    inflated: a zip member's declared size is checked, and what is read is capped all the same."""
+    limit = LIMITS["report"]
+    if wheel.getinfo(name).file_size > limit:
+        raise too_big("report", where)
+    with wheel.open(name) as member:
+        return read_limited(member, "report", where)
 
 
 def facts_of_build(build: Mapping[str, Any]) -> dict[str, Any]:
@@ -713,7 +723,7 @@ def too_big(what: str, where: str) -> ManifestError:
     )
 
 
-def read_limited(stream: BinaryIO, what: str, where: str) -> bytes:
+def read_limited(stream: IO[bytes], what: str, where: str) -> bytes:
     """All of `stream`, or ManifestError once it passes the limit for `what` (nothing more is read)."""
     data = stream.read(LIMITS[what] + 1)
     if len(data) > LIMITS[what]:

@@ -1197,3 +1197,23 @@ def test_a_manifest_beyond_any_real_wheelhouse_is_refused_unread(house: Path, tm
     report.write_bytes(b" " * (9 << 20))
     with pytest.raises(SmokeError, match="8 MiB limit for a report"):
         load_report(house / NAME)
+
+
+def test_a_build_manifest_that_inflates_past_the_limit_is_refused_uninflated(tmp_path: Path) -> None:
+    """A wheel whose ds_builder.json inflates to 9 MiB (of zeros: 9 KiB compressed) is refused from its
+    declared size, before it is read (issue 20, size limits)."""
+    wheel = tmp_path / NAME
+    with zipfile.ZipFile(wheel, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("deepspeed-0.19.8+cpu.torch2.13.dist-info/ds_builder.json", b"0" * (9 << 20))
+    with zipfile.ZipFile(wheel) as zf, pytest.raises(ManifestError, match="8 MiB limit for a report"):
+        node.embedded_build_manifest(zf, NAME)
+
+
+def test_a_dependency_wheel_replaced_in_the_wheelhouse_is_a_clear_publish_error(
+    deps_house: Path, tmp_path: Path
+) -> None:
+    (deps_house / "fakedep_b-2.1-py3-none-any.whl").write_bytes(b"not a zip")
+    other = fake_wheel(tmp_path / "dist", name=NAME.replace("0.19.8", "0.19.9"), metadata=NEEDS_DEPS)
+    with pytest.raises(PublishError, match="fakedep_b-2.1-py3-none-any.whl is not a wheel with a METADATA file"):
+        publish([other], deps_house, fetch_closure=deps_fetcher([]))
+    assert other.name not in {p.name for p in deps_house.iterdir()}  # what it copied was removed

@@ -337,9 +337,17 @@ def _publish_installer(wheelhouse: Path) -> str:
 
 def wheel_metadata(wheel: Path) -> bytes:
     """The wheel's core metadata (its dist-info/METADATA), served as <wheel>.metadata (PEP 658)."""
-    with zipfile.ZipFile(wheel) as zf:
-        name = next(n for n in zf.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA"))
-        return zf.read(name)
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            name = next(n for n in zf.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA"))
+            return node.read_member(zf, name, f"{wheel.name}: {name}")
+    except (OSError, zipfile.BadZipFile, StopIteration) as exc:
+        raise PublishError(
+            f"{wheel} is not a wheel with a METADATA file ({type(exc).__name__}: {exc})",
+            "run `python -m builder verify` on the wheelhouse: the file was damaged or replaced",
+        ) from exc
+    except ManifestError as exc:
+        raise PublishError(exc.message, exc.fix) from exc
 
 
 def _now() -> str:
