@@ -373,6 +373,7 @@ def run_task(run: Path, name: str) -> TargetResult:
     from builder.build.ccache import CACHE_DIR_ENV
     from builder.build.source import SDIST_CACHE_ENV, sha256_of
     from builder.targets import load_matrix, select, targets_for
+    from builder.units.cache import UNIT_CACHE_ENV
     from builder.workspace import Workspace
 
     record = load_run(run)
@@ -384,6 +385,9 @@ def run_task(run: Path, name: str) -> TargetResult:
         raise MatrixError(exc.message, "submit the matrix again") from exc
     os.environ[CACHE_DIR_ENV] = record["compiler_cache"]
     os.environ.setdefault(SDIST_CACHE_ENV, record["sdists"])
+    # Op units are shared by every task and by builds in the submitter's work folder: a unit any of
+    # them built (same inputs) is never compiled again.
+    os.environ.setdefault(UNIT_CACHE_ENV, str(Path(record["work"]) / "cache" / "units"))
     folder = Path(item["folder"])
     make_dirs(folder)
     cores = int(os.environ.get("SLURM_CPUS_PER_TASK", "0")) or len(os.sched_getaffinity(0))

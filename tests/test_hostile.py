@@ -1010,23 +1010,31 @@ def test_the_build_key_holds_what_names_the_wheel() -> None:
 
 
 def test_two_recipe_files_with_one_name_never_replace_each_others_wheel(tmp_path: Path) -> None:
+    """Two recipe files (named alike or not) whose wheels get the same file name: the second build is
+    refused before compiling; the same recipe file rebuilds (replacing its own wheel), --force replaces."""
     from builder.build.wheel import built_from, refuse_name_clash
     from builder.targets import Target, this_interpreter
 
     first = tmp_path / "a" / "cpu.toml"
     second = tmp_path / "b" / "cpu.toml"
-    for path, ops in ((first, "cpu_adam"), (second, "cpu_lion")):
+    third = tmp_path / "c" / "other.toml"
+    for path, ops, name in ((first, "cpu_adam", "cpu"), (second, "cpu_lion", "cpu"), (third, "cpu_lion", "other")):
         path.parent.mkdir()
-        path.write_text(re.sub(r"(?m)^ops = \[.*\]", f'ops = ["{ops}"]', DEFAULT_RECIPE))
+        path.write_text(
+            re.sub(r"(?m)^ops = \[.*\]", f'ops = ["{ops}"]', DEFAULT_RECIPE).replace('"cpu"', f'"{name}"', 1)
+        )
     dist = tmp_path / "dist"
     dist.mkdir()
-    a, b = load_recipe(first), load_recipe(second)
+    a, b, c = load_recipe(first), load_recipe(second), load_recipe(third)
     wheel = fake_wheel(dist)
     (dist / f"{wheel.name}.build.json").write_text(json.dumps(built_from(a, Target(a, this_interpreter()))))
-    refuse_name_clash(a, Target(a, this_interpreter()), dist, force=False)  # the same recipe file: a rebuild
-    with pytest.raises(RecipeError, match=f"was built from {re.escape(str(first))}, another recipe named 'cpu'"):
-        refuse_name_clash(b, Target(b, this_interpreter()), dist, force=False)
-    refuse_name_clash(b, Target(b, this_interpreter()), dist, force=True)  # --force replaces it, as asked
+    version = "0.19.8+cpu.torch2.13"
+    refuse_name_clash(a, version, "cp311", dist, force=False)  # the same recipe file: a rebuild
+    for other in (b, c):
+        with pytest.raises(RecipeError, match=f"was built from {re.escape(str(first))} \\(recipe 'cpu'\\)"):
+            refuse_name_clash(other, version, "cp311", dist, force=False)
+        refuse_name_clash(other, version, "cp311", dist, force=True)  # --force replaces it, as asked
+    refuse_name_clash(b, "0.19.9+cpu.torch2.13", "cp311", dist, force=False)  # another file name: no clash
 
 
 # ---------------------------------------------------------------- no traceback, ever

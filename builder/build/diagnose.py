@@ -73,3 +73,22 @@ def find_failures(log: str, ops: Sequence[OpInfo]) -> list[CompileFailure]:
         CompileFailure(op, tuple(dict.fromkeys(f for f in files)), tuple(quoted))
         for op, (files, quoted) in sorted(by_op.items(), key=lambda kv: kv[0] or "~")
     ]
+
+
+# GNU ld / collect2, as a failed link of an extension prints them:
+# "/usr/bin/ld: cannot find -lcurand: No such file or directory", "undefined reference to `cuFileDriverOpen'".
+_LINK_ERROR = re.compile(
+    r"(?:\bld(?:\.\w+)?: .*(?:cannot find|undefined reference|error)|undefined reference to |collect2: error)"
+)
+
+
+def find_link_errors(log: str) -> list[str]:
+    """The linker's first error lines (a link failure is named like a compile failure)."""
+    found: list[str] = []
+    for line in log.splitlines():
+        text = line.strip()
+        if _LINK_ERROR.search(text) and text not in found:
+            found.append(text)
+            if len(found) == MAX_QUOTED:
+                break
+    return found

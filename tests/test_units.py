@@ -1,0 +1,147 @@
+"""Op units: keys, scheduling and assembly (pure or on FAKE unit wheels); tests/test_pipeline.py and
+tests/test_units_build.py build real units."""
+
+from __future__ import annotations
+
+import dataclasses
+import zipfile
+from pathlib import Path
+
+import pytest
+from fakes import write_wheel
+
+from builder.build.artifacts import INSTALLED_INFO, parse_installed_info
+from builder.build.diagnose import find_link_errors
+from builder.build.ops import OpInfo, ProbeReport, TorchInfo
+from builder.build.plan import plan_build
+from builder.errors import BuildError
+from builder.recipe import load_recipe
+from builder.units.assemble import assemble, merge_installed
+from builder.units.plan import plan_units, schedule_units
+
+ROOT = Path(__file__).resolve().parents[1]
+MODULES = {
+    "cpu_adam": "adam",
+    "cpu_adagrad": "adagrad",
+    "cpu_lion": "lion",
+    "async_io": "aio",
+    "pin_memory": "pin_memory",
+}
+OPS = {
+    name: OpInfo(
+        name, f"DS_BUILD_{name.upper()}", f"deepspeed.ops.{mod}.{name}_op", True, sources=(f"csrc/{name}.cpp",)
+    )
+    for name, mod in MODULES.items()
+}
+PROBE = ProbeReport("cpu", TorchInfo("2.13.0+cpu", None, True), "cp311", OPS)
+
+
+def plan_for(*ops: str):  # type: ignore[no-untyped-def]
+    recipe = dataclasses.replace(load_recipe(ROOT / "recipes" / "cpu.toml"), ops=ops)
+    return plan_build(recipe, PROBE, 2)
+
+
+def test_a_units_key_is_its_ops_alone() -> None:
+    """Adding an op to a recipe, renaming it or reordering its ops leaves every other unit's key as it was."""
+    inputs = {"deepspeed": "0.19.8", "recipe": {"name": "cpu"}, "ops": ["cpu_adam", "cpu_lion"], "python": "3.11"}
+    two, _ = plan_units(plan_for("cpu_adam", "cpu_lion"), inputs, 2, None)
+    renamed = {**inputs, "recipe": {"name": "x"}, "ops": ["cpu_lion", "cpu_adam", "cpu_adagrad"]}
+    three, _ = plan_units(plan_for("cpu_lion", "cpu_adam", "cpu_adagrad"), renamed, 2, None)
+    keys = {u.op.name: u.key for u in three}
+    assert {u.op.name: u.key for u in two} == {k: keys[k] for k in ("cpu_adam", "cpu_lion")}
+    assert len(set(keys.values())) == 3
+    other_torch, _ = plan_units(plan_for("cpu_adam", "cpu_lion"), {**inputs, "python": "3.12"}, 2, None)
+    assert {u.key for u in other_torch}.isdisjoint(keys.values())
+
+
+def test_a_unit_builds_its_op_alone() -> None:
+    units, _ = plan_units(plan_for("cpu_adam", "cpu_lion"), {}, 2, None)
+    env = units[0].env
+    assert env["DS_BUILD_OPS"] == "0" and env["DS_BUILD_CPU_ADAM"] == "1" and "DS_BUILD_CPU_LION" not in env
+    assert "DS_BUILDER_PARALLEL" not in env and env["DS_BUILD_STRING"] == "+cpu.torch2.13"
+
+
+@pytest.mark.parametrize(
+    ("units", "cores", "mem", "expected"),
+    [
+        (3, 2, None, (3, 2)),  # one unit more than cores: a core compiles through another's start-up
+        (3, 2, 24.0, (3, 2)),
+        (1, 16, None, (1, 16)),  # a lone unit takes every core
+        (20, 16, None, (17, 2)),
+        (4, 16, 16.0, (4, 2)),  # memory for 8 jobs: 4 units of 2
+        (3, 8, 1.0, (1, 1)),  # memory for none: one job at a time
+    ],
+)
+def test_units_share_cores_and_memory(units: int, cores: int, mem: float | None, expected: tuple[int, int]) -> None:
+    assert schedule_units(units, cores, mem, 2.0) == expected
+
+
+INFO = (
+    "version='0.19.8+cpu.torch2.13'\ngit_hash='unknown'\ngit_branch='unknown'\n"
+    "installed_ops={installed}\naccelerator_name='cpu'\n"
+    "torch_info={{'version': '2.13', 'bf16_support': False, 'cuda_version': '0.0', 'nccl_version': '0.0', "
+    "'hip_version': '0.0'}}\n"
+)
+
+
+def installed(**on: object) -> str:
+    ops = {name: on.get(name, False) for name in ("async_io", "cpu_adam", "cpu_lion", "pin_memory")}
+    return INFO.format(installed=ops)
+
+
+def unit_wheel(folder: Path, op: str, *extra_so: str, info: str | None = None, py: bytes = b"x = 1\n") -> Path:
+    """A FAKE unit wheel: DeepSpeed's files as one setup.py run with `op` alone leaves them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {
+        "deepspeed/__init__.py": py,
+        INSTALLED_INFO: (info or installed(**{op: 1})).encode(),
+        "deepspeed-0.19.8+cpu.torch2.13.dist-info/METADATA": b"Name: deepspeed\nVersion: 0.19.8+cpu.torch2.13\n",
+        **{f"deepspeed/ops/{MODULES[o]}/{o}_op.cpython-311-x86_64-linux-gnu.so": f"ELF {o}".encode()
+           for o in (op, *extra_so)},
+    }  # fmt: skip
+    return write_wheel(folder / "deepspeed-0.19.8+cpu.torch2.13-cp311-cp311-linux_x86_64.whl", files)
+
+
+def test_units_assemble_into_one_tree(tmp_path: Path) -> None:
+    adam = unit_wheel(tmp_path / "a", "cpu_adam")
+    aio = unit_wheel(tmp_path / "b", "async_io", "pin_memory", info=installed(async_io=1, pin_memory=1))
+    tree = assemble([(OPS["async_io"], aio), (OPS["cpu_adam"], adam)], tmp_path / "out")
+    assert tree.name == "deepspeed-0.19.8+cpu.torch2.13"
+    sos = sorted(str(p.relative_to(tree)) for p in tree.rglob("*.so"))
+    assert [s.split("/")[2] for s in sos] == ["adam", "aio", "pin_memory"]
+    info = parse_installed_info((tree / INSTALLED_INFO).read_text())
+    assert info["installed_ops"] == {"async_io": 1, "cpu_adam": 1, "cpu_lion": False, "pin_memory": 1}
+    assert info["version"] == "0.19.8+cpu.torch2.13" and info["accelerator_name"] == "cpu"
+    assert (tree / "deepspeed" / "__init__.py").read_bytes() == b"x = 1\n"
+    assert not list(tree.rglob("RECORD"))  # wheel pack writes it anew
+
+
+def test_units_that_differ_beyond_their_ops_are_refused(tmp_path: Path) -> None:
+    adam = unit_wheel(tmp_path / "a", "cpu_adam")
+    lion = unit_wheel(tmp_path / "b", "cpu_lion", py=b"x = 2\n")
+    with pytest.raises(BuildError, match=r"differ in 1 files besides their shared objects \(deepspeed/__init__.py\)"):
+        assemble([(OPS["cpu_adam"], adam), (OPS["cpu_lion"], lion)], tmp_path / "out")
+    other_torch = installed(cpu_lion=1).replace("'version': '2.13'", "'version': '2.14'")
+    with pytest.raises(BuildError, match="op units disagree on torch_info"):
+        merge_installed([installed(cpu_adam=1), other_torch])
+
+
+def test_a_unit_wheel_keeps_its_file_modes(tmp_path: Path) -> None:
+    wheel = unit_wheel(tmp_path / "a", "cpu_adam")
+    with zipfile.ZipFile(wheel, "a") as zf:
+        info = zipfile.ZipInfo("deepspeed/bin/tool")
+        info.external_attr = 0o755 << 16
+        zf.writestr(info, b"#!/bin/sh\n")
+    tree = assemble([(OPS["cpu_adam"], wheel)], tmp_path / "out")
+    assert (tree / "deepspeed" / "bin" / "tool").stat().st_mode & 0o777 == 0o755
+
+
+def test_a_link_failure_is_quoted() -> None:
+    log = (
+        "g++ -shared build/temp/transformer.o -lcurand -o transformer_op.so\n"
+        "/usr/bin/ld: cannot find -lcurand: No such file or directory\n"
+        "collect2: error: ld returned 1 exit status\n"
+        "error: command '/usr/bin/g++' failed with exit code 1\n"
+    )
+    assert find_link_errors(log) == ["/usr/bin/ld: cannot find -lcurand: No such file or directory",
+                                     "collect2: error: ld returned 1 exit status"]  # fmt: skip
