@@ -74,7 +74,7 @@ def plain_build(recipe: Recipe, ws: Workspace, out: Path, log: Path) -> tuple[fl
     from builder.build.plan import resolve_archs
 
     archs = resolve_archs(recipe, machine.arch_list, kit.archs if kit else (), kit.version if kit else "-")
-    plan = plan_build(recipe, ops.probe(python, src, env, log, archs), os.cpu_count() or 1, archs)
+    plan = plan_build(recipe, ops.probe(python, src, env, log, archs), archs)
     keep = {
         k: v
         for k, v in plan.env.items()

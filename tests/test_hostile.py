@@ -1225,3 +1225,24 @@ def test_a_dependency_wheel_replaced_in_the_wheelhouse_is_a_clear_publish_error(
     with pytest.raises(PublishError, match="fakedep_b-2.1-py3-none-any.whl is not a wheel with a METADATA file"):
         publish([other], deps_house, fetch_closure=deps_fetcher([]))
     assert other.name not in {p.name for p in deps_house.iterdir()}  # what it copied was removed
+
+
+@pytest.mark.parametrize("left", ["nothing", "a half-written page", "the page"])
+def test_a_project_page_a_killed_publish_began_is_removed(house: Path, left: str) -> None:
+    """Killed after write_index made simple/<new dependency>/ and before the manifest listed it (found by the
+    random-kill test above): repair removes the folder when it holds only what publish writes there."""
+    page = house / "simple" / "newdep"
+    page.mkdir()
+    if left == "a half-written page":
+        (page / ".index.html.abc123xy.tmp").write_text("<a href")
+    elif left == "the page":
+        (page / "index.html").write_text('<a href="../../newdep-1.0-py3-none-any.whl">newdep</a>')
+    assert any(p.startswith("simple/newdep") for p in verify(house))
+    repair(house)
+    assert not page.exists() and verify(house) == []
+    foreign = house / "simple" / "theirs"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    repair(house)
+    assert (foreign / "notes.txt").read_text() == "mine"  # not what publish writes: reported, never removed
+    assert verify(house) == ["simple/theirs: not a project manifest.json lists"]

@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 
 from builder.build.ops import OpInfo, ProbeReport, check_archs, check_requested, parse_probe
-from builder.build.plan import cpu_target_env, local_label, max_jobs, plan_build, resolve_archs, schedule
+from builder.build.plan import cpu_target_env, local_label, max_jobs, plan_build, resolve_archs
 from builder.build.source import patch_build_tree
 from builder.errors import BuildError, RecipeError, SourceError
 from builder.recipe import load_recipe
 from builder.resources import resource
+from builder.units.plan import plan_units
 
 DATA = Path(__file__).with_name("data")
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,13 +72,13 @@ def test_local_labels() -> None:
 
 
 def test_plan_for_the_default_recipe(probe: ProbeReport) -> None:
-    plan = plan_build(load_recipe(ROOT / "recipes" / "cpu.toml"), probe, cores=2)
+    plan = plan_build(load_recipe(ROOT / "recipes" / "cpu.toml"), probe)
     assert plan.version == "0.19.8+cpu.torch2.13"
     assert plan.env["DS_BUILD_STRING"] == "+cpu.torch2.13"
     assert plan.env["DS_BUILD_OPS"] == "0"
     assert plan.env["DS_ACCELERATOR"] == "cpu"
     assert plan.env["DS_ENABLE_NINJA"] == "1"
-    assert plan.env["MAX_JOBS"] == "2"
+    assert "MAX_JOBS" not in plan.env  # the op units' plan shares out the cores
     assert {k for k, v in plan.env.items() if k.startswith("DS_BUILD_") and v == "1"} == {
         "DS_BUILD_CPU_ADAM",
         "DS_BUILD_CPU_ADAGRAD",
@@ -90,7 +91,7 @@ def test_plan_refuses_a_build_env_with_other_torch(probe: ProbeReport) -> None:
     recipe = load_recipe(ROOT / "recipes" / "cpu.toml")
     other = dataclasses.replace(recipe, torch=dataclasses.replace(recipe.torch, version="2.14.1"))
     with pytest.raises(BuildError, match=r"has torch 2\.13\.0\+cpu but the recipe pins 2\.14\.1"):
-        plan_build(other, probe, cores=2)
+        plan_build(other, probe)
 
 
 def test_max_jobs() -> None:
@@ -100,18 +101,8 @@ def test_max_jobs() -> None:
     assert max_jobs(16, mem_gb=1.0, job_gb=3.0) == 1  # always at least one
 
 
-def test_schedule() -> None:
-    assert schedule(3, 2, 22.0, 2.0) == (2, 2)  # this machine: two extensions, two jobs each
-    assert schedule(1, 16, 100.0, 3.0) == (1, 16)  # one op: nothing to overlap
-    assert schedule(9, 16, 128.0, 3.0) == (2, 16)
-    assert schedule(9, 16, 48.0, 3.0) == (2, 8)  # memory for 16 jobs in all, split between two
-    assert schedule(9, 1, 64.0, 2.0) == (1, 1)
-    assert schedule(3, 8, 3.0, 2.0) == (1, 1)  # memory for one job only
-
-
-def test_plan_schedules_from_memory(probe: ProbeReport) -> None:
-    plan = plan_build(load_recipe(ROOT / "recipes" / "cpu.toml"), probe, cores=2, mem_gb=22.0)
-    assert plan.env["DS_BUILDER_PARALLEL"] == "2" and plan.env["MAX_JOBS"] == "2"
+def test_plan_drops_debug_info_when_the_recipe_strips(probe: ProbeReport) -> None:
+    plan = plan_build(load_recipe(ROOT / "recipes" / "cpu.toml"), probe)
     assert plan.env["DS_BUILDER_NO_DEBUG"] == "1"  # the recipe strips, so nothing compiles with -g
 
 
@@ -119,13 +110,16 @@ def test_nvcc_threads_only_where_there_are_several_archs(probe: ProbeReport) -> 
     """Planned against the CPU probe with the accelerator faked to cuda: only the env is checked."""
     recipe = dataclasses.replace(load_recipe(ROOT / "recipes" / "cpu.toml"), accelerator="cuda")
     cuda_probe = dataclasses.replace(probe, accelerator="cuda", torch=dataclasses.replace(probe.torch, cuda="13.0"))
-    one = plan_build(recipe, cuda_probe, cores=16, archs=("9.0",), mem_gb=128.0)
-    assert one.env["NVCC_APPEND_FLAGS"] == "-Xfatbin -compress-all" and one.env["MAX_JOBS"] == "16"
-    three = plan_build(recipe, cuda_probe, cores=16, archs=("8.0", "9.0", "10.0"), mem_gb=128.0)
+    one = plan_build(recipe, cuda_probe, archs=("9.0",))
+    assert one.env["NVCC_APPEND_FLAGS"] == "-Xfatbin -compress-all"
+    units, parallel = plan_units(one, {}, 16, 128.0)
+    assert (parallel, units[0].env["MAX_JOBS"]) == (3, "11")  # three units, each up to twice its share of 16
+    three = plan_build(recipe, cuda_probe, archs=("8.0", "9.0", "10.0"))
     assert three.env["NVCC_APPEND_FLAGS"] == "--threads 3 -Xfatbin -compress-all"
-    assert three.env["MAX_JOBS"] == "7"  # 64 GB per extension / (3 GB x 3 threads)
+    units, parallel = plan_units(three, {}, 16, 128.0)
+    assert (parallel, units[0].env["MAX_JOBS"]) == (3, "4")  # memory for 14 jobs of 9 GB: 3 units of 4
     assert three.env["DS_BUILDER_ARCH_LIST"] == "8.0;9.0;10.0"  # DeepSpeed's narrowing is undone per op
-    plain = plan_build(dataclasses.replace(recipe, compress_device_code=False), cuda_probe, cores=16, archs=("9.0",))
+    plain = plan_build(dataclasses.replace(recipe, compress_device_code=False), cuda_probe, archs=("9.0",))
     assert "NVCC_APPEND_FLAGS" not in plain.env
 
 
@@ -157,16 +151,16 @@ def test_the_plan_knows_which_ops_are_narrowed(probe: ProbeReport) -> None:
         probe, accelerator="cuda", torch=dataclasses.replace(probe.torch, cuda="13.0"),
         ops={"fp_quantizer": _fp_quantizer(("8.0",))},
     )  # fmt: skip
-    plan = plan_build(recipe, cuda_probe, cores=2, archs=("7.5", "8.0"))
+    plan = plan_build(recipe, cuda_probe, archs=("7.5", "8.0"))
     assert plan.archs_of("fp_quantizer") == ("8.0",) and plan.narrowed == {"fp_quantizer": ["8.0"]}
 
 
 def test_cpu_target_reaches_the_build_env(probe: ProbeReport) -> None:
     recipe = load_recipe(ROOT / "recipes" / "cpu.toml")
-    env = plan_build(recipe, probe, cores=2).env
+    env = plan_build(recipe, probe).env
     assert env["DS_BUILDER_CPU_ARCH"] == "-march=x86-64-v3" and env["DS_BUILDER_SIMD_WIDTH"] == "-D__AVX256__"
     assert "TORCH_CUDA_ARCH_LIST" not in env
-    native = plan_build(dataclasses.replace(recipe, cpu_target="native"), probe, cores=2).env
+    native = plan_build(dataclasses.replace(recipe, cpu_target="native"), probe).env
     assert "DS_BUILDER_CPU_ARCH" not in native
     assert cpu_target_env("x86-64-v4") == {
         "DS_BUILDER_CPU_ARCH": "-march=x86-64-v4",

@@ -38,7 +38,7 @@ PROBE = ProbeReport("cpu", TorchInfo("2.13.0+cpu", None, True), "cp311", OPS)
 
 def plan_for(*ops: str):  # type: ignore[no-untyped-def]
     recipe = dataclasses.replace(load_recipe(ROOT / "recipes" / "cpu.toml"), ops=ops)
-    return plan_build(recipe, PROBE, 2)
+    return plan_build(recipe, PROBE)
 
 
 def test_a_units_key_is_its_ops_alone() -> None:

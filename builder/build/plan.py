@@ -98,20 +98,6 @@ def max_jobs(cores: int, mem_gb: float | None = None, job_gb: float = JOB_GB["cp
     return max(1, jobs)
 
 
-def schedule(n_ops: int, cores: int, mem_gb: float | None, job_gb: float) -> tuple[int, int]:
-    """(extensions built at once, ninja jobs in each).
-
-    DeepSpeed builds one extension after another, and an op with one source file leaves every
-    other core idle (cpu_adagrad: 21 s on one of two cores). Two extensions at once keep the
-    cores busy through single-file ops and link steps, as DeepSpeed's `build_ext -j` does; the
-    per-extension jobs are halved where memory, not cores, is the limit, so the processes alive
-    at once never need more than the free memory.
-    """
-    parallel = 2 if n_ops >= 2 and max_jobs(cores, mem_gb, job_gb) >= 2 else 1
-    mem_jobs = None if mem_gb is None else mem_gb / parallel
-    return parallel, max_jobs(cores, mem_jobs, job_gb)
-
-
 def resolve_archs(recipe: Recipe, gpu_archs: list[str], nvcc_archs: tuple[str, ...], nvcc: str) -> tuple[str, ...]:
     """The recipe's archs (or, for "auto", the GPUs'), each checked against what nvcc can target."""
     if recipe.accelerator != "cuda":
@@ -134,10 +120,10 @@ def resolve_archs(recipe: Recipe, gpu_archs: list[str], nvcc_archs: tuple[str, .
     return archs
 
 
-def plan_build(
-    recipe: Recipe, probe: ProbeReport, cores: int, archs: tuple[str, ...] = (), mem_gb: float | None = None
-) -> BuildPlan:
-    """Decide the build environment and expected result from the recipe and DeepSpeed's op probe."""
+def plan_build(recipe: Recipe, probe: ProbeReport, archs: tuple[str, ...] = ()) -> BuildPlan:
+    """Decide the build environment and expected result from the recipe and DeepSpeed's op probe.
+
+    How many compile jobs run, and how many ops at once, is the op units' plan (units.plan)."""
     have = Version(probe.torch.version)
     if not recipe.torch.system and Version(have.public) != Version(recipe.torch.version):
         raise BuildError(
@@ -153,14 +139,11 @@ def plan_build(
     op_archs = check_archs(ops, archs, recipe.narrow_ops)
     label = local_label(recipe.accelerator, probe.torch.version, probe.torch.cuda, archs)
     threads = nvcc_threads(archs)
-    parallel, jobs = schedule(len(ops), cores, mem_gb, job_memory(archs))
     env = {
         "DS_ACCELERATOR": recipe.accelerator,
         "DS_BUILD_OPS": "0",  # only what the recipe names; every other op stays JIT
         "DS_BUILD_STRING": f"+{label}",
         "DS_ENABLE_NINJA": "1",
-        "MAX_JOBS": str(jobs),
-        **({"DS_BUILDER_PARALLEL": str(parallel)} if parallel > 1 else {}),  # see source.patch_build_tree
         **cpu_target_env(recipe.cpu_target),
         **({"DS_BUILDER_NO_DEBUG": "1"} if recipe.strip else {}),  # no -g: it would be stripped
         **{op.build_var: "1" for op in ops},

@@ -131,7 +131,7 @@ def build_wheel(
     kit = next((t for t in machine.toolkits if t.root == machine.chosen_toolkit), None)
     archs = resolve_archs(recipe, machine.arch_list, kit.archs if kit else (), kit.version if kit else "-")
     report = ops.probe(env_python, src, env, log, archs)  # each op says which archs it accepts, before compiling
-    plan = plan_build(recipe, report, cores or os.cpu_count() or 1, archs, available_memory_gb())
+    plan = plan_build(recipe, report, archs)
     refuse_name_clash(recipe, plan.version, plan.python_tag, ws.dist, force)
     units, parallel = plan_units(plan, inputs, cores or os.cpu_count() or 1, available_memory_gb())
     output.note(
@@ -263,7 +263,7 @@ def build_manifest(
         "cpu_flags": sorted(cpu_flags()) if recipe.cpu_target == "native" else [],
         "flags": {k: v for k, v in plan.env.items() if k.startswith(("DS_BUILDER_", "TORCH_CUDA_ARCH_LIST"))},
         "ops": [op.name for op in plan.ops],
-        "env": {k: v for k, v in plan.env.items() if k != "MAX_JOBS"},  # MAX_JOBS changes speed, not output
+        "env": dict(plan.env),
         # Sizes after stripping only: unstripped sizes vary by a few bytes between clean builds
         # and would break reproducibility; they go in the build record next to the wheel.
         "shared_objects": {k: {"bytes": v["bytes"]} for k, v in sizes.items()},

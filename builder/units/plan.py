@@ -26,12 +26,18 @@ class Unit:
     inputs: Mapping[str, Any]  # what the key hashes (recorded with the unit)
 
 
+# Ops whose setup.py run builds pin_memory beside them (DeepSpeed adds it: they load it at run time).
+WITH_PIN_MEMORY = ("async_io", "gds")
+
+
 def unit_env(plan: BuildPlan, op: OpInfo, jobs: int) -> dict[str, str]:
     """The plan's environment with only `op` enabled (DS_BUILD_OPS=0 keeps every other op out)."""
     others = {o.build_var for o in plan.ops if o.name != op.name}
     env = {k: v for k, v in plan.env.items() if k not in others and k not in SPEED_ONLY}
     env[op.build_var] = "1"
     env["MAX_JOBS"] = str(jobs)
+    if op.name in WITH_PIN_MEMORY:  # two extensions in one run: built at once, each in its own folder
+        env["DS_BUILDER_PARALLEL"] = "2"
     return env
 
 

@@ -13,7 +13,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import quote
 
-from builder.files import write_atomic
+from builder.files import is_temp_name, write_atomic
 from builder.node import (
     WheelhouseManifest,
 )
@@ -62,10 +62,15 @@ def write_index(wheelhouse: Path, manifest: WheelhouseManifest) -> None:
         ]
         write_atomic(simple / project / "index.html", project_page(project, entries))
     write_atomic(simple / "index.html", root_page(projects))
-    for stale in simple.iterdir():  # projects whose last file was pruned: pages this toolkit wrote
-        if stale.is_dir() and stale.name not in projects and [p.name for p in stale.iterdir()] == ["index.html"]:
-            (stale / "index.html").unlink()
-            stale.rmdir()
+    for stale in simple.iterdir():  # projects whose last file was pruned, or a killed publish's page
+        if stale.is_dir() and not stale.is_symlink() and stale.name not in projects:
+            inside = list(stale.iterdir())
+            # Only what this toolkit writes there: the page, a page half-written by a killed publish
+            # (its temporary name), or nothing yet (killed between the folder and the page).
+            if all(p.is_file() and (p.name == "index.html" or is_temp_name(p.name)) for p in inside):
+                for p in inside:
+                    p.unlink()
+                stale.rmdir()
 
 
 class _Links(HTMLParser):
