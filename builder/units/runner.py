@@ -163,7 +163,9 @@ def _build(unit: Unit, job: UnitJob, folder: Path, log: Path) -> UnitResult:
     stats = ccache.stats(env)
     seconds = time.monotonic() - start
     _, cached = cache.store(job.cache, unit, raw, seconds)
+    # The unit is in the cache: its objects are not reused (ccache keeps what is), only the path is.
     shutil.rmtree(raw_dir, ignore_errors=True)
+    shutil.rmtree(folder / "src", ignore_errors=True)
     output.note(f"unit {name}: built in {seconds:.0f}s" + (f"; {stats.describe()}" if stats else ""))
     return UnitResult(unit, "built", cached, seconds, log, "", (stats.hits, stats.misses) if stats else None)
 
