@@ -145,3 +145,58 @@ def test_a_link_failure_is_quoted() -> None:
     )
     assert find_link_errors(log) == ["/usr/bin/ld: cannot find -lcurand: No such file or directory",
                                      "collect2: error: ld returned 1 exit status"]  # fmt: skip
+
+
+# ---------------------------------------------------------------- the unit cache, read back as hostile
+
+
+def cached_unit(tmp_path: Path):  # type: ignore[no-untyped-def]
+    from builder.units import cache
+
+    (unit,), _ = plan_units(plan_for("cpu_adam"), {}, 2, None)
+    wheel = unit_wheel(tmp_path / "built", "cpu_adam")
+    cache.store(tmp_path / "units", unit, wheel, 12.3)
+    return cache, unit
+
+
+def test_a_stored_unit_is_found_again(tmp_path: Path) -> None:
+    cache, unit = cached_unit(tmp_path)
+    found = cache.lookup(tmp_path / "units", unit)
+    assert found is not None and found[0].op == "cpu_adam" and found[0].seconds == 12.3
+    assert sorted(p.name for p in (tmp_path / "units").iterdir()) == [unit.key]  # no temporary folder left
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["record is not JSON", "record names a path", "record for another op", "wheel changed", "wheel gone",
+     "record schema", "sha256 not hex"],
+)  # fmt: skip
+def test_a_damaged_or_tampered_unit_is_never_reused(tmp_path: Path, damage: str) -> None:
+    """Hostile input: the unit cache may be a shared folder others write; what fails its record or its
+    sha256 is built again, never assembled into a wheel."""
+    import json
+
+    cache, unit = cached_unit(tmp_path)
+    folder = tmp_path / "units" / unit.key
+    record = json.loads((folder / "unit.json").read_text())
+    wheel = folder / record["wheel"]
+    if damage == "record is not JSON":
+        (folder / "unit.json").write_text("{oops")
+    elif damage == "record names a path":
+        record["wheel"] = "../../evil-1.0-py3-none-any.whl"
+    elif damage == "record for another op":
+        record["op"] = "cpu_lion"
+    elif damage == "wheel changed":
+        wheel.write_bytes(wheel.read_bytes() + b"x")
+    elif damage == "wheel gone":
+        wheel.unlink()
+    elif damage == "record schema":
+        record["schema"] = 99
+    elif damage == "sha256 not hex":
+        record["sha256"] = "z" * 64
+    if damage in ("record names a path", "record for another op", "record schema", "sha256 not hex"):
+        (folder / "unit.json").write_text(json.dumps(record))
+    assert cache.lookup(tmp_path / "units", unit) is None
+    rebuilt = unit_wheel(tmp_path / "again", "cpu_adam")
+    cache.store(tmp_path / "units", unit, rebuilt, 1.0)  # the damaged entry is replaced whole
+    assert cache.lookup(tmp_path / "units", unit) is not None
