@@ -738,10 +738,10 @@ class TooLarge(ValueError):
 def read_bounded(path: Path, what: str) -> bytes:
     """A local file another machine or job wrote, up to the limit for `what` (TooLarge past it)."""
     with open(path, "rb") as f:
-        data = f.read(LIMITS[what] + 1)
-    if len(data) > LIMITS[what]:
-        raise TooLarge(f"{path} is larger than the {LIMITS[what] >> 20} MiB limit for a {what}")
-    return data
+        try:
+            return read_limited(f, what, str(path))
+        except ManifestError as exc:
+            raise TooLarge(exc.message) from exc
 
 
 def fetch(base: str, name: str, what: str = "manifest") -> bytes:
