@@ -35,6 +35,7 @@ from builder.node import (
     arch_table,
     check_wheel_name,
     embedded_build_manifest,
+    reason_table,
 )
 
 BUILD_SCHEMA = 1
@@ -66,6 +67,7 @@ class BuildManifest:
     build_key: str | None
     data: Mapping[str, Any]
     narrowed_ops: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    missing_ops: Mapping[str, str] = field(default_factory=dict)  # op asked for -> why it is not in the wheel
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str) -> BuildManifest:
@@ -92,6 +94,7 @@ class BuildManifest:
             build_key=f.text("build_key", re.compile(r"^[0-9a-f]{8,64}$"), optional=True),
             data=dict(data),
             narrowed_ops=arch_table(f, "narrowed_ops"),
+            missing_ops=reason_table(f, "missing_ops"),
         )
 
     def to_json(self) -> str:

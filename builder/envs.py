@@ -206,10 +206,13 @@ def _create_with_uv(venv: Path, requirements: Sequence[str], log: Path, verbose:
     return venv
 
 
-def install_into(folder: Path, requirements: Sequence[str], log: Path, verbose: bool = False) -> None:
+def install_into(
+    folder: Path, requirements: Sequence[str], log: Path, verbose: bool = False, deps: bool = True
+) -> None:
     """Install `requirements` as plain files into `folder` (pip's --target), for tools such as
-    nvcc's wheels that are used from their folder rather than imported."""
+    nvcc's wheels that are used from their folder rather than imported (deps=False: those alone)."""
     fix = "check that pip's package index is reachable and has these versions"
+    requirements = [*requirements, *([] if deps else ["--no-deps"])]
     if backend() == "uv":
         sources = pip_sources()
         output.note(f"uv installs from pip's sources: {sources.describe()}")

@@ -150,6 +150,7 @@ class WheelEntry:
     report_sha256: str | None = None
     published_at: str = ""
     narrowed_ops: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # op -> the fewer archs it holds
+    missing_ops: Mapping[str, str] = field(default_factory=dict)  # op the recipe asked for -> why it is not in
     # The dependency files (manifest "dependencies") this wheel installs with, its whole runtime
     # closure but torch; None where an older toolkit published it without the list.
     requires: tuple[str, ...] | None = None
@@ -169,6 +170,7 @@ class WheelEntry:
             "cpu_flags": list(self.cpu_flags),
             "ops": list(self.ops),
             "narrowed_ops": {op: list(archs) for op, archs in self.narrowed_ops.items()},
+            "missing_ops": dict(self.missing_ops),
             "smoke": {
                 "passed": self.smoke.passed,
                 "finished_at": self.smoke.finished_at,
@@ -287,6 +289,34 @@ def arch_table(f: Fields, key: str) -> dict[str, tuple[str, ...]]:
     return {op: inner.texts(op, ARCH_RE) for op in table}
 
 
+def reason_table(f: Fields, key: str) -> dict[str, str]:
+    """An optional {op: why} field: valid op names, reasons of text."""
+    table = f.table(key, optional=True)
+    for op, why in table.items():
+        if not OP_RE.match(op):
+            raise f.fail(key, f"holds an invalid op name {op[:80]!r}")
+        if not isinstance(why, str) or len(why) > 4000:
+            raise f.fail(key, f"says of {op} something that is not a short text")
+    return dict(table)
+
+
+def op_table(entry: WheelEntry) -> list[dict[str, str]]:
+    """One row per op the recipe asked for: built or why not, the archs its code holds, and what
+    the smoke found when loading it and checking what it computes."""
+    rows = []
+    for op in sorted({*entry.ops, *entry.missing_ops}):
+        if op in entry.missing_ops:
+            rows.append({"op": op, "built": "no", "archs": "-", "loaded": "-", "checked": "-",
+                         "why": entry.missing_ops[op]})  # fmt: skip
+            continue
+        archs = entry.narrowed_ops.get(op, entry.archs)
+        load = entry.smoke.checks.get(f"load:{op}", ("not run", ""))
+        check = entry.smoke.checks.get(f"numerics:{op}", ("not run", "no check of what it computes"))
+        rows.append({"op": op, "built": "yes", "archs": ";".join(archs) or "cpu", "loaded": load[0],
+                     "checked": check[0], "why": check[1] if check[0] != "passed" else ""})  # fmt: skip
+    return rows
+
+
 def parse_wheel_entry(name: str, data: object, where: str) -> WheelEntry:
     wheel = check_wheel_name(name, f"{where}: wheels")
     f = Fields(data, f"{where}: wheels[{name}]")
@@ -314,6 +344,7 @@ def parse_wheel_entry(name: str, data: object, where: str) -> WheelEntry:
         cpu_flags=f.texts("cpu_flags", CPU_FLAG_RE, optional=True),
         ops=f.texts("ops", OP_RE),
         narrowed_ops=arch_table(f, "narrowed_ops"),
+        missing_ops=reason_table(f, "missing_ops"),
         smoke=SmokeSummary(passed, smoke.text("finished_at", STAMP_RE), checks),
         metadata_sha256=f.text("metadata_sha256", SHA256_RE, optional=True),
         report_sha256=f.text("report_sha256", SHA256_RE, optional=True),
@@ -439,6 +470,7 @@ def facts_of_build(build: Mapping[str, Any]) -> dict[str, Any]:
         "cpu_flags": list(build.get("cpu_flags") or []),
         "ops": list(build.get("ops") or []),
         "narrowed_ops": dict(build.get("narrowed_ops") or {}),
+        "missing_ops": dict(build.get("missing_ops") or {}),
     }
 
 
@@ -872,12 +904,18 @@ def install(wheelhouse: str, python: str, dry_run: bool = False, pip_args: Seque
         f"ops {', '.join(entry.ops)})")  # fmt: skip
     for line in narrowed_for(entry, node):
         say(f"warning: {line}")
+    table = op_table(entry)
+    for row in table:
+        why = f"  ({row['why'][:160]})" if row["why"] else ""
+        say(f"    op {row['op']:24} built {row['built']:3} archs {row['archs']:10} loaded {row['loaded']:8} "
+            f"checked {row['checked']}{why}")  # fmt: skip
     data = checked_wheel(base, entry)
     deps = checked_dependencies(base, manifest, entry)
     say(f"==> {entry.name}: sha256 {entry.sha256[:16]}... verified, build manifest agrees; "
         f"{len(deps)} dependency wheels verified")  # fmt: skip
     result = {"wheel": entry.name, "sha256": entry.sha256, "node": node.to_json(), "installed": False,
-              "dependencies": sorted(deps), "ops_without_code_for_this_gpu": narrowed_for(entry, node)}  # fmt: skip
+              "dependencies": sorted(deps), "ops_without_code_for_this_gpu": narrowed_for(entry, node),
+              "missing_ops": dict(entry.missing_ops), "op_table": table}  # fmt: skip
     if dry_run:
         return result
     tmp = tempfile.mkdtemp(prefix="ds-install-")

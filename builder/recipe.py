@@ -28,7 +28,9 @@ _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
         "name": str,
         "description": str,
         "accelerator": str,
-        "ops": list,
+        "ops": (str, list),
+        "ops_except": list,
+        "on_op_failure": str,
         "arch": (str, list),
         "cpu_target": str,
         "strip": bool,
@@ -56,6 +58,8 @@ _KIND: dict[type | tuple[type, ...], str] = {
     (str, list): "a string or a list",
 }
 CUDA_TOOLKITS = ("auto", "system", "pip")
+ALL_OPS = "all"  # ops = "all": every op DeepSpeed offers for the accelerator (see build.needs)
+ON_OP_FAILURE = ("fail", "drop")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 SLURM_WORD = re.compile(r"^[A-Za-z0-9:_.-]{1,64}$")  # a partition, gres, 24G, 02:00:00: no shell, no spaces
@@ -121,7 +125,7 @@ class TorchSpec:
 class Recipe:
     name: str
     accelerator: str
-    ops: tuple[str, ...]
+    ops: tuple[str, ...]  # the ops named; empty when all_ops
     deepspeed: DeepSpeedSource
     torch: TorchSpec
     archs: tuple[str, ...] = ()  # torch spelling ("9.0", "9.0+PTX"); empty for CPU recipes
@@ -133,9 +137,23 @@ class Recipe:
     cuda_toolkit: str = "auto"  # auto | system | pip: where nvcc comes from (see build.cudakit)
     python: tuple[str, ...] = ()  # interpreters to build for ("3.10", "3.12", or paths); () = the builder's
     slurm: tuple[tuple[str, int | str], ...] = ()  # [slurm] cpus, mem, time of its build task (not in the build key)
+    all_ops: bool = False  # ops = "all": DeepSpeed's own op list for the accelerator, less ops_except
+    ops_except: tuple[str, ...] = ()
+    on_op_failure: str = "fail"  # fail | drop: ship the wheel without an op that fails to build or is refused
     deepspeed_suffix: bool = False  # a matrix varied the DeepSpeed version: it goes into the target name
     description: str = ""
     path: Path | None = None
+
+    @property
+    def ops_spec(self) -> list[str] | dict[str, list[str]]:
+        """The ops as the recipe says them: the list, or {"all": ops_except}."""
+        return {ALL_OPS: list(self.ops_except)} if self.all_ops else list(self.ops)
+
+    @property
+    def ops_text(self) -> str:
+        if not self.all_ops:
+            return ", ".join(self.ops)
+        return "all" + (f" except {', '.join(self.ops_except)}" if self.ops_except else "")
 
 
 def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
@@ -183,12 +201,13 @@ def parse_recipe(data: Mapping[str, Any], path: Path | None = None) -> Recipe:
             f'{where}: unknown accelerator "{accelerator}"{did_you_mean(accelerator, ACCELERATORS)}',
             f"use one of: {', '.join(ACCELERATORS)}",
         )
-    ops = data["ops"]
-    if not ops or not all(isinstance(op, str) and op for op in ops):
-        raise RecipeError(f"{where}: ops must be a non-empty list of op names", 'e.g. ops = ["cpu_adam"]')
-    dupes = sorted({op for op in ops if ops.count(op) > 1})
-    if dupes:
-        raise RecipeError(f"{where}: ops lists {', '.join(dupes)} more than once", "list each op once")
+    ops, all_ops, ops_except = _ops(data, where)
+    on_failure = data.get("on_op_failure", "fail")
+    if on_failure not in ON_OP_FAILURE:
+        raise RecipeError(
+            f'{where}: on_op_failure = "{on_failure}" is not one of {", ".join(ON_OP_FAILURE)}',
+            "fail (the default: no wheel when an op fails) or drop (ship the wheel without it, saying why)",
+        )
     sha = ds["sha256"].lower()
     if not _SHA256.match(sha):
         raise RecipeError(
@@ -204,7 +223,7 @@ def parse_recipe(data: Mapping[str, Any], path: Path | None = None) -> Recipe:
     narrow = data.get("narrow_ops", [])
     if not all(isinstance(op, str) for op in narrow):
         raise RecipeError(f"{where}: narrow_ops must be a list of op names", 'e.g. narrow_ops = ["fp_quantizer"]')
-    stray = [op for op in narrow if op not in ops]
+    stray = [op for op in narrow if op not in ops and not all_ops]
     if stray:
         raise RecipeError(
             f"{where}: narrow_ops names {', '.join(stray)}, which ops does not list",
@@ -236,6 +255,9 @@ def parse_recipe(data: Mapping[str, Any], path: Path | None = None) -> Recipe:
         strip=data.get("strip", True),
         accelerator=accelerator,
         ops=tuple(ops),
+        all_ops=all_ops,
+        ops_except=tuple(ops_except),
+        on_op_failure=on_failure,
         deepspeed=DeepSpeedSource(version=_version(ds["version"], "deepspeed.version", where), sha256=sha),
         torch=TorchSpec(
             version=SYSTEM if torch["version"] == SYSTEM else _version(torch["version"], "torch.version", where)
@@ -243,6 +265,31 @@ def parse_recipe(data: Mapping[str, Any], path: Path | None = None) -> Recipe:
         description=data.get("description", ""),
         path=path,
     )
+
+
+def _ops(data: Mapping[str, Any], where: str) -> tuple[list[str], bool, list[str]]:
+    """(ops named, every op?, ops left out of every op): a non-empty list of names, or "all"."""
+    ops = data["ops"]
+    excluded = data.get("ops_except", [])
+    if not all(isinstance(op, str) and op for op in excluded):
+        raise RecipeError(f"{where}: ops_except must be a list of op names", 'e.g. ops_except = ["evoformer_attn"]')
+    if isinstance(ops, str):
+        if ops != ALL_OPS:
+            raise RecipeError(
+                f'{where}: ops = "{ops}" is not a list of ops or "all"', 'e.g. ops = ["cpu_adam"], or ops = "all"'
+            )
+        dupes = sorted({op for op in excluded if excluded.count(op) > 1})
+        if dupes:
+            raise RecipeError(f"{where}: ops_except lists {', '.join(dupes)} more than once", "list each op once")
+        return [], True, list(excluded)
+    if excluded:
+        raise RecipeError(f'{where}: ops_except is only for ops = "all"', "remove the op from ops instead")
+    if not ops or not all(isinstance(op, str) and op for op in ops):
+        raise RecipeError(f"{where}: ops must be a non-empty list of op names", 'e.g. ops = ["cpu_adam"], or "all"')
+    dupes = sorted({op for op in ops if ops.count(op) > 1})
+    if dupes:
+        raise RecipeError(f"{where}: ops lists {', '.join(dupes)} more than once", "list each op once")
+    return list(ops), False, []
 
 
 def _archs(value: str | list[str] | None, accelerator: str, where: str) -> tuple[tuple[str, ...], bool]:

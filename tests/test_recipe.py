@@ -54,7 +54,7 @@ def test_recipe_is_frozen() -> None:
         (("torch", "verison"), "2.13.0", 'unknown key "torch.verison" (did you mean "version"?)'),
         (("deepspeed", "sha265"), "ab", 'unknown key "deepspeed.sha265" (did you mean "sha256"?)'),
         (("accelerator",), "cdua", 'unknown accelerator "cdua" (did you mean "cuda"?)'),
-        (("ops",), "cpu_adam", "ops must be a list"),
+        (("ops",), "cpu_adam", 'ops = "cpu_adam" is not a list of ops or "all"'),
         (("ops",), [], "ops must be a non-empty list"),
         (("ops",), ["cpu_adam", "cpu_adam"], "ops lists cpu_adam more than once"),
         (("name",), "CPU recipe", 'name "CPU recipe" is not usable'),
@@ -77,8 +77,8 @@ def test_unknown_key_lists_allowed_keys() -> None:
     with pytest.raises(RecipeError) as err:
         parse_recipe(with_change(("colour",), "blue"))
     assert (
-        "allowed keys: name, description, accelerator, ops, arch, cpu_target, strip, narrow_ops, compress_device_code, "
-        "cuda_toolkit, python, deepspeed, torch" in err.value.fix
+        "allowed keys: name, description, accelerator, ops, ops_except, on_op_failure, arch, cpu_target, strip, "
+        "narrow_ops, compress_device_code, cuda_toolkit, python, deepspeed, torch" in err.value.fix
     )
 
 

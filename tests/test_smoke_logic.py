@@ -44,7 +44,9 @@ def test_comparison_catches_a_wrong_optimizer() -> None:
         lambda ps: torch.optim.Adam(ps, lr=1e-2),
         lambda ps: torch.optim.Adam(ps, lr=1e-2),
     )
-    assert "max |difference| 0 after 5 steps" in same
+    # Identical optimizers agree (to the last bit when run alone; torch's thread pool under a loaded
+    # xdist run was seen to differ by 3e-06 once): well inside the tolerance either way.
+    assert float(same.split("max |difference| ")[1].split()[0]) <= 1e-5 and "after 5 steps" in same
     with pytest.raises(AssertionError, match="exceeds 1e-05"):
         smoke_checks._compare(lambda ps: torch.optim.Adam(ps, lr=1.1e-2), lambda ps: torch.optim.Adam(ps, lr=1e-2))
 

@@ -24,7 +24,8 @@ from builder.recipe import Recipe
 # Variables that change what the compilers produce (MAX_JOBS and friends only change how fast).
 RELEVANT_ENV = (
     "CC", "CXX", "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "CPATH", "NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS",
-    "CUDA_HOME", "CUDA_PATH", "DS_BUILD_OPS", "DS_ACCELERATOR", "SOURCE_DATE_EPOCH",
+    "CUDA_HOME", "CUDA_PATH", "DS_BUILD_OPS", "DS_ACCELERATOR", "SOURCE_DATE_EPOCH", "LIBRARY_PATH",
+    "CCL_ROOT", "CUTLASS_PATH",
 )  # fmt: skip
 
 
@@ -50,7 +51,8 @@ def key_inputs(recipe: Recipe, machine: MachineFacts, env: Mapping[str, str]) ->
         "deepspeed_sdist_sha256": recipe.deepspeed.sha256,
         "recipe": {"name": recipe.name, "file": recipe.path.name if recipe.path else None},
         "accelerator": recipe.accelerator,
-        "ops": list(recipe.ops),
+        "ops": recipe.ops_spec,
+        **({"on_op_failure": recipe.on_op_failure} if recipe.on_op_failure != "fail" else {}),
         "archs": list(recipe.archs) if not recipe.auto_arch else ["auto:" + ";".join(machine.gpu_archs)],
         "cpu_target": recipe.cpu_target,
         "strip": recipe.strip,

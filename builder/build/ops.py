@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from builder import cmd
@@ -49,6 +49,7 @@ class ProbeReport:
     torch: TorchInfo
     python_tag: str
     ops: Mapping[str, OpInfo]
+    modules: Mapping[str, bool] = field(default_factory=dict)  # build-time packages found (dskernels)
 
 
 def parse_probe(output: str) -> ProbeReport:
@@ -72,6 +73,7 @@ def parse_probe(output: str) -> ProbeReport:
             )
             for name, info in data["ops"].items()
         },
+        modules={str(k): bool(v) for k, v in data.get("modules", {}).items()},
     )
 
 
@@ -107,8 +109,9 @@ def check_archs(
     return held
 
 
-def check_requested(requested: tuple[str, ...], report: ProbeReport) -> tuple[OpInfo, ...]:
-    """The OpInfo of every requested op; fails for ops DeepSpeed lacks or cannot build here.
+def check_requested(requested: tuple[str, ...], report: ProbeReport, names_only: bool = False) -> tuple[OpInfo, ...]:
+    """The OpInfo of every requested op; fails for ops DeepSpeed lacks or (unless `names_only`:
+    build.needs then says why) cannot build here.
 
     DeepSpeed's setup.py silently skips a requested op that is not compatible, so the reason is
     surfaced before a build rather than discovered as a missing .so afterwards.
@@ -121,6 +124,8 @@ def check_requested(requested: tuple[str, ...], report: ProbeReport) -> tuple[Op
                 f"DeepSpeed {report.accelerator} ops are: {', '.join(known)}",
             )
     infos = tuple(report.ops[op] for op in requested)
+    if names_only:
+        return infos
     broken = [info for info in infos if not info.compatible]
     if broken:
         reasons = "; ".join(f"{i.name}: {i.why or 'DeepSpeed reports it incompatible'}" for i in broken)

@@ -6,10 +6,11 @@ Nothing here touches the disk or runs a program, so every rule is unit-tested an
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from packaging.version import Version
 
+from builder.build import needs
 from builder.build.archs import label as arch_label
 from builder.build.archs import normalize_all
 from builder.build.ops import OpInfo, ProbeReport, check_archs, check_requested
@@ -28,6 +29,18 @@ class BuildPlan:
     python_tag: str
     archs: tuple[str, ...] = ()
     op_archs: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # device-code op -> archs it must hold
+    missing: Mapping[str, str] = field(default_factory=dict)  # op the recipe asked for -> why it is not built
+
+    def without(self, dropped: Mapping[str, str]) -> BuildPlan:
+        """The plan less ops that failed to build (on_op_failure = "drop"), each with why."""
+        gone = {o.build_var for o in self.ops if o.name in dropped}
+        return replace(
+            self,
+            ops=tuple(o for o in self.ops if o.name not in dropped),
+            env={k: v for k, v in self.env.items() if k not in gone},
+            op_archs={k: v for k, v in self.op_archs.items() if k not in dropped},
+            missing={**self.missing, **dropped},
+        )
 
     def archs_of(self, op: str) -> tuple[str, ...]:
         """The archs an op's .so must hold: all requested, or fewer where narrow_ops allowed it."""
@@ -120,7 +133,43 @@ def resolve_archs(recipe: Recipe, gpu_archs: list[str], nvcc_archs: tuple[str, .
     return archs
 
 
-def plan_build(recipe: Recipe, probe: ProbeReport, archs: tuple[str, ...] = ()) -> BuildPlan:
+def select_ops(
+    recipe: Recipe, probe: ProbeReport, nvcc: str | None = None, env: Mapping[str, str] | None = None
+) -> tuple[tuple[OpInfo, ...], dict[str, str]]:
+    """(ops to build, ops left out with why). ops = "all" takes every op DeepSpeed offers less
+    ops_except, and leaves out with its reason each one that cannot build here; a named op that
+    cannot build is an error, unless on_op_failure = "drop"."""
+    known = needs.candidates(probe)
+    if recipe.all_ops:
+        check_requested(tuple(op for op in recipe.ops_except if op not in needs.NOT_OPS), probe, names_only=True)
+        wanted = tuple(op for op in known if op not in recipe.ops_except)
+    else:
+        wanted = recipe.ops
+    infos = check_requested(wanted, probe, names_only=True)
+    refused = needs.refusals(infos, probe, recipe.deepspeed.version, nvcc, env or {})
+    if refused and not recipe.all_ops and recipe.on_op_failure != "drop":
+        raise BuildError(
+            f"cannot build {', '.join(refused)} here: " + "; ".join(r.describe() for r in refused.values()),
+            f'drop {", ".join(refused)} from the recipe, supply what is missing, or set on_op_failure = "drop" '
+            "to ship the wheel without it",
+        )
+    missing = {op: f"refused: {r.reason} ({r.fix})" for op, r in refused.items()}
+    built = tuple(i for i in infos if i.name not in refused)
+    if not built:
+        raise BuildError(
+            f"no op of recipe {recipe.name} can build here: " + "; ".join(r.describe() for r in refused.values()),
+            "supply what the ops need, or choose other ops",
+        )
+    return built, missing
+
+
+def plan_build(
+    recipe: Recipe,
+    probe: ProbeReport,
+    archs: tuple[str, ...] = (),
+    nvcc: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> BuildPlan:
     """Decide the build environment and expected result from the recipe and DeepSpeed's op probe.
 
     How many compile jobs run, and how many ops at once, is the op units' plan (units.plan)."""
@@ -135,7 +184,7 @@ def plan_build(recipe: Recipe, probe: ProbeReport, archs: tuple[str, ...] = ()) 
             f"DeepSpeed chose the {probe.accelerator} accelerator, the recipe asks for {recipe.accelerator}",
             "check DS_ACCELERATOR in your environment",
         )
-    ops = check_requested(recipe.ops, probe)
+    ops, missing = select_ops(recipe, probe, nvcc, env)
     op_archs = check_archs(ops, archs, recipe.narrow_ops)
     label = local_label(recipe.accelerator, probe.torch.version, probe.torch.cuda, archs)
     threads = nvcc_threads(archs)
@@ -166,4 +215,5 @@ def plan_build(recipe: Recipe, probe: ProbeReport, archs: tuple[str, ...] = ()) 
         python_tag=probe.python_tag,
         archs=archs,
         op_archs=op_archs,
+        missing=missing,
     )

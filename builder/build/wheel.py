@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder import __version__, envs, output
-from builder.build import artifacts, buildkey, ccache, cudakit, glibc, ops, source
+from builder.build import artifacts, buildkey, ccache, cudakit, glibc, graft, needs, ops, source
 from builder.build.artifacts import verify
 from builder.build.plan import BuildPlan, plan_build, resolve_archs
 from builder.build.toolchain import ToolchainPlan, apply, compose_env, plan_toolchain
@@ -130,8 +130,15 @@ def build_wheel(
     source.patch_build_tree(src)
     kit = next((t for t in machine.toolkits if t.root == machine.chosen_toolkit), None)
     archs = resolve_archs(recipe, machine.arch_list, kit.archs if kit else (), kit.version if kit else "-")
+    if recipe.accelerator == "cuda":  # before the probe: DeepSpeed's own checks look for these too
+        supplied = needs.provide(env_python, ws.root / "toolchain", ws.cache, kit.root if kit else None,
+                                 needs.wants_cutlass(recipe.ops, recipe.all_ops, recipe.ops_except), log)  # fmt: skip
+        output.note(f"needs: {supplied.describe()}")
+        env = supplied.apply(env)
     report = ops.probe(env_python, src, env, log, archs)  # each op says which archs it accepts, before compiling
-    plan = plan_build(recipe, report, archs)
+    plan = plan_build(recipe, report, archs, kit.version if kit else None, os.environ)
+    for op, why in plan.missing.items():
+        output.warn(f"op {op} is left out: {why}")
     refuse_name_clash(recipe, plan.version, plan.python_tag, ws.dist, force)
     units, parallel = plan_units(plan, inputs, cores or os.cpu_count() or 1, available_memory_gb())
     output.note(
@@ -146,13 +153,19 @@ def build_wheel(
     )  # fmt: skip
     results = run_units(units, parallel, job)
     failed = [r for r in results if r.status == "failed"]
-    if failed:
+    if failed and (recipe.on_op_failure != "drop" or len(failed) == len(results)):
         logs = "\n".join(f"  log of {r.unit.op.name}: {r.log}" for r in failed)
         raise BuildError(
             "the build failed: " + "\n".join(r.failure for r in failed) + f"\n{logs}",
             f"drop {', '.join(r.unit.op.name for r in failed)} from the recipe (or build it with a CUDA toolkit / "
-            f"compiler it supports); the other {len(results) - len(failed)} op units are cached and not rebuilt",
+            f'compiler it supports, or set on_op_failure = "drop" to ship the wheel without it); the other '
+            f"{len(results) - len(failed)} op units are cached and not rebuilt",
         )
+    if failed:  # on_op_failure = "drop": the wheel goes on without them, and says so
+        for r in failed:
+            output.warn(f'dropped, as the recipe allows (on_op_failure = "drop"): {r.failure}\n  log: {r.log}')
+        plan = plan.without({r.unit.op.name: f"failed: {dropped_reason(r.failure)} (log {r.log.name})" for r in failed})
+        results = [r for r in results if r.status != "failed"]
     hits = [r.ccache_hits for r in results if r.ccache_hits]
     cache_stats = ccache.Stats(sum(h for h, _ in hits), sum(m for _, m in hits)) if hits else None
     if cache_stats:
@@ -169,12 +182,16 @@ def build_wheel(
         op_archs = artifacts.verify_archs(tree, plan)
         compressed = artifacts.device_code_compressed(tree, plan)
         sizes = artifacts.strip_debug(tree, log) if recipe.strip else artifacts.so_sizes(tree)
-        needs = glibc.needed_versions(tree)
-        tags = glibc.platform_tags(needs)
+        grafted = graft.graft(tree)  # libaio for async_io: nodes need none of their own
+        for soname, name in grafted.items():
+            output.note(f"carried {soname} inside the wheel as {graft.LIBS_FOLDER}/{name}")
+        versions = glibc.needed_versions(tree)
+        tags = glibc.platform_tags(versions)
         glibc.retag(tree, tags)  # manylinux_2_N: pip on a node with an older glibc refuses the wheel
         data = build_manifest(plan, sizes, op_archs, machine, toolchain)
         data.update({"build_key": key, "build_key_inputs": inputs, "device_code_compressed": compressed,
-                     "platform": {"tags": list(tags), "needs": glibc.newest(needs)}})  # fmt: skip
+                     "grafted_libraries": grafted,
+                     "platform": {"tags": list(tags), "needs": glibc.newest(versions)}})  # fmt: skip
         manifest = BuildManifest.from_dict(data, "the build manifest")  # the loader's checks hold for the writer
         artifacts.finish_tree(tree, manifest)
         wheel = artifacts.pack(tree, env_python, ws.dist, log, pack_env)
@@ -190,6 +207,13 @@ def build_wheel(
     write_atomic(wheel.with_name(wheel.name + ".build.json"), json.dumps(record, indent=2) + "\n")
     _summary(wheel, plan, seconds, log, sizes)
     return BuildResult(wheel=wheel, seconds=seconds, log=log, key=key)
+
+
+def dropped_reason(failure: str, limit: int = 600) -> str:
+    """A failed unit's description made one line for the manifest: the op named, the tool's first
+    error lines after it."""
+    text = " | ".join(line.strip() for line in failure.splitlines() if line.strip())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def built_from(recipe: Recipe, target: Target) -> dict[str, str | None]:
@@ -236,7 +260,8 @@ def build_manifest(
             "name": recipe.name,
             "file": recipe.path.name if recipe.path else None,
             "accelerator": recipe.accelerator,
-            "ops": list(recipe.ops),
+            "ops": recipe.ops_spec,
+            **({"on_op_failure": recipe.on_op_failure} if recipe.on_op_failure != "fail" else {}),
             "deepspeed": {"version": recipe.deepspeed.version, "sha256": recipe.deepspeed.sha256},
             "torch": recipe.torch.version,
         },
@@ -263,6 +288,9 @@ def build_manifest(
         "cpu_flags": sorted(cpu_flags()) if recipe.cpu_target == "native" else [],
         "flags": {k: v for k, v in plan.env.items() if k.startswith(("DS_BUILDER_", "TORCH_CUDA_ARCH_LIST"))},
         "ops": [op.name for op in plan.ops],
+        # Ops the recipe asked for (by name or as "all") that are not in the wheel, each with why:
+        # refused before compiling, or failed and dropped (on_op_failure = "drop").
+        "missing_ops": dict(sorted(plan.missing.items())),
         "env": dict(plan.env),
         # Sizes after stripping only: unstripped sizes vary by a few bytes between clean builds
         # and would break reproducibility; they go in the build record next to the wheel.

@@ -11,12 +11,14 @@ while building (and narrows the list for the ops built after it).
 """
 
 import contextlib
+import importlib.util
 import io
 import json
 import sys
 from typing import Any
 
 MARKER = "==== ds_probe json ===="
+BUILD_MODULES = ("dskernels",)
 
 
 def _sources(builder: Any) -> list[Any]:
@@ -77,6 +79,9 @@ def main() -> None:
         },
         "python_tag": f"cp{sys.version_info.major}{sys.version_info.minor}",
         "ops": ops,
+        # Packages some op builders import while building, which their compatibility check does
+        # not look for (cutlass_ops and ragged_device_ops import dskernels).
+        "modules": {name: importlib.util.find_spec(name) is not None for name in BUILD_MODULES},
     }
     print(MARKER)
     print(json.dumps(report))

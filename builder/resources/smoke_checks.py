@@ -69,11 +69,24 @@ def check_torch(expected: dict[str, Any]) -> str:
     return f"torch {torch.__version__} (CUDA {torch.version.cuda}); {gpu}"
 
 
-def check_op_loads(op: str) -> str:
-    import deepspeed
+def _load(op: str) -> Any:
+    """The op's module as DeepSpeed loads it; an op linked against the NVIDIA driver (async_io and
+    gds of a CUDA build) cannot load where there is none, which is a missing-hardware skip."""
     from deepspeed.ops.op_builder.all_ops import ALL_OPS
 
-    module = ALL_OPS[op].load(verbose=False)
+    try:
+        return ALL_OPS[op].load(verbose=False)
+    except (ImportError, OSError) as exc:
+        if "libcuda.so" in str(exc) and not os.path.exists("/dev/nvidiactl"):
+            raise _Skip(f"{op} links the NVIDIA driver (libcuda.so.1) and this machine has none: "
+                        "load it on a GPU node") from exc  # fmt: skip
+        raise
+
+
+def check_op_loads(op: str) -> str:
+    import deepspeed
+
+    module = _load(op)
     where = os.path.realpath(module.__file__)
     package = os.path.realpath(os.path.dirname(deepspeed.__file__))
     if not where.startswith(package + os.sep):
@@ -481,7 +494,73 @@ def check_nccl(worker: str) -> str:
     return f"torchrun 1 node x {n} GPU processes: all_reduce and barrier OK, backend nccl, NCCL {', '.join(nccl)}"
 
 
+def _loaded_from(fragment: str) -> list[str]:
+    """The files mapped into this process whose path holds `fragment` (which libaio was loaded)."""
+    with open("/proc/self/maps", encoding="utf-8") as f:
+        return sorted({line.split()[-1] for line in f if fragment in line and "/" in line})
+
+
+def check_async_io() -> str:
+    """Write a tensor to a file and read it back through libaio (O_DIRECT, the op's own handle), and
+    say which libaio the process loaded: the wheel's own copy when the wheel carries one."""
+    import torch
+
+    aio = _load("async_io")
+    handle = aio.aio_handle(1024 * 1024, 8, False, False, 1)
+    torch.manual_seed(0)
+    data = torch.randn(1024 * 1024)  # 4 MiB: a whole number of the handle's blocks
+    path = os.path.join(os.getcwd(), "async_io_check.bin")  # the work disk: O_DIRECT fails on tmpfs
+    try:
+        wrote = handle.sync_pwrite(data, path)
+        back = torch.zeros_like(data)
+        read = handle.sync_pread(back, path)
+        size = os.path.getsize(path)
+    finally:
+        if os.path.exists(path):
+            os.remove(path)
+    if size != data.numel() * 4:
+        raise AssertionError(f"the file holds {size} bytes, {data.numel() * 4} were written")
+    if not torch.equal(back, data):
+        raise AssertionError(f"read back differs from what was written at {(back != data).sum().item()} values")
+    libaio = _loaded_from("libaio")
+    return f"4 MiB written ({wrote}) and read back ({read}) through libaio, identical; libaio: {', '.join(libaio)}"
+
+
+def check_pin_memory() -> str:
+    """A page-locked tensor from the op's own allocator: usable, reported pinned, freed."""
+    import torch
+
+    handle = _load("pin_memory").pin_handle()
+    locked = handle.new_cpu_locked_tensor(4096, torch.empty(0, dtype=torch.float32))
+    locked.copy_(torch.arange(4096, dtype=torch.float32))
+    if not handle.is_pinned(locked):
+        raise AssertionError("the op does not report its own locked tensor as pinned")
+    if not torch.equal(locked, torch.arange(4096, dtype=torch.float32)):
+        raise AssertionError("the locked tensor does not hold what was copied into it")
+    if not handle.free_cpu_locked_tensor(locked):
+        raise AssertionError("free_cpu_locked_tensor returned false")
+    return "4096 floats in page-locked memory (mlock), reported pinned, freed"
+
+
+def check_utils() -> str:
+    """cast_to_byte_tensor gives the tensor's own bytes (torch's view as the reference)."""
+    import torch
+
+    utils = _load("utils")
+    t = torch.randn(1025)
+    ours = utils.cast_to_byte_tensor(t)
+    if not torch.equal(ours, t.view(torch.uint8)):
+        raise AssertionError("cast_to_byte_tensor differs from torch's byte view")
+    many = utils.cast_to_byte_tensor([t, t[:7]])
+    if [m.numel() for m in many] != [1025 * 4, 7 * 4]:
+        raise AssertionError(f"the list form gave {[m.numel() for m in many]} bytes")
+    return "cast_to_byte_tensor equals torch's byte view (one tensor and a list)"
+
+
 NUMERICS = {
+    "async_io": check_async_io,
+    "pin_memory": check_pin_memory,
+    "utils": check_utils,
     "cpu_adam": check_cpu_adam,
     "cpu_adagrad": check_cpu_adagrad,
     "cpu_lion": check_cpu_lion,

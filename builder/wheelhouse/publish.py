@@ -85,6 +85,7 @@ def manifest_entry(
         cpu_flags=build.cpu_flags,
         ops=build.ops,
         narrowed_ops=build.narrowed_ops,
+        missing_ops=build.missing_ops,
         smoke=SmokeSummary(report.passed, report.finished_at, report.summary_checks()),
         metadata_sha256=metadata_sha256,
         report_sha256=report_sha256,
