@@ -44,13 +44,13 @@ def test_unknown_op_is_checked_against_deepspeeds_own_list(tmp_path: Path, works
 
 @pytest.mark.integration
 def test_incompatible_op_is_named_with_the_reason(tmp_path: Path, workspace: Path) -> None:
-    if Path("/usr/include/libaio.h").exists():
-        pytest.skip("libaio-dev is installed here, so async_io is buildable and this failure cannot be shown")
-    path = recipe(tmp_path, '"cpu_lion"]', '"cpu_lion", "async_io"]')
+    """deepspeed_ccl_comm passes DeepSpeed's own check, then its builder raises for want of oneCCL:
+    refused before anything compiles, with the reason and the fix."""
+    path = recipe(tmp_path, '"cpu_lion"]', '"cpu_lion", "deepspeed_ccl_comm"]')
     result = builder("build-wheel", "--recipe", str(path), "--work-dir", str(workspace))
     assert result.returncode == 5, result.stderr[-3000:]
-    assert "error: DeepSpeed cannot build async_io on this machine (async_io:" in result.stderr
-    assert "libaio" in result.stderr
+    assert "error: cannot build deepspeed_ccl_comm here: deepspeed_ccl_comm: it links Intel oneCCL" in result.stderr
+    assert "CCL_ROOT" in result.stderr and 'on_op_failure = "drop"' in result.stderr
     assert "pip wheel" not in result.stderr  # refused before a build was started
 
 

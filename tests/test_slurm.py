@@ -3,8 +3,8 @@
 Three targets through sbatch: `adam` (cpu_adam) builds and smokes in its array task; `cuadam` (a
 CUDA recipe for sm_90) builds in its array task and is smoked by its own job on the `h100`
 partition with --gres=gpu:1, whose GPUs are FAKE (so the smoke inside honestly sees none, and the
-matrix says require_gpu = false); `aio` (async_io, which DeepSpeed cannot build without libaio)
-fails in its task and the run goes on. The collect job publishes the two that passed. A second
+matrix says require_gpu = false); `ccl` (deepspeed_ccl_comm, which needs Intel oneCCL: refused
+before compiling) fails in its task and the run goes on. The collect job publishes the two that passed. A second
 run of `adam` reuses its build from the same target folder. Then `provision --launcher slurm`
 installs the published wheel on the node through srun.
 """
@@ -62,11 +62,11 @@ def _variant(source: str, folder: Path, name: str, ops: list[str], arch: list[st
 def matrix_run(cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     folder = tmp_path_factory.mktemp("slurm-matrix")
     _variant("cpu.toml", folder, "adam", ["cpu_adam"])
-    _variant("cpu.toml", folder, "aio", ["async_io"])
+    _variant("cpu.toml", folder, "ccl", ["deepspeed_ccl_comm"])
     _variant("cu130-multi-min.toml", folder, "cuadam", ["cpu_adam"], ["9.0"])
     matrix = folder / "matrix.toml"
     matrix.write_text(
-        'recipes = ["adam.toml", "aio.toml", "cuadam.toml"]\n\n[slurm]\ncpus = 2\nmem = "6G"\ntime = "00:40:00"\n\n'
+        'recipes = ["adam.toml", "ccl.toml", "cuadam.toml"]\n\n[slurm]\ncpus = 2\nmem = "6G"\ntime = "00:40:00"\n\n'
         "[slurm.gpu]  # FAKE GPUs (see slurm_cluster): the smoke job runs there, its torch sees none\n"
         '"9.0" = { partition = "h100", gres = "gpu:1", require_gpu = false }\n'
     )
@@ -87,7 +87,7 @@ def test_a_matrix_runs_as_a_job_array_gpu_smoke_jobs_and_one_collect_job(
     work, house = Path(str(matrix_run["work"])), Path(str(matrix_run["house"]))
     assert done.returncode == 11, done.stderr[-5000:]
     assert "submitted 3 targets: build array " in done.stderr and "GPU smoke jobs: cuadam on h100 (" in done.stderr
-    assert "1 of 3 targets failed: aio" in done.stderr
+    assert "1 of 3 targets failed: ccl" in done.stderr
     assert "cuadam: build passed, smoke on h100 " in done.stderr  # --wait's progress line per target
     (run,) = (work / "slurm").glob("run-*")
     record = json.loads((run / "run.json").read_text())
@@ -106,9 +106,9 @@ def test_a_matrix_runs_as_a_job_array_gpu_smoke_jobs_and_one_collect_job(
     gpu = json.loads((run / "results" / "cuadam.smoke.h100.json").read_text())
     assert gpu["gpus"] and gpu["saw_gpu"] is False  # Slurm set CUDA_VISIBLE_DEVICES; torch honestly saw none
     assert "saw no GPU" in rows["cuadam"]["stages"]["smoke"]["reason"] and "require_gpu = false" in done.stderr
-    aio_build = rows["aio"]["stages"]["build"]
-    assert aio_build["status"] == "failed" and "async_io" in aio_build["reason"]
-    assert rows["aio"]["stages"]["publish"]["status"] == "skipped"
+    ccl_build = rows["ccl"]["stages"]["build"]
+    assert ccl_build["status"] == "failed" and "deepspeed_ccl_comm" in ccl_build["reason"]
+    assert rows["ccl"]["stages"]["publish"]["status"] == "skipped"
     table = (run / "coverage" / "coverage.md").read_text()
     assert "| adam | 3.11." in table and "| smoked on |" in table
     # One compiler cache for every build task; each target in its own folder, the same in every run.
@@ -131,7 +131,7 @@ def test_a_second_run_reuses_unchanged_targets_and_their_gpu_smoke(
 ) -> None:
     folder, work = Path(str(matrix_run["folder"])), Path(str(matrix_run["work"]))
     again = folder / "again.toml"
-    again.write_text((folder / "matrix.toml").read_text().replace('"aio.toml", ', ""))  # adam and cuadam again
+    again.write_text((folder / "matrix.toml").read_text().replace('"ccl.toml", ', ""))  # adam and cuadam again
     done = subprocess.run(
         [sys.executable, "-m", "builder", "build-wheel", "--matrix", str(again), "--slurm", "--wait",
          "--work-dir", str(work), "--wheelhouse", str(matrix_run["house"])],

@@ -200,3 +200,22 @@ def test_a_damaged_or_tampered_unit_is_never_reused(tmp_path: Path, damage: str)
     rebuilt = unit_wheel(tmp_path / "again", "cpu_adam")
     cache.store(tmp_path / "units", unit, rebuilt, 1.0)  # the damaged entry is replaced whole
     assert cache.lookup(tmp_path / "units", unit) is not None
+
+
+def test_a_unit_cache_that_cannot_be_written_is_one_message(tmp_path: Path) -> None:
+    """A full disk is simulated with a FAKE OSError (ENOSPC) from the copy into the cache: one
+    message naming the unit, the folder and the fix; no temporary folder left behind."""
+    import errno
+    from unittest import mock
+
+    from builder.errors import FolderError
+    from builder.units import cache
+
+    (unit,), _ = plan_units(plan_for("cpu_adam"), {}, 2, None)
+    wheel = unit_wheel(tmp_path / "built", "cpu_adam")
+    full = OSError(errno.ENOSPC, "No space left on device")
+    with mock.patch("builder.units.cache.shutil.copyfile", side_effect=full), pytest.raises(FolderError) as err:
+        cache.store(tmp_path / "units", unit, wheel, 1.0)
+    assert "cannot store op unit cpu_adam in the unit cache" in err.value.message
+    assert "No space left on device" in err.value.message and "DS_BUILDER_UNIT_CACHE" in err.value.fix
+    assert list((tmp_path / "units").iterdir()) == []

@@ -194,6 +194,7 @@ def plan_build(
         "DS_BUILD_STRING": f"+{label}",
         "DS_ENABLE_NINJA": "1",
         **cpu_target_env(recipe.cpu_target),
+        **({"DS_BUILDER_CPU_LINK": "1"} if recipe.accelerator == "cpu" else {}),  # async_io's -laio
         **({"DS_BUILDER_NO_DEBUG": "1"} if recipe.strip else {}),  # no -g: it would be stripped
         **{op.build_var: "1" for op in ops},
     }

@@ -117,6 +117,12 @@ _OPTIONAL_OP_BUILDER_HOOKS = {
         f'        os.environ["TORCH_CUDA_ARCH_LIST"] = {_CALL}.arch_list(os.environ["TORCH_CUDA_ARCH_LIST"]){_MARK}\n'
     ),
 }
+# DeepSpeed's CPU accelerator builder (op_builder/cpu/builder.py), after it makes the extension.
+_CPU_BUILDER_HOOKS = {
+    "                                   extra_compile_args=compile_args)\n": (
+        f"        cpp_ext = {_CALL}.cpu_link_args(cpp_ext, self){_MARK}\n"
+    ),
+}
 _SETUP_HOOKS = {
     "    cmdclass['build_ext'] = get_accelerator().build_extension().with_options(use_ninja=use_ninja)\n": (
         f"    cmdclass['build_ext'] = {_CALL}.parallel_build_ext(cmdclass['build_ext']){_MARK}\n"
@@ -151,3 +157,6 @@ def patch_build_tree(src: Path) -> None:
     shutil.copyfile(resource("ds_build_hooks.py"), src / f"{HOOKS_MODULE}.py")
     _insert_hooks(src / "op_builder" / "builder.py", _OP_BUILDER_HOOKS, _OPTIONAL_OP_BUILDER_HOOKS)
     _insert_hooks(src / "setup.py", _SETUP_HOOKS)
+    cpu_builder = src / "op_builder" / "cpu" / "builder.py"
+    if cpu_builder.is_file():
+        _insert_hooks(cpu_builder, {}, _CPU_BUILDER_HOOKS)

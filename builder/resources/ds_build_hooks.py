@@ -16,6 +16,10 @@ variables every hook returns what DeepSpeed would have used.
   build_temp/build.ninja, so extensions built at once would overwrite each other's (seen on the GPU
   machine: "ninja: premature end of file", then ld missing cpu_adam.o); each extension gets its own
   folder under build_temp, named from its sources so that it is the same on every build.
+- DS_BUILDER_CPU_LINK gives a CPU accelerator op its own link flags: DeepSpeed 0.19.8's
+  CPUOpBuilder.builder() drops extra_ldflags(), so its prebuilt async_io_op.so was linked without
+  -laio and fails to load ("undefined symbol: io_submit", found by this toolkit's smoke; ds_report
+  still says installed), and deepspeed_ccl_comm without oneCCL's -lccl.
 - DS_BUILDER_ARCH_LIST is the recipe's full arch list. An op builder that filters archs
   (fp_quantizer keeps 8.0+) writes its narrowed list back to TORCH_CUDA_ARCH_LIST, and every op
   built after it gets the narrowed list too (DeepSpeed issues 7972/7974); the list is put back
@@ -43,6 +47,16 @@ def simd_width() -> str | None:
 def arch_list(narrowed: str) -> str:
     """What TORCH_CUDA_ARCH_LIST holds after an op filtered it: the recipe's list, if one is set."""
     return os.environ.get("DS_BUILDER_ARCH_LIST") or narrowed
+
+
+def cpu_link_args(ext: Any, builder: Any) -> Any:
+    """A CPU op's extension with the op's own link flags, which DeepSpeed's CPU builder leaves out."""
+    if os.environ.get("DS_BUILDER_CPU_LINK"):
+        ext.extra_link_args = [
+            *getattr(ext, "extra_link_args", []),
+            *builder.strip_empty_entries(builder.extra_ldflags()),
+        ]
+    return ext
 
 
 def compile_args(args: list[str]) -> list[str]:

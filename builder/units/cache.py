@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.build.source import sha256_of
+from builder.errors import FolderError
 from builder.files import make_dirs, write_atomic
 from builder.node import SHA256_RE, Fields, ManifestError, check_wheel_name, read_bounded
 from builder.units.plan import UNIT_SCHEMA, Unit
@@ -82,6 +83,16 @@ def lookup(cache: Path, unit: Unit) -> tuple[UnitRecord, Path] | None:
 
 def store(cache: Path, unit: Unit, wheel: Path, seconds: float) -> tuple[UnitRecord, Path]:
     """Put a built unit wheel into the cache (whole or not at all); returns its record and cached path."""
+    try:
+        return _store(cache, unit, wheel, seconds)
+    except OSError as exc:  # a full disk, a cache made read-only: one message, not a thread's traceback
+        raise FolderError(
+            f"cannot store op unit {unit.op.name} in the unit cache {cache}: {exc.strerror or exc}",
+            f"free space there, or point {UNIT_CACHE_ENV} at a folder with room (nothing half-written was kept)",
+        ) from exc
+
+
+def _store(cache: Path, unit: Unit, wheel: Path, seconds: float) -> tuple[UnitRecord, Path]:
     make_dirs(cache)
     record = UnitRecord(unit.op.name, unit.key, wheel.name, sha256_of(wheel), round(seconds, 1),
                         datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))  # fmt: skip
