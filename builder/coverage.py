@@ -25,14 +25,63 @@ TARGET_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,100}$")
 _MARK = {"passed": "passed", "reused": "reused", "failed": "FAILED", "skipped": "skipped"}
 
 
-def to_json(results: Sequence[TargetResult], matrix: str | None, finished_at: str) -> dict[str, Any]:
+OpRows = Mapping[str, Sequence[Mapping[str, str]]]  # target -> its op table (node.op_rows)
+
+
+def to_json(
+    results: Sequence[TargetResult], matrix: str | None, finished_at: str, ops: OpRows | None = None
+) -> dict[str, Any]:
+    tables = ops or {}
+    rows = [{**r.to_json(), **({"ops": list(tables[r.target])} if r.target in tables else {})} for r in results]
     return {
         "schema": SCHEMA,
         "matrix": matrix,
         "finished_at": finished_at,
-        "targets": [r.to_json() for r in results],
+        "targets": rows,
         "failed": [r.target for r in results if not r.ok],
     }
+
+
+def op_sections(ops: OpRows) -> list[str]:
+    """One Markdown table per target's wheel: op, built, archs held, loaded and checked, and why not."""
+    lines: list[str] = []
+    for target, rows in ops.items():
+        lines += [
+            "",
+            f"Ops of {target}:",
+            "",
+            "| op | built | archs | loaded | checked | note |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [f"| {r['op']} | {r['built']} | {r['archs']} | {r['loaded']} | {r['checked']} | "
+                  f"{_cell(r['why'])} |" for r in rows]  # fmt: skip
+    return lines
+
+
+def _cell(text: str, limit: int = 200) -> str:
+    one = " ".join(text.split()).replace("|", "/")
+    return one if len(one) <= limit else one[: limit - 3] + "..."
+
+
+def wheel_ops(wheel: Path) -> list[dict[str, str]]:
+    """A built wheel's op table, from its embedded build manifest and the smoke report beside it
+    (when that report is for these bytes); [] for a wheel whose manifest does not load."""
+    from builder.build.source import sha256_of
+    from builder.contracts import BuildManifest
+    from builder.errors import SmokeError
+    from builder.node import op_rows
+    from builder.smoke import load_report
+
+    try:
+        manifest = BuildManifest.from_wheel(wheel)
+    except ManifestError:
+        return []
+    try:
+        report = load_report(wheel)
+    except SmokeError:
+        report = None
+    checks = report.summary_checks() if report and report.sha256 == sha256_of(wheel) else {}
+    return op_rows(manifest.ops, manifest.missing_ops, manifest.archs, manifest.narrowed_ops, checks)
 
 
 def table(results: Sequence[TargetResult]) -> list[str]:
@@ -67,21 +116,24 @@ def reasons(results: Sequence[TargetResult]) -> list[str]:
     ]
 
 
-def to_markdown(results: Sequence[TargetResult], matrix: str | None, finished_at: str) -> str:
+def to_markdown(
+    results: Sequence[TargetResult], matrix: str | None, finished_at: str, ops: OpRows | None = None
+) -> str:
     failed = [r.target for r in results if not r.ok]
     head = f"# Coverage: {matrix or 'build-wheel'} ({finished_at})"
     summary = f"{len(results) - len(failed)} of {len(results)} targets passed every stage they ran"
     why = reasons(results)
     tail = ["", "Reasons and notes:", *why] if why else []
-    return "\n".join([head, "", summary + ".", "", *table(results), *tail]) + "\n"
+    return "\n".join([head, "", summary + ".", "", *table(results), *tail, *op_sections(ops or {})]) + "\n"
 
 
 def write(results: Sequence[TargetResult], folder: Path, matrix: str | None) -> tuple[Path, Path]:
     """coverage.json and coverage.md in `folder`; returns their paths."""
     finished = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     make_dirs(folder)
-    js = write_atomic(folder / "coverage.json", json.dumps(to_json(results, matrix, finished), indent=2) + "\n")
-    md = write_atomic(folder / "coverage.md", to_markdown(results, matrix, finished))
+    ops = {r.target: rows for r in results if r.wheel and r.wheel.is_file() and (rows := wheel_ops(r.wheel))}
+    js = write_atomic(folder / "coverage.json", json.dumps(to_json(results, matrix, finished, ops), indent=2) + "\n")
+    md = write_atomic(folder / "coverage.md", to_markdown(results, matrix, finished, ops))
     return js, md
 
 

@@ -296,13 +296,21 @@ def cached(
     system_site_packages: bool = False,
     base: Path | None = None,
 ) -> Path:
-    """A complete venv with `requirements` under `root`, made once and reused."""
+    """A complete venv with `requirements` under `root`, made once and reused. Builders sharing
+    `root` (the op units of one target on Slurm) wait for the one making it, then reuse it."""
+    from filelock import FileLock
+
     venv = root / env_key(requirements, system_site_packages, base)
     if (venv / COMPLETE).is_file():
         output.note(f"reusing environment {venv}")
         return venv
-    create(venv, requirements, log, verbose, system_site_packages, base)
-    (venv / COMPLETE).write_text("\n".join(requirements) + "\n", encoding="utf-8")
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(venv) + ".lock"):
+        if (venv / COMPLETE).is_file():
+            output.note(f"reusing environment {venv} (made meanwhile by another builder)")
+            return venv
+        create(venv, requirements, log, verbose, system_site_packages, base)
+        (venv / COMPLETE).write_text("\n".join(requirements) + "\n", encoding="utf-8")
     return venv
 
 

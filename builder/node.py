@@ -300,21 +300,44 @@ def reason_table(f: Fields, key: str) -> dict[str, str]:
     return dict(table)
 
 
-def op_table(entry: WheelEntry) -> list[dict[str, str]]:
+def op_rows(
+    ops: Sequence[str],
+    missing: Mapping[str, str],
+    archs: Sequence[str],
+    narrowed: Mapping[str, Sequence[str]],
+    checks: Mapping[str, tuple[str, str]],
+) -> list[dict[str, str]]:
     """One row per op the recipe asked for: built or why not, the archs its code holds, and what
-    the smoke found when loading it and checking what it computes."""
+    the smoke found when loading it and checking what it computes (`checks`: name -> (status, detail))."""
     rows = []
-    for op in sorted({*entry.ops, *entry.missing_ops}):
-        if op in entry.missing_ops:
-            rows.append({"op": op, "built": "no", "archs": "-", "loaded": "-", "checked": "-",
-                         "why": entry.missing_ops[op]})  # fmt: skip
+    for op in sorted({*ops, *missing}):
+        if op in missing:
+            rows.append({"op": op, "built": "no", "archs": "-", "loaded": "-", "checked": "-", "why": missing[op]})
             continue
-        archs = entry.narrowed_ops.get(op, entry.archs)
-        load = entry.smoke.checks.get(f"load:{op}", ("not run", ""))
-        check = entry.smoke.checks.get(f"numerics:{op}", ("not run", "no check of what it computes"))
-        rows.append({"op": op, "built": "yes", "archs": ";".join(archs) or "cpu", "loaded": load[0],
-                     "checked": check[0], "why": check[1] if check[0] != "passed" else ""})  # fmt: skip
+        held = narrowed.get(op, archs)
+        load = checks.get(f"load:{op}", ("not run", ""))
+        check = checks.get(f"numerics:{op}", ("not run", "no check of what it computes"))
+        why = check[1] if check[0] != "passed" else ""
+        if load[0] not in ("passed", "not run"):
+            why = load[1]
+        rows.append({"op": op, "built": "yes", "archs": ";".join(held) or "cpu", "loaded": load[0],
+                     "checked": check[0], "why": why})  # fmt: skip
     return rows
+
+
+def op_table(entry: WheelEntry) -> list[dict[str, str]]:
+    """The op rows of a published wheel, from its manifest entry and its smoke summary."""
+    return op_rows(entry.ops, entry.missing_ops, entry.archs, entry.narrowed_ops, entry.smoke.checks)
+
+
+def format_op_rows(rows: Sequence[Mapping[str, str]]) -> list[str]:
+    """The op table as aligned text lines (install --dry-run, build-wheel)."""
+    lines = []
+    for row in rows:
+        why = f"  ({row['why'][:160]})" if row["why"] else ""
+        lines.append(f"op {row['op']:24} built {row['built']:3} archs {row['archs']:10} loaded {row['loaded']:8} "
+                     f"checked {row['checked']}{why}")  # fmt: skip
+    return lines
 
 
 def parse_wheel_entry(name: str, data: object, where: str) -> WheelEntry:
@@ -905,10 +928,8 @@ def install(wheelhouse: str, python: str, dry_run: bool = False, pip_args: Seque
     for line in narrowed_for(entry, node):
         say(f"warning: {line}")
     table = op_table(entry)
-    for row in table:
-        why = f"  ({row['why'][:160]})" if row["why"] else ""
-        say(f"    op {row['op']:24} built {row['built']:3} archs {row['archs']:10} loaded {row['loaded']:8} "
-            f"checked {row['checked']}{why}")  # fmt: skip
+    for line in format_op_rows(table):
+        say(f"    {line}")
     data = checked_wheel(base, entry)
     deps = checked_dependencies(base, manifest, entry)
     say(f"==> {entry.name}: sha256 {entry.sha256[:16]}... verified, build manifest agrees; "

@@ -21,7 +21,7 @@ from typing import Any
 
 from builder.cmd import query
 from builder.errors import BuilderError, RecipeError, ToolError
-from builder.recipe import SLURM_SIZES, Recipe, check_slurm_table, load_recipe
+from builder.recipe import ON_OP_FAILURE, SLURM_SIZES, Recipe, check_slurm_table, load_recipe
 
 _VERSION_SPEC = re.compile(r"^3\.\d{1,2}$")
 
@@ -179,7 +179,7 @@ class GpuSmoke:
     time: str = "00:30:00"
 
 
-_MATRIX_KEYS = {"recipes": list, "python": list, "deepspeed": list, "jobs": int, "slurm": dict}
+_MATRIX_KEYS = {"recipes": list, "python": list, "deepspeed": list, "jobs": int, "on_op_failure": str, "slurm": dict}
 _SLURM_KEYS = {**SLURM_SIZES, "partition": str, "account": str, "compiler_cache": Path}
 _GPU_KEYS = {"partition": str, "gres": str, "require_gpu": bool, "time": str}
 
@@ -208,6 +208,11 @@ def parse_matrix(data: Mapping[str, Any], path: Path) -> Matrix:
     if not all(isinstance(p, str) for p in pythons):
         raise RecipeError(f"{path}: python must list versions or paths", 'e.g. python = ["3.10", "3.12"]')
     base = [load_recipe((path.parent / f).resolve()) for f in files]
+    if "on_op_failure" in data:  # for every recipe of the matrix: a failing op drops, or fails its target
+        if data["on_op_failure"] not in ON_OP_FAILURE:
+            raise RecipeError(f'{path}: on_op_failure = "{str(data["on_op_failure"])[:40]}" is not one of '
+                              f"{', '.join(ON_OP_FAILURE)}", "fail (the default) or drop")  # fmt: skip
+        base = [dataclasses.replace(r, on_op_failure=data["on_op_failure"]) for r in base]
     versions = data.get("deepspeed", [])
     recipes = list(base)
     if versions:

@@ -112,3 +112,26 @@ def test_auto_jobs_follow_cores_and_memory() -> None:
     assert pipeline.auto_jobs(6, cores=16, mem_gb=120.0) == 2  # the H100 machine: 8 cores each
     assert pipeline.auto_jobs(6, cores=64, mem_gb=60.0) == 2  # memory, not cores, is the limit
     assert pipeline.auto_jobs(3, cores=64, mem_gb=None) == 3  # never more than there are targets
+
+
+def test_the_report_holds_each_wheels_op_table() -> None:
+    """Per target with a wheel: op, built or why not, archs, loaded and checked (rows as node.op_rows
+    makes them from the build manifest and the smoke report); a reason holding '|' or newlines
+    stays inside its cell."""
+    from builder.node import op_rows
+
+    rows = op_rows(
+        ["async_io", "fused_adam"], {"gds": "refused: no libaio |\nsecond line"}, ["9.0"], {},
+        {"load:async_io": ("passed", ""), "numerics:async_io": ("passed", "4 MiB read back"),
+         "load:fused_adam": ("passed", ""), "numerics:fused_adam": ("skipped", "no GPU visible")},
+    )  # fmt: skip
+    result = pipeline.TargetResult(
+        "all", "all", "3.11", None, {s: pipeline.StageResult("passed") for s in pipeline.STAGES}
+    )
+    text = coverage.to_markdown([result], None, "2026-11-23T00:00:00+00:00", {"all": rows})
+    assert "Ops of all:" in text
+    assert "| async_io | yes | 9.0 | passed | passed |  |" in text
+    assert "| fused_adam | yes | 9.0 | passed | skipped | no GPU visible |" in text
+    assert "| gds | no | - | - | - | refused: no libaio / second line |" in text
+    data = coverage.to_json([result], None, "t", {"all": rows})
+    assert data["targets"][0]["ops"] == rows

@@ -83,7 +83,12 @@ def test_matrix_files(tmp_path: Path) -> None:
     assert matrix.jobs == 2 and matrix.python == ("3.11",)
     assert [r.deepspeed.version for r in matrix.recipes] == ["0.19.8", "0.18.9"]
     assert [t.name for t in targets_for(matrix.recipes, matrix.python)] == ["cpu-ds0.19.8", "cpu-ds0.18.9"]
+    assert all(r.on_op_failure == "fail" for r in matrix.recipes)
+    dropping = tmp_path / "drop.toml"
+    dropping.write_text('recipes = ["recipes/cpu.toml"]\non_op_failure = "drop"\n')
+    assert [r.on_op_failure for r in load_matrix(dropping).recipes] == ["drop"]
     for text, expected in [
+        ('recipes = ["recipes/cpu.toml"]\non_op_failure = "ignore"\n', 'on_op_failure = "ignore" is not one of'),
         ('recipes = ["recipes/cpu.toml"]\ncolour = 1\n', 'unknown key "colour"'),
         ("recipes = []\n", "recipes must list recipe files"),
         ('recipes = ["recipes/nope.toml"]\n', "cannot read recipe"),

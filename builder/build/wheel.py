@@ -308,6 +308,7 @@ def _summary(wheel: Path, plan: BuildPlan, seconds: float, log: Path, sizes: dic
         f"built {wheel.name} in {seconds:.0f}s\n"
         f"    wheel: {wheel} ({size:.1f} MB; .so files {so_after:.1f} MB{stripped})\n"
         f"    ops:   {', '.join(op.name for op in plan.ops)}\n"
-        f"    archs: {';'.join(plan.archs) or '-'}\n"
+        + "".join(f"    not built: {op}: {why[:300]}\n" for op, why in sorted(plan.missing.items()))
+        + f"    archs: {';'.join(plan.archs) or '-'}\n"
         f"    log:   {log}"
     )
