@@ -168,6 +168,16 @@ def parser() -> argparse.ArgumentParser:
         "Build TARGET of RUN in its folder WORK_DIR/slurm/targets/TARGET (the same in every run), with the "
         "shared compiler cache; smoke it here unless a GPU smoke job does; write RUN/results/TARGET.build.json.",
     ).add_argument("--target", required=True, metavar="NAME")
+    su = slurm_command(
+        "slurm-units",
+        "(run by each Slurm unit task) build a share of one target's op units",
+        "Build group GROUP of OF of TARGET's op units (shared out by the build times earlier runs recorded) "
+        "into the unit cache every job of RUN shares, and write RUN/results/TARGET.units-GROUP.json. The "
+        "target's build task then assembles its wheel from the cache.",
+    )
+    su.add_argument("--target", required=True, metavar="NAME")
+    su.add_argument("--group", required=True, type=int)
+    su.add_argument("--of", required=True, type=int)
     sk = slurm_command(
         "slurm-smoke",
         "(run by a Slurm GPU smoke job) smoke one built target on this node's GPUs",

@@ -148,6 +148,15 @@ def slurm_task(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1  # a failed build fails the task, so Slurm cancels its GPU smoke job
 
 
+def slurm_units(args: argparse.Namespace) -> int:
+    from builder import slurm
+
+    rows = slurm.run_units_task(args.run.resolve(), args.target, args.group, args.of)
+    for row in rows:
+        output.note(f"unit {row['op']}: {row['status']}" + (f": {row['failure']}" if row["failure"] else ""))
+    return 0  # a failed unit is the build task's to name (or drop), after every unit task has ended
+
+
 def slurm_smoke(args: argparse.Namespace) -> int:
     from builder import slurm
 
@@ -417,6 +426,7 @@ HANDLERS = {
     "build-wheel": build_wheel,
     "slurm-collect": slurm_collect,
     "slurm-task": slurm_task,
+    "slurm-units": slurm_units,
     "slurm-smoke": slurm_smoke,
     "slurm-status": slurm_status,
     "smoke": smoke,

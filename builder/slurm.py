@@ -1,6 +1,11 @@
-"""A matrix on Slurm: a job array of builds, a GPU smoke job per GPU type, one collect job.
+"""A matrix on Slurm: a job array of op units, a job array of builds, a GPU smoke job per GPU
+type, one collect job.
 
-Each array task builds one target (`slurm-task`) in a folder that is the same for every run and
+Each unit task (`slurm-units`) builds a share of one target's op units into the unit cache every
+job shares: the ops of a target are spread over as many tasks (a recipe's named ops, one task
+each; ops = "all", [slurm] unit_tasks of them), balanced by the build times earlier runs
+recorded, so a full-op target compiles on several nodes at once. Each build task (afterany on the
+unit arrays) builds one target (`slurm-task`) in a folder that is the same for every run and
 every node (WORK/slurm/targets/<name>), with one compiler cache for all tasks, so a re-run reuses
 unchanged targets by build key and a changed one compiles from the cache whichever node it lands
 on. A CUDA target whose archs map to a GPU partition ([slurm.gpu]) is smoked there by its own job
@@ -31,7 +36,7 @@ from builder.coverage import TARGET_NAME, parse_stages
 from builder.coverage import load as load_coverage
 from builder.errors import BuilderError, MatrixError, RecipeError, ToolError
 from builder.files import make_dirs, write_atomic
-from builder.node import Fields, ManifestError, check_wheel_name, read_bounded
+from builder.node import OP_RE, Fields, ManifestError, check_wheel_name, read_bounded
 from builder.pipeline import StageResult, TargetResult
 from builder.recipe import SLURM_WORD
 from builder.targets import GpuSmoke, Target
@@ -51,6 +56,36 @@ class SlurmOptions:
     cpus: int = 8
     mem: str = "24G"
     time: str = "02:00:00"
+    unit_tasks: int = 8  # unit tasks of an ops = "all" target (a recipe naming N ops gets N at most)
+
+
+def unit_tasks(target: Target, cap: int) -> int:
+    """How many unit tasks share a target's ops: one per named op, `cap` for ops = "all" (pure)."""
+    return max(1, cap if target.recipe.all_ops else min(len(target.recipe.ops), cap))
+
+
+def recorded_times(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """op -> the build time its newest unit record holds (unit.json files of the unit cache), for
+    sharing units out between tasks (pure)."""
+    newest: dict[str, tuple[str, float]] = {}
+    for r in records:
+        op, at, seconds = r.get("op"), str(r.get("built_at", "")), r.get("seconds")
+        if isinstance(op, str) and isinstance(seconds, int | float) and (op not in newest or at > newest[op][0]):
+            newest[op] = (at, float(seconds))
+    return {op: seconds for op, (_, seconds) in sorted(newest.items())}
+
+
+def read_unit_records(cache: Path) -> list[dict[str, Any]]:
+    """The unit.json of every unit in the cache that reads as JSON (times only: nothing is reused from them)."""
+    out = []
+    for path in sorted(cache.glob("*/unit.json")):
+        try:
+            data = json.loads(read_bounded(path, "report"))
+        except (OSError, ValueError, ManifestError):
+            continue
+        if isinstance(data, dict):
+            out.append(data)
+    return out
 
 
 def _sbatch_flags(opts: SlurmOptions) -> list[str]:
@@ -87,6 +122,21 @@ exec {shlex.quote(python)} -m builder slurm-task {shlex.quote(str(run))} --targe
 """
 
 
+def units_script(tasks: Sequence[tuple[str, int, int]], run: Path, python: str) -> str:
+    """An array job: task i builds group tasks[i][1] of tasks[i][2] of target tasks[i][0]'s op units (pure)."""
+    names = " ".join(shlex.quote(t) for t, _, _ in tasks)
+    groups = " ".join(f"{g}/{n}" for _, g, n in tasks)
+    return f"""#!/bin/bash
+# ds-wheel-builder: one share of a matrix target's op units per array task, into the shared unit cache.
+set -u
+names=({names})
+groups=({groups})
+share="${{groups[$SLURM_ARRAY_TASK_ID]}}"
+exec {shlex.quote(python)} -m builder slurm-units {shlex.quote(str(run))} --target "${{names[$SLURM_ARRAY_TASK_ID]}}" \\
+    --group "${{share%/*}}" --of "${{share#*/}}"
+"""
+
+
 def smoke_script(target: str, partition: str, run: Path, python: str) -> str:
     return f"""#!/bin/bash
 # ds-wheel-builder: smoke {target} on the GPUs of partition {partition} (FusedAdam, bitsandbytes, NCCL).
@@ -112,9 +162,11 @@ def sizing(target: Target, opts: SlurmOptions) -> SlurmOptions:
 def plan_record(
     targets: Sequence[Target], matrix: Path, run: Path, work: Path, wheelhouse: Path, cache: Path,
     sdists: Path, gpu: Mapping[str, GpuSmoke], opts: SlurmOptions = SlurmOptions(),
+    unit_times: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """The run record every job reads back (pure): one job array per build-task size (an array's
-    tasks share one size), targets with their array and task, their folders and smoke jobs."""
+    tasks share one size) and one of unit tasks beside each, targets with their array and task,
+    their folders and smoke jobs, and the unit build times the unit tasks share units out by."""
     sizes: list[SlurmOptions] = []
     place: list[tuple[int, int]] = []
     for t in targets:
@@ -125,6 +177,12 @@ def plan_record(
         place.append((group, sum(1 for g, _ in place if g == group)))
     arrays = [{"size": dataclasses.asdict(size), "targets": [t.name for t, (g, _) in zip(targets, place, strict=True)
                                                              if g == i]} for i, size in enumerate(sizes)]  # fmt: skip
+    unit_arrays = [
+        {"size": array["size"],
+         "tasks": [[t.name, g, n] for t in targets if t.name in array["targets"]
+                   for n in [unit_tasks(t, opts.unit_tasks)] for g in range(n)]}
+        for array in arrays
+    ]  # fmt: skip
     return {
         "schema": SCHEMA,
         "matrix": str(matrix),
@@ -133,6 +191,8 @@ def plan_record(
         "compiler_cache": str(cache),
         "sdists": str(sdists),
         "arrays": arrays,
+        "unit_arrays": unit_arrays,
+        "unit_times": dict(unit_times or {}),
         "targets": [
             {
                 "name": t.name,
@@ -158,7 +218,8 @@ def submit(
     make_dirs(run / "logs")
     make_dirs(run / "results")
     python = sys.executable
-    record = plan_record(targets, matrix.resolve(), run, work, wheelhouse.resolve(), cache, sdists, gpu, opts)
+    times = recorded_times(read_unit_records(unit_cache_of(work)))
+    record = plan_record(targets, matrix.resolve(), run, work, wheelhouse.resolve(), cache, sdists, gpu, opts, times)
 
     def save() -> None:
         write_atomic(run / RUN_FILE, json.dumps(record, indent=2) + "\n")
@@ -179,11 +240,23 @@ def _submit_jobs(
     record: dict[str, Any], run: Path, wheelhouse: Path, opts: SlurmOptions, python: str, save: Any,
     submitted: list[str],
 ) -> None:  # fmt: skip
+    for i, units_plan in enumerate(record["unit_arrays"]):
+        tasks = [(name, group, of) for name, group, of in units_plan["tasks"]]
+        script = write_atomic(run / f"units-{i}.sh", units_script(tasks, run, python), mode=0o755)
+        units_plan["job"] = _sbatch(
+            [*_sbatch_flags(SlurmOptions(**units_plan["size"])), f"--array=0-{len(tasks) - 1}",
+             "--job-name=ds-units", f"--output={run / 'logs'}/units-%A_%a.log", str(script)]
+        )  # fmt: skip
+        submitted.append(units_plan["job"])
+    save()
+    # Every unit task has ended (built, failed or not) before a build task assembles: what a unit task
+    # could not build, the build task builds itself, or names.
+    units_done = f"--dependency=afterany:{':'.join(u['job'] for u in record['unit_arrays'])}"
     for i, array_plan in enumerate(record["arrays"]):
         build = write_atomic(run / f"build-{i}.sh", build_script(array_plan["targets"], run, python), mode=0o755)
         array = _sbatch(
             [*_sbatch_flags(SlurmOptions(**array_plan["size"])), f"--array=0-{len(array_plan['targets']) - 1}",
-             "--job-name=ds-build", f"--output={run / 'logs'}/build-%A_%a.log", str(build)]
+             units_done, "--job-name=ds-build", f"--output={run / 'logs'}/build-%A_%a.log", str(build)]
         )  # fmt: skip
         submitted.append(array)
         array_plan["job"] = array
@@ -231,7 +304,7 @@ def _sbatch(args: list[str]) -> str:
 
 def jobs_of(record: Mapping[str, Any]) -> list[str]:
     smokes = [s["job"] for t in record["targets"] for s in t["smoke"] if s.get("job")]
-    arrays = [a.get("job") for a in record["arrays"]]
+    arrays = [a.get("job") for a in [*record.get("unit_arrays", []), *record["arrays"]]]
     return [j for j in [*arrays, *smokes, record.get("collect_job")] if j]
 
 
@@ -260,6 +333,19 @@ def load_run(run: Path) -> dict[str, Any]:
             a = Fields(array, f"{where}: arrays[{i}]")
             a.text("job", _JOB_ID, optional=True)
             arrays.append(a.texts("targets", TARGET_NAME))
+        names = {Fields(item, where).text("name", TARGET_NAME) for item in f.get("targets", list)}
+        for i, array in enumerate(f.get("unit_arrays", list, optional=True) or []):
+            a = Fields(array, f"{where}: unit_arrays[{i}]")
+            a.text("job", _JOB_ID, optional=True)
+            for task in a.get("tasks", list):
+                ok = isinstance(task, list) and len(task) == 3 and task[0] in names
+                if not ok or not all(isinstance(n, int) and not isinstance(n, bool) for n in task[1:]):
+                    raise a.fail("tasks", f"holds {str(task)[:80]!r}, not [target, task, tasks]")
+                if not 0 <= task[1] < task[2] <= 1000:
+                    raise a.fail("tasks", f"holds task {task[1]} of {task[2]}")
+        times = f.get("unit_times", dict, optional=True) or {}
+        if not all(OP_RE.match(str(op)) and isinstance(v, int | float) and v >= 0 for op, v in times.items()):
+            raise f.fail("unit_times", "is not {op: seconds}")
         for i, item in enumerate(f.get("targets", list)):
             t = Fields(item, f"{where}: targets[{i}]")
             name = t.text("name", TARGET_NAME)
@@ -364,17 +450,19 @@ def _job_env() -> tuple[str, str]:
     return os.environ.get("SLURM_JOB_ID", ""), socket.gethostname().split(".")[0]
 
 
-def run_task(run: Path, name: str) -> TargetResult:
-    """The build task of one target: build (and smoke on CPU when no GPU job smokes it) in the
-    target's own stable folder, under its lock; the result goes to the run's results folder."""
-    from filelock import FileLock
+def unit_cache_of(work: Path) -> Path:
+    """The unit cache every job of a run shares (and builds in the submitter's work folder reuse)."""
+    from builder.units.cache import UNIT_CACHE_ENV
 
-    from builder import pipeline
+    return Path(os.environ[UNIT_CACHE_ENV]) if os.environ.get(UNIT_CACHE_ENV) else work / "cache" / "units"
+
+
+def _task_target(run: Path, name: str) -> tuple[dict[str, Any], dict[str, Any], Target]:
+    """The run record, the target's entry and the Target, with the shared caches put in the environment."""
     from builder.build.ccache import CACHE_DIR_ENV
-    from builder.build.source import SDIST_CACHE_ENV, sha256_of
+    from builder.build.source import SDIST_CACHE_ENV
     from builder.targets import load_matrix, select, targets_for
     from builder.units.cache import UNIT_CACHE_ENV
-    from builder.workspace import Workspace
 
     record = load_run(run)
     item = entry(record, name)
@@ -387,10 +475,48 @@ def run_task(run: Path, name: str) -> TargetResult:
     os.environ.setdefault(SDIST_CACHE_ENV, record["sdists"])
     # Op units are shared by every task and by builds in the submitter's work folder: a unit any of
     # them built (same inputs) is never compiled again.
-    os.environ.setdefault(UNIT_CACHE_ENV, str(Path(record["work"]) / "cache" / "units"))
+    os.environ.setdefault(UNIT_CACHE_ENV, str(unit_cache_of(Path(record["work"]))))
+    return record, item, target
+
+
+def _cores() -> int:
+    return int(os.environ.get("SLURM_CPUS_PER_TASK", "0")) or len(os.sched_getaffinity(0))
+
+
+def run_units_task(run: Path, name: str, group: int, groups: int) -> list[dict[str, Any]]:
+    """A unit task: build its share of the target's op units into the shared unit cache (in the
+    target's folder, beside the other tasks of that target) and write what became of each."""
+    from builder.build.wheel import build_unit_group
+    from builder.workspace import Workspace
+
+    record, item, target = _task_target(run, name)
+    if not 0 <= group < groups:
+        raise MatrixError(f"unit task {group} of {groups} does not exist", "submit the matrix again")
     folder = Path(item["folder"])
     make_dirs(folder)
-    cores = int(os.environ.get("SLURM_CPUS_PER_TASK", "0")) or len(os.sched_getaffinity(0))
+    times = {k: float(v) for k, v in record.get("unit_times", {}).items() if isinstance(v, int | float)}
+    results = build_unit_group(target, Workspace(folder), group, groups, times, _cores())
+    job, node = _job_env()
+    rows = [{"op": r.unit.op.name, "key": r.unit.key, "status": r.status, "seconds": round(r.seconds, 1),
+             "failure": r.failure[:2000]} for r in results]  # fmt: skip
+    write_atomic(results_dir(run) / f"{name}.units-{group}.json",
+                 json.dumps({"schema": 1, "units": rows, "job": job, "node": node}, indent=2) + "\n")  # fmt: skip
+    return rows
+
+
+def run_task(run: Path, name: str) -> TargetResult:
+    """The build task of one target: build (and smoke on CPU when no GPU job smokes it) in the
+    target's own stable folder, under its lock; the result goes to the run's results folder."""
+    from filelock import FileLock
+
+    from builder import pipeline
+    from builder.build.source import sha256_of
+    from builder.workspace import Workspace
+
+    _, item, target = _task_target(run, name)
+    folder = Path(item["folder"])
+    make_dirs(folder)
+    cores = _cores()
     stages = pipeline.Stages(smoke=not item["smoke"], publish=False)
     with FileLock(str(folder) + ".lock"):  # another run building the same target waits here
         (result,) = pipeline.run([target], Workspace(folder), run / "unused", stages, keep_going=True, cores=cores)

@@ -180,7 +180,7 @@ class GpuSmoke:
 
 
 _MATRIX_KEYS = {"recipes": list, "python": list, "deepspeed": list, "jobs": int, "on_op_failure": str, "slurm": dict}
-_SLURM_KEYS = {**SLURM_SIZES, "partition": str, "account": str, "compiler_cache": Path}
+_SLURM_KEYS = {**SLURM_SIZES, "partition": str, "account": str, "compiler_cache": Path, "unit_tasks": int}
 _GPU_KEYS = {"partition": str, "gres": str, "require_gpu": bool, "time": str}
 
 

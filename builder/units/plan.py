@@ -78,3 +78,21 @@ def plan_units(
 def describe(units: Sequence[Unit], parallel: int) -> str:
     jobs = units[0].env["MAX_JOBS"] if units else "-"
     return f"{len(units)} op units, {parallel} at once, MAX_JOBS={jobs} each"
+
+
+# What an op never built before is taken to cost when units are shared out between tasks: about the
+# longest unit measured on 2 cores (inference_core_ops, evoformer_attn take minutes; most ops under one).
+UNKNOWN_SECONDS = 600.0
+
+
+def group_units(units: Sequence[Unit], groups: int, seconds: Mapping[str, float]) -> list[list[Unit]]:
+    """Units shared out between `groups` tasks so that each task's recorded build time is about the
+    same (longest first, each to the least loaded task); the same inputs give the same groups, so
+    every task of a Slurm array computes the same split independently."""
+    loads = [0.0] * max(1, groups)
+    out: list[list[Unit]] = [[] for _ in loads]
+    for unit in sorted(units, key=lambda u: (-seconds.get(u.op.name, UNKNOWN_SECONDS), u.op.name)):
+        i = min(range(len(loads)), key=lambda k: (loads[k], k))
+        out[i].append(unit)
+        loads[i] += seconds.get(unit.op.name, UNKNOWN_SECONDS)
+    return out
