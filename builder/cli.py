@@ -311,6 +311,13 @@ def parser() -> argparse.ArgumentParser:
     bn.add_argument("--runs", type=int, default=3, help="runs to take the median of (default: %(default)s)")
     bn.add_argument("--out", type=Path, default=Path("build/bench"), help="results folder (default: %(default)s)")
     bn.add_argument(
+        "--all-ops",
+        action="store_true",
+        help='instead: for an ops = "all" recipe, a cold build as op units (less one op) vs plain DeepSpeed '
+        "building the same ops in one run, then the op added; peak memory and a projection over 1-64 nodes; "
+        "writes OUT/bench-all.md",
+    )
+    bn.add_argument(
         "--slurm-matrix",
         type=Path,
         metavar="FILE",

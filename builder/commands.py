@@ -380,9 +380,12 @@ def _provision_slurm(args: argparse.Namespace, ws: Workspace, url: str) -> int:
 
 def bench(args: argparse.Namespace) -> int:
     from builder.bench import bench as run_bench
-    from builder.bench import bench_slurm
+    from builder.bench import bench_all_ops, bench_slurm
     from builder.recipe import load_recipe
 
+    if args.all_ops:
+        bench_all_ops(load_recipe(args.recipe), args.out.resolve())
+        return 0
     if args.slurm_matrix:
         bench_slurm(args.slurm_matrix.resolve(), args.out.resolve())
         return 0

@@ -52,3 +52,28 @@ def test_the_slurm_bench_changes_one_recipe_of_a_copy_of_the_matrix(tmp_path: Pa
     assert (
         "| second run (+cpu_lion in cpu): Slurm, shared compiler cache, vs Slurm cold | 60 s vs 240 s | 0.25 |" in table
     )
+
+
+def test_the_all_ops_bench_projects_the_units_over_nodes() -> None:
+    """Longest first to the least loaded node: one node is the sum, enough nodes the longest unit."""
+    from builder.bench import PeakMemory, projection, render_all_ops
+
+    times = [600.0, 300.0, 200.0, 100.0, 100.0]
+    assert projection(times, 1) == 1300.0
+    assert projection(times, 2) == 700.0  # 600+100 / 300+200+100
+    assert projection(times, 64) == 600.0 and projection([], 4) == 0.0
+    assert PeakMemory.used_gb() > 0
+    result = {
+        "recipe": "cu130-hopper-all", "cores": 2, "ops": ["a"] * 19, "extra_op": "utils",
+        "seconds": {"units_cold": 1000.0, "plain": 2000.0, "one_op": 60.0},
+        "wheel_bytes": {"units": 30_000_000, "plain": 90_000_000}, "peak_memory_gb": 7.5,
+        "unit_seconds": {"evoformer_attn": 600.0, "utils": 20.0},
+        "projection_s": {1: 1300, 4: 600, 16: 600, 64: 600},
+        "ratios": {"units_vs_plain": 0.5, "one_op_vs_cold": 0.06},
+    }  # fmt: skip
+    table = render_all_ops(result)
+    assert (
+        "| cold, op units vs plain DeepSpeed (DS_BUILD_<OP>=1, ninja, MAX_JOBS=2) | 1000 s vs 2000 s | 0.50 |" in table
+    )
+    assert "(+utils) to the built recipe vs its cold build | 60 s vs 1000 s | 0.06 | <= 0.1 |" in table
+    assert "evoformer_attn 600 s, bounds it): 1300 s / 600 s / 600 s / 600 s." in table

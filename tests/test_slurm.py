@@ -1,6 +1,7 @@
 """The matrix on a real one-node Slurm (tests/slurm_cluster.py brings it up and down).
 
-Three targets through sbatch: `adam` (cpu_adam) builds and smokes in its array task; `cuadam` (a
+Three targets through sbatch, each op first compiled by a task of the unit array into the shared
+unit cache: `adam` (cpu_adam) builds and smokes in its array task; `cuadam` (a
 CUDA recipe for sm_90) builds in its array task and is smoked by its own job on the `h100`
 partition with --gres=gpu:1, whose GPUs are FAKE (so the smoke inside honestly sees none, and the
 matrix says require_gpu = false); `ccl` (deepspeed_ccl_comm, which needs Intel oneCCL: refused
@@ -95,6 +96,15 @@ def test_a_matrix_runs_as_a_job_array_gpu_smoke_jobs_and_one_collect_job(
     rows = {t["target"]: t for t in report["targets"]}
     status = {name: {s: v["status"] for s, v in row["stages"].items()} for name, row in rows.items()}
     assert status["adam"] == status["cuadam"] == {"build": "passed", "smoke": "passed", "publish": "passed"}
+    # Op units (issue 21): each target's op compiled in a unit task of the unit array, into the unit
+    # cache every job shares; the build task then assembled its wheel from the cache.
+    (units,) = record["unit_arrays"]
+    assert units["tasks"] == [["adam", 0, 1], ["ccl", 0, 1], ["cuadam", 0, 1]] and units["job"]
+    unit_rows = json.loads((run / "results" / "adam.units-0.json").read_text())["units"]
+    assert [(u["op"], u["status"]) for u in unit_rows] == [("cpu_adam", "built")]
+    (built,) = (work / "slurm" / "targets" / "adam" / "dist").glob("*.whl.build.json")
+    assert json.loads(built.read_text())["units"]["cpu_adam"]["status"] == "cached"
+    assert not (run / "results" / "ccl.units-0.json").exists()  # refused before compiling: the build task says so
     assert (
         rows["adam"]["slurm"]["job"] == f"{record['arrays'][0]['job']}_0"
         and Path(rows["adam"]["slurm"]["log"]).is_file()
