@@ -211,3 +211,14 @@ def test_missing_ops_in_a_manifest_are_checked_as_hostile_input() -> None:
     for bad in ({"../x": "why"}, {"gds": 5}, {"gds": "x" * 5000}):
         with pytest.raises(ManifestError):
             reason_table(Fields({"missing_ops": bad}, "m"), "missing_ops")
+
+
+def test_the_driver_link_stub_exports_what_cuda_h_declares() -> None:
+    """Names after cuda.h's macros (cuMemAlloc is cuMemAlloc_v2), each once: what NVIDIA's stub
+    exports, so an op calling the driver (gds: cuGetErrorName) keeps libcuda.so.1 as a dependency."""
+    text = (
+        "typedef int CUresult;\nCUresult cuGetErrorName(CUresult error, const char **pStr);\n"
+        "CUresult cuMemAlloc_v2(void **dptr, unsigned long bytesize);\nCUresult cuInit(unsigned int Flags);\n"
+        "CUresult cuInit(unsigned int Flags);\nint cudaNotADriverCall(void);\n"
+    )
+    assert needs.driver_functions(text) == ["cuGetErrorName", "cuInit", "cuMemAlloc_v2"]

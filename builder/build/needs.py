@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from builder.files import make_dirs
 NOT_OPS = ("deepspeed_not_implemented",)
 CUTLASS_REQUIREMENT = "nvidia-cutlass==4.2.0.0"  # headers only are used (--no-deps); DeepSpeed wants >= 3.1
 CUTLASS_OPS = ("evoformer_attn",)
+STUB_VERSION = "libcuda-stub-2"  # every cuda.h function (1 was empty: gds lost libcuda.so.1 and cuGetErrorName)
 # DeepSpeed versions whose fp_quantizer was measured not to compile with nvcc 13.0 (csrc/fp_quantizer/
 # fp_quantize_impl.cu(234): template parameter "q_exponent_bits" may not be redeclared in this scope).
 FP_QUANTIZER_NVCC13_BROKEN = ("0.19.8",)
@@ -159,6 +161,9 @@ class Supplied:
     include: tuple[str, ...] = ()
     lib: tuple[str, ...] = ()
     cutlass: str | None = None
+    # What was supplied, without paths (the same on every machine): it goes into the op units' keys,
+    # so a unit built against other link names, another stub or another CUTLASS is built again.
+    fingerprint: str = ""
 
     def apply(self, env: Mapping[str, str]) -> dict[str, str]:
         """`env` with the folders put before what it already names (pure)."""
@@ -183,8 +188,11 @@ def provide(python: Path, toolchain: Path, cache: Path, toolkit_root: str | None
     libs, includes = nvidia_lib_dirs(python)
     listing = {d: sorted(os.listdir(d)) for d in libs}
     links = link_names(libs, listing)
-    digest = hashlib.sha256(json.dumps(sorted((k, str(v)) for k, v in links.items())).encode()).hexdigest()[:12]
-    folder = toolchain / "lib" / digest
+    nccl_dirs = [d.name for d in includes if (d / "nccl.h").is_file()]
+    what = [STUB_VERSION, sorted((k, v.name) for k, v in links.items()), nccl_dirs, cutlass and CUTLASS_REQUIREMENT]
+    fingerprint = hashlib.sha256(json.dumps(what).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(json.dumps([fingerprint, sorted((k, str(v)) for k, v in links.items())]).encode())
+    folder = toolchain / "lib" / digest.hexdigest()[:12]
     make_dirs(folder)
     for name, target in links.items():
         path = folder / name
@@ -198,20 +206,48 @@ def provide(python: Path, toolchain: Path, cache: Path, toolkit_root: str | None
     if (stub / "libcuda.so").is_file():
         lib_path.append(str(stub))
     else:
-        _driver_stub(folder / "libcuda.so", log)
+        kit_include = [Path(toolkit_root) / "include"] if toolkit_root else []
+        _driver_stub(folder / "libcuda.so", [*kit_include, *includes], log)
     nccl = [str(d) for d in includes if (d / "nccl.h").is_file()][:1]
-    return Supplied(tuple(nccl), tuple(lib_path), str(install_cutlass(cache, log)) if cutlass else None)
+    return Supplied(tuple(nccl), tuple(lib_path), str(install_cutlass(cache, log)) if cutlass else None, fingerprint)
 
 
-def _driver_stub(path: Path, log: Path) -> None:
-    """A link stub for `-lcuda` (async_io and gds link it; they call no driver function): an empty
-    library named libcuda.so.1, as the stubs/ folder of NVIDIA's full toolkit holds. At run time the
-    node's driver provides the real libcuda.so.1."""
+_DRIVER_FUNCTION = re.compile(r"\b(cu[A-Z][A-Za-z0-9_]*)\s*\(")
+
+
+def driver_functions(preprocessed: str) -> list[str]:
+    """The driver API's function names as cuda.h declares them after its macros (cuMemAlloc_v2;
+    pure): what NVIDIA's libcuda.so link stub exports."""
+    return sorted(set(_DRIVER_FUNCTION.findall(preprocessed)))
+
+
+def _driver_stub(path: Path, include_dirs: Sequence[Path], log: Path) -> None:
+    """A link stub for `-lcuda` (async_io and gds link it), as the stubs/ folder of NVIDIA's full
+    toolkit holds: a library named libcuda.so.1 exporting every function cuda.h declares, so an op
+    that calls the driver (gds: cuGetErrorName) keeps libcuda.so.1 as a dependency, which the
+    node's driver provides at run time; an op that calls none does not (the linker drops it)."""
     if path.is_file():
         return
+    header = next((d for d in include_dirs if (d / "cuda.h").is_file()), None)
+    if header is None:
+        raise ToolError(
+            "no cuda.h in the toolkit or torch's CUDA packages: cannot make the libcuda link stub async_io and "
+            "gds need",
+            "use a CUDA toolkit that has include/cuda.h (its lib64/stubs/libcuda.so is then used)",
+        )
+    source = path.with_name(f".libcuda-stub.{os.getpid()}.c")
+    expanded = path.with_name(f".libcuda-stub.{os.getpid()}.i")
     tmp = path.with_name(f".libcuda.so.{os.getpid()}.tmp")
-    cmd.run(["cc", "-shared", "-Wl,-soname,libcuda.so.1", "-o", tmp, "-x", "c", "/dev/null"], log=log)
-    tmp.replace(path)
+    try:
+        source.write_text("#include <cuda.h>\n", encoding="utf-8")
+        cmd.run(["cc", "-E", "-P", "-I", header, "-o", expanded, source], log=log)
+        names = driver_functions(expanded.read_text(encoding="utf-8", errors="replace"))
+        source.write_text("".join(f"void {n}(void) {{}}\n" for n in names), encoding="utf-8")
+        cmd.run(["cc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", tmp, source], log=log)
+        tmp.replace(path)
+    finally:
+        for leftover in (source, expanded, tmp):
+            leftover.unlink(missing_ok=True)
 
 
 def install_cutlass(cache: Path, log: Path) -> Path:

@@ -145,6 +145,7 @@ def plan_target(
                                  needs.wants_cutlass(recipe.ops, recipe.all_ops, recipe.ops_except), log)  # fmt: skip
         output.note(f"needs: {supplied.describe()}")
         env = supplied.apply(env)
+        inputs = {**inputs, "needs": supplied.fingerprint}  # the units' keys: what they were built against
     report = ops.probe(env_python, src, env, log, archs)  # each op says which archs it accepts, before compiling
     plan = plan_build(recipe, report, archs, kit.version if kit else None, os.environ)
     for op, why in plan.missing.items():
