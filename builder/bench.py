@@ -495,7 +495,7 @@ def plain_all_ops(recipe: Recipe, ws: Workspace, out: Path, log: Path, op_names:
     archs = resolve_archs(recipe, machine.arch_list, kit.archs if kit else (), kit.version if kit else "-")
     if recipe.accelerator == "cuda":
         env = needs.provide(python, ws.root / "toolchain", ws.cache, kit.root if kit else None,
-                            "evoformer_attn" in op_names, log).apply(env)  # fmt: skip
+                            "evoformer_attn" in op_names, log, env).apply(env)  # fmt: skip
     report = ops.probe(python, src, env, log, archs)
     env.update({"DS_BUILD_OPS": "0", "DS_ENABLE_NINJA": "1", "MAX_JOBS": str(os.cpu_count() or 1),
                 "TORCH_NO_COMPILER_WRAPPER": "1", **{report.ops[o].build_var: "1" for o in op_names}})  # fmt: skip

@@ -182,9 +182,18 @@ class Supplied:
         return "; ".join(p for p in parts if p) or "nothing"
 
 
-def provide(python: Path, toolchain: Path, cache: Path, toolkit_root: str | None, cutlass: bool, log: Path) -> Supplied:
+def provide(
+    python: Path,
+    toolchain: Path,
+    cache: Path,
+    toolkit_root: str | None,
+    cutlass: bool,
+    log: Path,
+    env: Mapping[str, str] | None = None,
+) -> Supplied:
     """Make what CUDA ops need: link names for torch's pip CUDA libraries (and a link stub for the
-    driver's libcuda.so where the toolkit has none), nccl.h's folder, and CUTLASS when asked."""
+    driver's libcuda.so where the toolkit has none, compiled with `env`'s cc: the build's host
+    compiler), nccl.h's folder, and CUTLASS when asked."""
     libs, includes = nvidia_lib_dirs(python)
     listing = {d: sorted(os.listdir(d)) for d in libs}
     links = link_names(libs, listing)
@@ -207,7 +216,7 @@ def provide(python: Path, toolchain: Path, cache: Path, toolkit_root: str | None
         lib_path.append(str(stub))
     else:
         kit_include = [Path(toolkit_root) / "include"] if toolkit_root else []
-        _driver_stub(folder / "libcuda.so", [*kit_include, *includes], log)
+        _driver_stub(folder / "libcuda.so", [*kit_include, *includes], log, env)
     nccl = [str(d) for d in includes if (d / "nccl.h").is_file()][:1]
     return Supplied(tuple(nccl), tuple(lib_path), str(install_cutlass(cache, log)) if cutlass else None, fingerprint)
 
@@ -221,7 +230,7 @@ def driver_functions(preprocessed: str) -> list[str]:
     return sorted(set(_DRIVER_FUNCTION.findall(preprocessed)))
 
 
-def _driver_stub(path: Path, include_dirs: Sequence[Path], log: Path) -> None:
+def _driver_stub(path: Path, include_dirs: Sequence[Path], log: Path, env: Mapping[str, str] | None = None) -> None:
     """A link stub for `-lcuda` (async_io and gds link it), as the stubs/ folder of NVIDIA's full
     toolkit holds: a library named libcuda.so.1 exporting every function cuda.h declares, so an op
     that calls the driver (gds: cuGetErrorName) keeps libcuda.so.1 as a dependency, which the
@@ -240,10 +249,10 @@ def _driver_stub(path: Path, include_dirs: Sequence[Path], log: Path) -> None:
     tmp = path.with_name(f".libcuda.so.{os.getpid()}.tmp")
     try:
         source.write_text("#include <cuda.h>\n", encoding="utf-8")
-        cmd.run(["cc", "-E", "-P", "-I", header, "-o", expanded, source], log=log)
+        cmd.run(["cc", "-E", "-P", "-I", header, "-o", expanded, source], log=log, env=env)
         names = driver_functions(expanded.read_text(encoding="utf-8", errors="replace"))
         source.write_text("".join(f"void {n}(void) {{}}\n" for n in names), encoding="utf-8")
-        cmd.run(["cc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", tmp, source], log=log)
+        cmd.run(["cc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", tmp, source], log=log, env=env)
         tmp.replace(path)
     finally:
         for leftover in (source, expanded, tmp):

@@ -141,8 +141,10 @@ def plan_target(
     kit = next((t for t in machine.toolkits if t.root == machine.chosen_toolkit), None)
     archs = resolve_archs(recipe, machine.arch_list, kit.archs if kit else (), kit.version if kit else "-")
     if recipe.accelerator == "cuda":  # before the probe: DeepSpeed's own checks look for these too
-        supplied = needs.provide(env_python, ws.root / "toolchain", ws.cache, kit.root if kit else None,
-                                 needs.wants_cutlass(recipe.ops, recipe.all_ops, recipe.ops_except), log)  # fmt: skip
+        cutlass = needs.wants_cutlass(recipe.ops, recipe.all_ops, recipe.ops_except)
+        supplied = needs.provide(
+            env_python, ws.root / "toolchain", ws.cache, kit.root if kit else None, cutlass, log, env
+        )
         output.note(f"needs: {supplied.describe()}")
         env = supplied.apply(env)
         inputs = {**inputs, "needs": supplied.fingerprint}  # the units' keys: what they were built against
