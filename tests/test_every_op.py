@@ -26,6 +26,10 @@ from nodes import node_venv
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="the cpu recipe's local torch wheel is for Python 3.11"),
+    pytest.mark.skipif(
+        not Path("/usr/include/libaio.h").exists(),
+        reason="async_io needs libaio-dev on the build host: apt-get install libaio-dev (.ci/run installs it)",
+    ),
 ]
 ROOT = Path(__file__).resolve().parents[1]
 WHEEL = "deepspeed-0.19.8+cpu.torch2.13-cp311-cp311-manylinux_2_35_x86_64.whl"
