@@ -56,10 +56,13 @@ def test_cuda_only_op_is_not_in_the_cpu_list(probe: ProbeReport) -> None:
 
 
 def test_incompatible_op_fails_with_deepspeeds_reason(probe: ProbeReport) -> None:
+    from builder.build.plan import select_ops
+
+    recipe = dataclasses.replace(load_recipe(ROOT / "recipes" / "cpu.toml"), ops=("cpu_adam", "async_io"))
     with pytest.raises(BuildError) as err:
-        check_requested(("cpu_adam", "async_io"), probe)
-    assert "cannot build async_io" in err.value.message
-    assert "libaio" in err.value.message
+        select_ops(recipe, probe)
+    assert "cannot build async_io here" in err.value.message
+    assert "libaio" in err.value.message and "apt-get install libaio-dev" in err.value.message
 
 
 def test_local_labels() -> None:

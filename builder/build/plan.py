@@ -141,11 +141,11 @@ def select_ops(
     cannot build is an error, unless on_op_failure = "drop"."""
     known = needs.candidates(probe)
     if recipe.all_ops:
-        check_requested(tuple(op for op in recipe.ops_except if op not in needs.NOT_OPS), probe, names_only=True)
+        check_requested(tuple(op for op in recipe.ops_except if op not in needs.NOT_OPS), probe)
         wanted = tuple(op for op in known if op not in recipe.ops_except)
     else:
         wanted = recipe.ops
-    infos = check_requested(wanted, probe, names_only=True)
+    infos = check_requested(wanted, probe)
     refused = needs.refusals(infos, probe, recipe.deepspeed.version, nvcc, env or {})
     if refused and not recipe.all_ops and recipe.on_op_failure != "drop":
         raise BuildError(
