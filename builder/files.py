@@ -83,6 +83,16 @@ def write_atomic(path: Path, data: bytes | str, mode: int = FILE_MODE) -> Path:
     return _replace(path, lambda f: f.write(payload), mode)
 
 
+def link_atomic(link: Path, target: Path | str) -> Path:
+    """Point `link` at `target` in one step (a new link renamed over any old one), so builders
+    sharing a folder never see it missing or half-made, and neither fails on the other's."""
+    tmp = link.with_name(f".{link.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(target)
+    tmp.replace(link)
+    return link
+
+
 def copy_atomic(source: Path, target: Path, mode: int = FILE_MODE) -> Path:
     """Copy `source` to `target` with write_atomic's guarantee, without reading it all into memory."""
 

@@ -29,7 +29,7 @@ from packaging.version import Version
 from builder import cmd, envs, output
 from builder.build.ops import OpInfo, ProbeReport
 from builder.errors import ToolError
-from builder.files import make_dirs
+from builder.files import link_atomic, make_dirs
 
 # The CPU accelerator's placeholder for ops it lacks: not an op to build.
 NOT_OPS = ("deepspeed_not_implemented",)
@@ -206,10 +206,7 @@ def provide(
     for name, target in links.items():
         path = folder / name
         if not (path.is_symlink() and os.readlink(path) == str(target)):
-            tmp = folder / f".{name}.{os.getpid()}.tmp"  # builders sharing the folder: one each
-            tmp.unlink(missing_ok=True)
-            tmp.symlink_to(target)
-            tmp.replace(path)
+            link_atomic(path, target)
     lib_path = [str(folder)]
     stub = Path(toolkit_root or "/nonexistent") / "lib64" / "stubs"
     if (stub / "libcuda.so").is_file():

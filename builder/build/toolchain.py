@@ -16,7 +16,7 @@ from pathlib import Path
 
 from builder.detect import Compiler, Report, Toolkit, cuda_major_minor
 from builder.errors import FolderError, ToolError
-from builder.files import make_dirs, write_atomic
+from builder.files import link_atomic, make_dirs, write_atomic
 
 
 @dataclass(frozen=True)
@@ -199,14 +199,8 @@ def apply(plan: ToolchainPlan, dry_run: bool = False) -> list[str]:
     if dry_run or not actions:
         return shown
     make_dirs(folder)
-    for action, link, target in actions:
-        if action == "relink":
-            tmp = folder / f".{link.name}.{os.getpid()}.tmp"  # builders sharing the folder: one each
-            tmp.unlink(missing_ok=True)
-            tmp.symlink_to(target)
-            tmp.replace(link)
-        else:
-            link.symlink_to(target)
+    for _, link, target in actions:
+        link_atomic(link, target)
     record = {**_recorded(folder), **dict(plan.links)}
     write_atomic(folder / LINKS_RECORD, json.dumps({"links": record}, indent=2, sort_keys=True) + "\n")
     return shown
