@@ -480,29 +480,25 @@ class PeakMemory:
 
 def plain_all_ops(recipe: Recipe, ws: Workspace, out: Path, log: Path, op_names: Sequence[str]) -> tuple[float, int]:
     """DeepSpeed's own build of exactly these ops, in its fastest form: one setup.py run with
-    DS_BUILD_<OP>=1 each, DS_ENABLE_NINJA=1 and MAX_JOBS = cores, with the toolkit's supplied needs
-    (it cannot build them otherwise) and no compiler cache. Seconds and wheel bytes."""
-    from builder.build import needs
-    from builder.build.plan import resolve_archs
+    DS_BUILD_<OP>=1 each, DS_ENABLE_NINJA=1 and MAX_JOBS = cores, in the environment the toolkit's
+    own planning makes (toolchain and supplied needs: it cannot build them otherwise), with no
+    compiler cache. Seconds and wheel bytes."""
+    from builder.build import buildkey
+    from builder.build.wheel import plan_target
+    from builder.targets import Target, this_interpreter
 
     src_root = out / "plain-all"
     shutil.rmtree(src_root, ignore_errors=True)
-    sdist = source.fetch(recipe.deepspeed, source.sdist_folder(ws.cache, os.environ), log)
-    src = source.unpack(sdist, src_root / "src")
-    _, python = prepare(recipe, ws, log)
-    env, machine, _ = toolchain_env(recipe, python, ws)
-    kit = next((t for t in machine.toolkits if t.root == machine.chosen_toolkit), None)
-    archs = resolve_archs(recipe, machine.arch_list, kit.archs if kit else (), kit.version if kit else "-")
-    if recipe.accelerator == "cuda":
-        env = needs.provide(python, ws.root / "toolchain", ws.cache, kit.root if kit else None,
-                            "evoformer_attn" in op_names, log, env).apply(env)  # fmt: skip
-    report = ops.probe(python, src, env, log, archs)
-    env.update({"DS_BUILD_OPS": "0", "DS_ENABLE_NINJA": "1", "MAX_JOBS": str(os.cpu_count() or 1),
-                "TORCH_NO_COMPILER_WRAPPER": "1", **{report.ops[o].build_var: "1" for o in op_names}})  # fmt: skip
-    if archs:
-        env["TORCH_CUDA_ARCH_LIST"] = ";".join(archs)
-    seconds, _ = _timed(lambda: cmd.run([python, "setup.py", "bdist_wheel", "-d", src_root / "dist"], env=env,
-                                        cwd=src, log=log))  # fmt: skip
+    target = Target(recipe, this_interpreter())
+    inputs = buildkey.key_inputs(recipe, buildkey.gather(recipe, os.environ), os.environ)
+    planned = plan_target(target, ws, log, inputs, force=True, src_dir=src_root / "src")
+    ops_by_name = {o.name: o for o in planned.plan.ops}
+    env = {**planned.env, "DS_BUILD_OPS": "0", "DS_ENABLE_NINJA": "1", "MAX_JOBS": str(os.cpu_count() or 1),
+           "TORCH_NO_COMPILER_WRAPPER": "1", **{ops_by_name[o].build_var: "1" for o in op_names}}  # fmt: skip
+    if planned.plan.archs:
+        env["TORCH_CUDA_ARCH_LIST"] = ";".join(planned.plan.archs)
+    seconds, _ = _timed(lambda: cmd.run([planned.python, "setup.py", "bdist_wheel", "-d", src_root / "dist"],
+                                        env=env, cwd=planned.src, log=log))  # fmt: skip
     (wheel,) = (src_root / "dist").glob("*.whl")
     size = wheel.stat().st_size
     shutil.rmtree(src_root)
