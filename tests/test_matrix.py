@@ -32,6 +32,12 @@ def _python312() -> str | None:
 PY312 = _python312()
 
 
+def _reasons(workspace: Path, stderr: str) -> str:
+    """What a failed assertion shows: the coverage report's reasons and the end of stderr."""
+    md = workspace / "coverage" / "coverage.md"
+    return (md.read_text() if md.exists() else "(no coverage report)") + "\n" + stderr[-6000:]
+
+
 @pytest.mark.skipif(PY312 is None, reason="no Python 3.12 on this machine (pyenv install 3.12 to run this test)")
 @pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="the cpu recipe's local torch wheel is for Python 3.11")
 def test_a_matrix_of_two_recipes_and_two_pythons(workspace: Path, tmp_path: Path) -> None:
@@ -53,7 +59,7 @@ def test_a_matrix_of_two_recipes_and_two_pythons(workspace: Path, tmp_path: Path
         cwd=ROOT, capture_output=True, text=True,
     )  # fmt: skip
     assert done.returncode == 11, done.stderr[-5000:]
-    assert "2 of 4 targets failed: ccl, ccl-cp312" in done.stderr
+    assert "2 of 4 targets failed: ccl, ccl-cp312" in done.stderr, _reasons(workspace, done.stderr)
     report = json.loads((workspace / "coverage" / "coverage.json").read_text())
     rows = {t["target"]: t for t in report["targets"]}
     assert list(rows) == ["adam", "adam-cp312", "ccl", "ccl-cp312"] and report["failed"] == ["ccl", "ccl-cp312"]
