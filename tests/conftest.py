@@ -58,3 +58,15 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     fixed = os.environ.get("BUILDER_TEST_WORK_DIR")
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     yield (Path(fixed) / worker if worker else Path(fixed)) if fixed else tmp_path_factory.mktemp("work")
+
+
+@pytest.fixture
+def own_workspace(workspace: Path, tmp_path: Path) -> Path:
+    """A work folder of this test's own (dist/, coverage/, logs/) whose cache/ is the worker's,
+    for a test whose recipes make the same wheel file names as another test's: sharing dist/
+    would make the second build refuse the name clash (or, with --force, replace the other's wheel)."""
+    (workspace / "cache").mkdir(parents=True, exist_ok=True)
+    own = tmp_path / "work"
+    own.mkdir()
+    (own / "cache").symlink_to(workspace / "cache", target_is_directory=True)
+    return own
