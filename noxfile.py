@@ -106,6 +106,14 @@ def lock(session: nox.Session) -> None:
 
 
 @nox.session(tags=["wheelhouse"])
+def image(session: nox.Session) -> None:
+    """Build the CI image of a published wheel with podman, smoke it inside, publish it to images/:
+    -- [--lock L | --wheel W] [--base IMAGE]."""
+    session.install(".")
+    session.run("python", "-m", "builder", "image", *session.posargs)
+
+
+@nox.session(tags=["wheelhouse"])
 def prune(session: nox.Session) -> None:
     """Remove wheels no recipe or lock refers to: -- [--dry-run]."""
     session.install(".")

@@ -254,6 +254,27 @@ def parser() -> argparse.ArgumentParser:
     )
     lk.add_argument("--wheel", help="wheel file name in the wheelhouse (default: the newest for this Python)")
 
+    im = sub.add_parser(
+        "image",
+        parents=[common],
+        help="build a CI image (OCI) from the wheelhouse with podman, smoke it inside, publish it",
+        description="Build a reproducible OCI image holding one venv (/opt/deepspeed) with a lock's files: the "
+        "DeepSpeed wheel, its torch and every dependency, installed by pip with --require-hashes from the "
+        "wheelhouse alone (no index, no network). Run the smoke checks inside it (podman run --network none), "
+        "save it as an OCI archive into WHEELHOUSE/images/ and list it in manifest.json. The same lock, wheels and "
+        "base give the same image digest (file times and the creation date are SOURCE_DATE_EPOCH, default 0). "
+        "Needs podman and runc; the toolkit's own containers.conf is used for its runs only. Exit 12 when the image "
+        "cannot be built, proven or published; a failed run leaves no archive and no container or image of its own.",
+    )
+    which = im.add_mutually_exclusive_group()
+    which.add_argument("--lock", help="a lock of the wheelhouse: locks/<recipe>.lock (written by `lock`)")
+    which.add_argument("--wheel", help="a published wheel; its lock is written if it has none "
+                       "(default: the newest wheel for this Python)")  # fmt: skip
+    im.add_argument("--base", help="base image podman holds or can pull, with python3 and venv (default: a Debian "
+                    "bookworm base made here with debootstrap from the host's mirror, once, and kept)")  # fmt: skip
+    im.add_argument("--no-publish", action="store_true", help="build and smoke only; nothing is written to the "
+                    "wheelhouse (the image stays in podman's storage)")  # fmt: skip
+
     pr = sub.add_parser(
         "prune",
         parents=[common],

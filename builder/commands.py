@@ -296,6 +296,19 @@ def lock(args: argparse.Namespace) -> int:
     return 0
 
 
+def image(args: argparse.Namespace) -> int:
+    from builder.images.build import build_image
+
+    ws = _workspace(args)
+    result = build_image(args.wheelhouse, ws, lock=args.lock, wheel=args.wheel, base=args.base,
+                         publish=not args.no_publish, verbose=args.verbose)  # fmt: skip
+    where = result.archive or "(not published: --no-publish)"
+    output.step(f"image {result.ref}: ID {result.image_id[:12]}, {result.size / 1e6:.0f} MB archive {where}")
+    if result.archive is not None:
+        output.result(f"load it with: podman load -i {result.archive}  (or docker load -i ...)")
+    return 0
+
+
 def prune(args: argparse.Namespace) -> int:
     from builder.errors import RecipeError
     from builder.recipe import load_recipe
@@ -439,6 +452,7 @@ HANDLERS = {
     "verify": verify,
     "repair": repair,
     "lock": lock,
+    "image": image,
     "prune": prune,
     "provision": provision,
     "bench": bench,

@@ -73,3 +73,9 @@ class MatrixError(BuilderError):
     """Some targets of a matrix failed; the others were built, smoked and published."""
 
     exit_code = 11
+
+
+class ImageError(BuilderError):
+    """A CI image cannot be built, proven or published (podman, base, lock, disk)."""
+
+    exit_code = 12

@@ -171,15 +171,19 @@ class WheelEntry:
             "ops": list(self.ops),
             "narrowed_ops": {op: list(archs) for op, archs in self.narrowed_ops.items()},
             "missing_ops": dict(self.missing_ops),
-            "smoke": {
-                "passed": self.smoke.passed,
-                "finished_at": self.smoke.finished_at,
-                "checks": {n: {"status": s, "detail": d} for n, (s, d) in self.smoke.checks.items()},
-            },
+            "smoke": _smoke_json(self.smoke),
             "metadata_sha256": self.metadata_sha256,
             "report_sha256": self.report_sha256,
             "published_at": self.published_at,
         }
+
+
+def _smoke_json(smoke: SmokeSummary) -> dict[str, Any]:
+    return {
+        "passed": smoke.passed,
+        "finished_at": smoke.finished_at,
+        "checks": {n: {"status": s, "detail": d} for n, (s, d) in smoke.checks.items()},
+    }
 
 
 @dataclass(frozen=True)
@@ -193,11 +197,54 @@ class FileEntry:
         return {"sha256": self.sha256}
 
 
+IMAGES = "images"  # OCI archives of CI images, under the wheelhouse (builder.images)
+
+
+@dataclass(frozen=True)
+class ImageEntry:
+    """What manifest.json says of one CI image: an OCI archive under images/, the image it holds
+    (its ID, the config digest `podman images` shows, and the archive's manifest digest), what it
+    was built from (base, lock, wheel) and the smoke run inside it."""
+
+    name: str  # images/<file>.oci.tar
+    sha256: str  # of the archive file
+    image_id: str  # 64 hex: the config digest, the same after podman load / docker load
+    digest: str  # sha256:<hex> of the image manifest inside the archive (index.json)
+    size: int  # bytes of the archive
+    ref: str  # the name it is tagged with inside the archive and after load
+    base: str  # the base image as the user named it (or the toolkit's debootstrap base)
+    base_id: str  # 64 hex
+    lock: str  # locks/<recipe>.lock it was installed from
+    lock_sha256: str
+    wheel: str  # the DeepSpeed wheel it holds
+    python_tag: str
+    smoke: SmokeSummary
+    published_at: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "sha256": self.sha256,
+            "image_id": self.image_id,
+            "digest": self.digest,
+            "size": self.size,
+            "ref": self.ref,
+            "base": self.base,
+            "base_id": self.base_id,
+            "lock": self.lock,
+            "lock_sha256": self.lock_sha256,
+            "wheel": self.wheel,
+            "python_tag": self.python_tag,
+            "smoke": _smoke_json(self.smoke),
+            "published_at": self.published_at,
+        }
+
+
 @dataclass(frozen=True)
 class WheelhouseManifest:
     wheels: Mapping[str, WheelEntry] = field(default_factory=dict)
     dependencies: Mapping[str, FileEntry] = field(default_factory=dict)  # DeepSpeed's runtime closure
     tools: Mapping[str, FileEntry] = field(default_factory=dict)  # path under the wheelhouse -> file
+    images: Mapping[str, ImageEntry] = field(default_factory=dict)  # images/<file> -> CI image
 
     def to_json(self) -> str:
         data = {
@@ -205,6 +252,7 @@ class WheelhouseManifest:
             "wheels": {n: e.to_json() for n, e in sorted(self.wheels.items())},
             "dependencies": {n: e.to_json() for n, e in sorted(self.dependencies.items())},
             "tools": {n: e.to_json() for n, e in sorted(self.tools.items())},
+            **({"images": {n: e.to_json() for n, e in sorted(self.images.items())}} if self.images else {}),
         }
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
@@ -343,16 +391,6 @@ def format_op_rows(rows: Sequence[Mapping[str, str]]) -> list[str]:
 def parse_wheel_entry(name: str, data: object, where: str) -> WheelEntry:
     wheel = check_wheel_name(name, f"{where}: wheels")
     f = Fields(data, f"{where}: wheels[{name}]")
-    smoke = Fields(f.get("smoke", dict), f"{f.where}.smoke")
-    checks: dict[str, tuple[str, str]] = {}
-    for check, value in smoke.table("checks").items():
-        c = Fields(value, f"{smoke.where}.checks[{check[:60]}]")
-        checks[check] = (c.choice("status", CHECK_STATUSES), c.get("detail", str))
-    passed = smoke.get("passed", bool)
-    if passed and (
-        not any(s == "passed" for s, _ in checks.values()) or any(s == "failed" for s, _ in checks.values())
-    ):
-        raise smoke.fail("passed", "is true, but its checks do not say so")
     entry = WheelEntry(
         name=name,
         sha256=f.text("sha256", SHA256_RE),
@@ -368,7 +406,7 @@ def parse_wheel_entry(name: str, data: object, where: str) -> WheelEntry:
         ops=f.texts("ops", OP_RE),
         narrowed_ops=arch_table(f, "narrowed_ops"),
         missing_ops=reason_table(f, "missing_ops"),
-        smoke=SmokeSummary(passed, smoke.text("finished_at", STAMP_RE), checks),
+        smoke=parse_smoke_summary(f),
         metadata_sha256=f.text("metadata_sha256", SHA256_RE, optional=True),
         report_sha256=f.text("report_sha256", SHA256_RE, optional=True),
         published_at=f.text("published_at", STAMP_RE, optional=True) or "",
@@ -381,6 +419,64 @@ def parse_wheel_entry(name: str, data: object, where: str) -> WheelEntry:
     for key, why in label_contradictions(entry):
         raise f.fail(key, why)
     return entry
+
+
+def parse_smoke_summary(f: Fields) -> SmokeSummary:
+    """An entry's "smoke" field: each check's status and detail, and a verdict its checks bear out."""
+    smoke = Fields(f.get("smoke", dict), f"{f.where}.smoke")
+    checks: dict[str, tuple[str, str]] = {}
+    for check, value in smoke.table("checks").items():
+        c = Fields(value, f"{smoke.where}.checks[{check[:60]}]")
+        checks[check] = (c.choice("status", CHECK_STATUSES), c.get("detail", str))
+    passed = smoke.get("passed", bool)
+    if passed and (
+        not any(s == "passed" for s, _ in checks.values()) or any(s == "failed" for s, _ in checks.values())
+    ):
+        raise smoke.fail("passed", "is true, but its checks do not say so")
+    return SmokeSummary(passed, smoke.text("finished_at", STAMP_RE), checks)
+
+
+# images/<file>.oci.tar: one path component under images/, no leading dot, no '..'.
+IMAGE_NAME_RE = re.compile(rf"^{IMAGES}/[A-Za-z0-9][A-Za-z0-9_+-]*(?:\.[A-Za-z0-9_+-]+)*\.oci\.tar$")
+LOCK_NAME_RE = re.compile(r"^locks/[A-Za-z0-9][A-Za-z0-9._-]{0,80}\.lock$")
+IMAGE_ID_RE = SHA256_RE
+DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+# An image reference as podman prints it: registry/path:tag, printable and short.
+IMAGE_REF_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$")
+
+
+def check_image_name(name: object, where: str) -> str:
+    """An image archive's manifest key, checked before it is joined to a folder or a URL."""
+    if not isinstance(name, str) or ".." in name or not IMAGE_NAME_RE.match(name):
+        raise ManifestError(f"{where}: {str(name)[:80]!r} is not an image archive name (images/<name>.oci.tar)",
+                            "the wheelhouse was edited: re-publish the image")  # fmt: skip
+    return name
+
+
+def parse_image_entry(name: str, data: object, where: str) -> ImageEntry:
+    check_image_name(name, f"{where}: images")
+    f = Fields(data, f"{where}: images[{name}]")
+    size = f.get("size", int)
+    if size <= 0:
+        raise f.fail("size", "is not a positive number of bytes")
+    wheel: str = f.get("wheel", str)
+    check_wheel_name(wheel, f"{f.where}.wheel")
+    return ImageEntry(
+        name=name,
+        sha256=f.text("sha256", SHA256_RE),
+        image_id=f.text("image_id", IMAGE_ID_RE),
+        digest=f.text("digest", DIGEST_RE),
+        size=size,
+        ref=f.text("ref", IMAGE_REF_RE),
+        base=f.text("base", IMAGE_REF_RE),
+        base_id=f.text("base_id", IMAGE_ID_RE),
+        lock=f.text("lock", LOCK_NAME_RE),
+        lock_sha256=f.text("lock_sha256", SHA256_RE),
+        wheel=wheel,
+        python_tag=f.text("python_tag", PYTHON_TAG_RE),
+        smoke=parse_smoke_summary(f),
+        published_at=f.text("published_at", STAMP_RE, optional=True) or "",
+    )
 
 
 def _requires(f: Fields) -> tuple[str, ...] | None:
@@ -447,7 +543,15 @@ def parse_manifest(text: str | bytes, where: str = MANIFEST_FILE) -> WheelhouseM
         if unlisted:
             raise ManifestError(f"{where}: wheels[{name}] requires {unlisted[0]!r}, which no dependency entry lists",
                                 "the manifest was edited: re-publish the wheelhouse")  # fmt: skip
-    return WheelhouseManifest(wheels, deps, tools)
+    images = {n: parse_image_entry(n, v, where) for n, v in top.table(IMAGES, optional=True).items()}
+    for name, image in images.items():
+        if image.wheel not in wheels:
+            raise ManifestError(f"{where}: images[{name}] holds {image.wheel}, which no wheel entry lists",
+                                "the manifest was edited: re-publish the image")  # fmt: skip
+        if image.python_tag != wheels[image.wheel].python_tag:
+            raise ManifestError(f"{where}: images[{name}]: python_tag {image.python_tag!r} is not its wheel's",
+                                "the manifest was edited: re-publish the image")  # fmt: skip
+    return WheelhouseManifest(wheels, deps, tools, images)
 
 
 # ---------------------------------------------------------------- the build manifest inside a wheel

@@ -315,7 +315,7 @@ def test_each_target_gets_unit_tasks_and_the_builds_wait_for_them(tmp_path: Path
 
 
 def test_recorded_unit_times_take_each_ops_newest_record() -> None:
-    records = [
+    records: list[dict[str, Any]] = [
         {"op": "cpu_adam", "seconds": 100.0, "built_at": "2026-11-22T10:00:00+00:00"},
         {"op": "cpu_adam", "seconds": 80.0, "built_at": "2026-11-23T10:00:00+00:00"},
         {"op": "async_io", "seconds": 284, "built_at": "2026-11-23T09:00:00+00:00"},
@@ -337,13 +337,13 @@ def test_units_are_shared_out_by_their_recorded_times() -> None:
         def __init__(self, name: str) -> None:
             self.op = _Op(name)
 
-    units = [_Unit(n) for n in ("cpu_adam", "async_io", "pin_memory", "utils")]
+    units: list[Any] = [_Unit(n) for n in ("cpu_adam", "async_io", "pin_memory", "utils")]
     times = {"cpu_adam": 100.0, "async_io": 300.0, "pin_memory": 60.0, "utils": 50.0}
-    groups = group_units(units, 2, times)  # type: ignore[arg-type]
+    groups = group_units(units, 2, times)
     assert [[u.op.name for u in g] for g in groups] == [["async_io"], ["cpu_adam", "pin_memory", "utils"]]
-    again = group_units(list(reversed(units)), 2, times)  # type: ignore[arg-type]
+    again = group_units(list(reversed(units)), 2, times)
     assert [[u.op.name for u in g] for g in again] == [[u.op.name for u in g] for g in groups]
-    unknown = group_units([*units, _Unit("evoformer_attn")], 2, times)  # type: ignore[arg-type]
+    unknown = group_units([*units, _Unit("evoformer_attn")], 2, times)  # type: ignore[list-item]
     assert [u.op.name for u in unknown[0]] == ["evoformer_attn"] and UNKNOWN_SECONDS > 300
     assert group_units(units, 8, times)[7] == []  # more tasks than units: some have none
 
@@ -351,12 +351,13 @@ def test_units_are_shared_out_by_their_recorded_times() -> None:
 def test_a_tampered_unit_array_is_refused(tmp_path: Path) -> None:
     run, _ = _run(tmp_path, H100)
     record = json.loads((run / "run.json").read_text())
-    for change, message in [
+    changes: list[tuple[dict[str, Any], str]] = [
         ({"unit_arrays": [{"size": {}, "tasks": [["../x", 0, 1]]}]}, "not \\[target, task, tasks\\]"),
         ({"unit_arrays": [{"size": {}, "tasks": [["cu130-multi-min", 3, 2]]}]}, "holds task 3 of 2"),
         ({"unit_arrays": [{"size": {}, "tasks": [["cu130-multi-min", 0, 1]], "job": "1;rm"}]}, "field 'job'"),
         ({"unit_times": {"../x": 1.0}}, "is not \\{op: seconds\\}"),
-    ]:
+    ]
+    for change, message in changes:
         (run / "run.json").write_text(json.dumps({**record, **change}))
         with pytest.raises(MatrixError, match=message):
             slurm.load_run(run)

@@ -206,7 +206,8 @@ def test_prune_keeps_current_recipes_and_locked_wheels(tmp_path: Path) -> None:
 
 
 def test_lock_rendering() -> None:
-    from builder.wheelhouse.lock import render_containerfile, render_lock, requirement_of
+    from builder.images.plan import render_containerfile
+    from builder.wheelhouse.lock import default_base, render_lock, requirement_of
 
     assert requirement_of(NAME) == "deepspeed==0.19.8+cpu.torch2.13"
     assert requirement_of("py_cpuinfo-9.0.0.tar.gz") == "py-cpuinfo==9.0.0"
@@ -214,6 +215,7 @@ def test_lock_rendering() -> None:
     assert text.splitlines()[0] == f"# Lock for {NAME}, written by ds-wheel-builder. Install exactly these files with:"
     assert f"deepspeed==0.19.8+cpu.torch2.13 \\\n    --hash=sha256:{'a' * 64}" in text
     assert f"torch==2.13.0+cpu \\\n    --hash=sha256:{'b' * 64}" in text
-    container = render_containerfile("cpu", "cp311")
+    container = render_containerfile(default_base("cp311"), "locks/cpu.lock", NAME)
     assert "FROM docker.io/library/python:3.11-slim" in container
-    assert "--require-hashes --find-links /wheelhouse" in container and "/wheelhouse/locks/cpu.lock" in container
+    assert "--no-index" in container and "--require-hashes --find-links /wheelhouse" in container
+    assert "-r /wheelhouse/locks/cpu.lock" in container and "SOURCE_DATE_EPOCH=0" in container

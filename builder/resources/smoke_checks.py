@@ -557,6 +557,43 @@ def check_utils() -> str:
     return "cast_to_byte_tensor equals torch's byte view (one tensor and a list)"
 
 
+def _isolated(name: str) -> Callable[[], str]:
+    """A check run in a child process, so an op that aborts the process fails its own check instead
+    of the whole report: DeepSpeed's aio asserts (SIGABRT) when io_pgetevents is refused, which a
+    container's seccomp profile may do (podman 4.3's default profile does)."""
+
+    def run() -> str:
+        done = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--one", name],
+            capture_output=True, text=True, errors="replace", timeout=900, check=False,
+        )  # fmt: skip
+        _, sep, payload = done.stdout.rpartition(MARKER)
+        if done.returncode != 0 or not sep:
+            why = f"signal {-done.returncode}" if done.returncode < 0 else f"exit status {done.returncode}"
+            tail = " | ".join(done.stderr.strip().splitlines()[-3:])[-600:]
+            hint = ""
+            if "n_completes >= min_completes" in done.stderr:
+                hint = " (io_pgetevents failed: a container's seccomp profile may deny it; podman's default does)"
+            raise AssertionError(f"the check's process died ({why}){hint}: {tail}")
+        result = json.loads(payload.strip().splitlines()[0])
+        if result["status"] == "skipped":
+            raise _Skip(result["detail"])
+        if result["status"] == "failed":
+            raise AssertionError(result["detail"])
+        return str(result["detail"])
+
+    return run
+
+
+def _one(name: str) -> None:
+    """`--one CHECK`: run one numerics check and print its result after the marker (_isolated)."""
+    results: list[dict[str, str]] = []
+    _check(results, f"numerics:{name}", NUMERICS[name])
+    print(MARKER)
+    print(json.dumps(results[0]))
+
+
+ISOLATED = ("async_io",)  # checks that may abort the process
 NUMERICS = {
     "async_io": check_async_io,
     "pin_memory": check_pin_memory,
@@ -569,6 +606,9 @@ NUMERICS = {
 
 
 def main() -> None:
+    if sys.argv[1] == "--one":
+        _one(sys.argv[2])
+        return
     spec = json.loads(sys.argv[1])
     results: list[dict[str, str]] = []
     if _ext_dir_files():
@@ -578,30 +618,46 @@ def main() -> None:
     for op in spec["ops"]:
         _check(results, f"load:{op}", functools.partial(check_op_loads, op))
     for op in spec["ops"]:
-        _check(results, f"numerics:{op}", NUMERICS.get(op) or functools.partial(_unchecked, op, spec["accelerator"]))
+        numerics: Callable[[], str | None] = functools.partial(_unchecked, op, spec["accelerator"])
+        if op in NUMERICS:
+            numerics = _isolated(op) if op in ISOLATED else NUMERICS[op]
+        _check(results, f"numerics:{op}", numerics)
     _check(results, "no-jit", lambda: _no_jit())
     if spec["accelerator"] == "cuda":
         _check(results, "no-toolkit", check_no_toolkit)
-    if spec.get("suite", "full") == "full":
+    suite = spec.get("suite", "full")
+    if suite in ("full", "image"):
         _check(results, "ds_report", lambda: check_ds_report(spec))
         _check(results, "engine:zero2-offload", lambda: check_engine(spec["accelerator"]))
+        # Inside a CI image the model-loading checks are skipped with the reason (see _in_image).
+        check = _check if suite == "full" else _in_image
         state: dict[str, Any] = {}
         for kind in ("int8", "nf4", "fp4"):
-            _check(results, f"quantized:{kind}:auto", functools.partial(check_quantized, kind, None, state))
+            check(results, f"quantized:{kind}:auto", functools.partial(check_quantized, kind, None, state))
         for kind in ("int8", "nf4"):
-            _check(
+            check(
                 results,
                 f"quantized:{kind}:max_memory",
                 functools.partial(lambda k: check_quantized(k, _max_memory(), state), kind),
             )
-        _check(results, "load:fp16+disk-offload", lambda: check_fp16_and_offload(state))
-        _check(results, "overflow-scan:fp16", lambda: check_overflow_scan(state))
+        check(results, "load:fp16+disk-offload", lambda: check_fp16_and_offload(state))
+        check(results, "overflow-scan:fp16", lambda: check_overflow_scan(state))
         worker = spec["dist_worker"]
         _check(results, "dist:gloo:1x2", lambda: check_gloo_one_node(worker))
         _check(results, "dist:gloo:2-nodes", lambda: check_gloo_two_nodes(worker))
         _check(results, "dist:nccl", lambda: check_nccl(worker))
     print(MARKER)
     print(json.dumps(results))
+
+
+def _in_image(results: list[dict[str, str]], name: str, fn: Callable[[], str | None]) -> None:
+    """A check that loads a model with transformers and bitsandbytes, skipped inside a CI image with
+    the reason: the image holds what its lock pins, and those are not DeepSpeed's dependencies; the
+    wheel's own smoke ran the check before the wheel was published."""
+    del fn
+    results.append({"name": name, "status": "skipped",
+                    "detail": "the image holds its lock's packages only (no transformers or bitsandbytes); the "
+                              "wheel's own smoke ran this check before publish"})  # fmt: skip
 
 
 def _unchecked(op: str, accelerator: str) -> str:

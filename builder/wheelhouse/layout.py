@@ -17,6 +17,7 @@ from builder import node
 from builder.errors import WheelhouseError
 from builder.files import write_atomic
 from builder.node import (
+    IMAGES,
     MANIFEST_FILE,
     ManifestError,
     WheelhouseManifest,
@@ -83,7 +84,7 @@ def write_manifest(wheelhouse: Path, manifest: WheelhouseManifest) -> None:
 def symlinked_folders(wheelhouse: Path) -> list[str]:
     """Folders inside the wheelhouse that are symlinks: writing through them would write elsewhere."""
     found = []
-    for rel in ("simple", "tools", LOCKS, LOCK, JOURNAL, MANIFEST):
+    for rel in ("simple", "tools", LOCKS, IMAGES, LOCK, JOURNAL, MANIFEST):
         if (wheelhouse / rel).is_symlink():
             found.append(rel)
     simple = wheelhouse / "simple"

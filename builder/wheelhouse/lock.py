@@ -2,7 +2,8 @@
 
 pip resolves the published wheel with everything it needs (its pinned torch included) and
 downloads them; the lock pins each file by name, version and sha256, so
-`pip install --require-hashes` installs exactly these bytes or nothing.
+`pip install --require-hashes` installs exactly these bytes or nothing, and every file it pins is
+added to the wheelhouse, so the image (builder.images) installs from the wheelhouse alone.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from builder import cmd, output
 from builder.build.source import sha256_of
 from builder.errors import WheelhouseError
 from builder.files import write_atomic
+from builder.images.plan import render_containerfile
 from builder.node import version_key
 from builder.wheelhouse.layout import load_manifest
+from builder.wheelhouse.publish import add_files
 
 LOCKS = "locks"
 
@@ -44,16 +47,10 @@ def render_lock(wheel: str, files: Mapping[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_containerfile(lock_name: str, python_tag: str) -> str:
-    version = f"{python_tag[2]}.{python_tag[3:]}"
-    return (
-        f"# Reproducible image: build with the wheelhouse folder as context, e.g.\n"
-        f"#   podman build -f {LOCKS}/{lock_name}.Containerfile -t deepspeed-{lock_name} wheelhouse/\n"
-        f"FROM docker.io/library/python:{version}-slim\n"
-        "COPY . /wheelhouse\n"
-        "RUN python -m pip install --no-cache-dir --require-hashes --find-links /wheelhouse \\\n"
-        f"        -r /wheelhouse/{LOCKS}/{lock_name}.lock\n"
-    )
+def default_base(python_tag: str) -> str:
+    """The base the lock's Containerfile names for a site that reaches Docker Hub (`image --base`
+    builds from any other)."""
+    return f"docker.io/library/python:{python_tag[2]}.{python_tag[3:]}-slim"
 
 
 def lock(wheelhouse: Path, wheel: str | None, log: Path) -> Path:
@@ -72,19 +69,26 @@ def lock(wheelhouse: Path, wheel: str | None, log: Path) -> Path:
     entry = wheels[wheel]
     with tempfile.TemporaryDirectory() as tmp:
         cmd.run(
-            [sys.executable, "-m", "pip", "download", "--prefer-binary", "--find-links", wheelhouse, "-d", tmp,
+            [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--find-links", wheelhouse, "-d", tmp,
              f"deepspeed=={entry.version}"],
             log=log,
-            fix="the lock is resolved for this Python; run it with the Python the wheel was built for",
+            fix="the lock is resolved for this Python from wheels only; run it with the Python the wheel was built "
+            "for, where pip reaches an index (or find-links) with wheels of torch and DeepSpeed's dependencies",
         )  # fmt: skip
-        files = {p.name: sha256_of(p) for p in Path(tmp).iterdir() if p.is_file()}
-    if files.get(wheel) != entry.sha256:
-        raise WheelhouseError(f"pip did not resolve {wheel} from {wheelhouse}", "run verify on the wheelhouse")
+        got = sorted(p for p in Path(tmp).iterdir() if p.is_file())
+        files = {p.name: sha256_of(p) for p in got}
+        if files.get(wheel) != entry.sha256:
+            raise WheelhouseError(f"pip did not resolve {wheel} from {wheelhouse}", "run verify on the wheelhouse")
+        # Every file the lock pins goes into the wheelhouse (torch too), so an image or a node
+        # installs from the wheelhouse alone.
+        added = add_files(wheelhouse, [p for p in got if p.name != wheel], f"the lock of {wheel}")
     out = wheelhouse / LOCKS
     name = entry.recipe
     target = write_atomic(out / f"{name}.lock", render_lock(wheel, files))
-    write_atomic(out / f"{name}.Containerfile", render_containerfile(name, entry.python_tag))
-    output.step(f"{target}: {len(files)} files pinned by sha256; {out / (name + '.Containerfile')}")
+    rel = f"{LOCKS}/{name}.lock"
+    write_atomic(out / f"{name}.Containerfile", render_containerfile(default_base(entry.python_tag), rel, wheel))
+    output.step(f"{target}: {len(files)} files pinned by sha256 ({len(added)} added to the wheelhouse); "
+                f"{out / (name + '.Containerfile')}")  # fmt: skip
     return target
 
 

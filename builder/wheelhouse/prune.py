@@ -43,11 +43,14 @@ def prune(
         if dry_run or not doomed:
             return doomed
         kept = {n: e for n, e in manifest.wheels.items() if n not in doomed}
-        manifest = replace(manifest, wheels=kept)
+        images = [n for n, e in sorted(manifest.images.items()) if e.wheel in doomed]  # they hold a doomed wheel
+        manifest = replace(manifest, wheels=kept, images={n: e for n, e in manifest.images.items() if n not in images})
         # Index and manifest first, files after: a wheel is never linked while it is missing.
         write_index(wheelhouse, manifest)
         write_manifest(wheelhouse, manifest)
         for name in doomed:
             for path in (wheelhouse / name, *_companions(wheelhouse, name)):
                 path.unlink(missing_ok=True)
-    return doomed
+        for name in images:
+            (wheelhouse / name).unlink(missing_ok=True)
+    return doomed + images

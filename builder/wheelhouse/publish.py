@@ -35,12 +35,15 @@ from builder.contracts import BuildManifest, SmokeReport
 from builder.errors import PublishError, WheelhouseError
 from builder.files import copy_atomic, is_temp_name, make_dirs, write_atomic
 from builder.node import (
+    IMAGES,
     INSTALLER,
     FileEntry,
+    ImageEntry,
     ManifestError,
     SmokeSummary,
     WheelEntry,
     WheelhouseManifest,
+    check_image_name,
     check_wheel_name,
 )
 from builder.smoke import load_report, report_path
@@ -145,7 +148,7 @@ def _leftovers(wheelhouse: Path, manifest: WheelhouseManifest) -> tuple[list[Pat
     notes: list[str] = []
     if wheelhouse.is_dir():  # dependency downloads a killed publish left (named by publish alone)
         doomed += [p for p in wheelhouse.iterdir() if is_deps_folder(p.name) and p.is_dir() and not p.is_symlink()]
-    for folder in (wheelhouse, wheelhouse / "simple", wheelhouse / "tools", wheelhouse / LOCKS):
+    for folder in (wheelhouse, wheelhouse / "simple", wheelhouse / "tools", wheelhouse / LOCKS, wheelhouse / IMAGES):
         if folder.is_dir():
             doomed += [p for p in folder.iterdir() if is_temp_name(p.name) and p.is_file()]
     if (wheelhouse / "simple").is_dir():
@@ -161,9 +164,12 @@ def _leftovers(wheelhouse: Path, manifest: WheelhouseManifest) -> tuple[list[Pat
                 **{n: e.sha256 for n, e in manifest.dependencies.items()},
             }
             for name, digest in files.items():
-                check_wheel_name(name, JOURNAL)
+                if name.startswith(f"{IMAGES}/"):
+                    check_image_name(name, JOURNAL)
+                else:
+                    check_wheel_name(name, JOURNAL)
                 path = wheelhouse / name
-                if name in listed:
+                if name in listed or name in manifest.images:
                     continue
                 # Companions first, the wheel after, the journal last: a cleanup cut short is redone.
                 if not path.is_file() or sha256_of(path) == digest:  # the file the killed publish copied
@@ -270,7 +276,7 @@ def _publish_files(
             if not found.missing:
                 wheels_now[name] = dataclasses.replace(entry, requires=found.files)
     tools = {INSTALLER: FileEntry(INSTALLER, _publish_installer(wheelhouse))}
-    manifest = WheelhouseManifest(wheels_now, deps, tools)
+    manifest = WheelhouseManifest(wheels_now, deps, tools, manifest.images)
     write_index(wheelhouse, manifest)
     write_manifest(wheelhouse, manifest)
     return published
@@ -323,6 +329,72 @@ def _closure(
     output.note(f"the wheelhouse carries {len(new)} new dependency wheels for {python_tag} "
                 f"({len(found.files)} in this wheel's closure)")  # fmt: skip
     return found.files
+
+
+def add_files(wheelhouse: Path, files: Sequence[Path], why: str) -> list[str]:
+    """Put these files (wheels and sdists a lock pins, torch's among them) into the wheelhouse as
+    dependencies, under the publish lock and its journal; the names added. A file of that name
+    with other bytes is refused, never replaced."""
+    fetched = {path.name: (path, sha256_of(path)) for path in files}
+    for name in fetched:
+        check_wheel_name(name, why)
+    _writable(wheelhouse)
+    with locked(wheelhouse):
+        manifest = load_manifest(wheelhouse)
+        _clean(wheelhouse, manifest)
+        known = {**{n: e.sha256 for n, e in manifest.wheels.items()},
+                 **{n: e.sha256 for n, e in manifest.dependencies.items()}}  # fmt: skip
+        for name, (_, digest) in fetched.items():
+            if name in known and known[name] != digest:
+                raise PublishError(f"the wheelhouse already has a different {name}", "files are never replaced")
+            if name not in known and (wheelhouse / name).exists() and sha256_of(wheelhouse / name) != digest:
+                raise PublishError(f"{wheelhouse / name} exists and is not the file {why} pins", "move it away")
+        new = {name: digest for name, (_, digest) in fetched.items() if name not in known}
+        if not new:
+            return []
+        _journal(wheelhouse, new)
+        try:
+            for name in new:
+                copy_atomic(fetched[name][0], wheelhouse / name)
+            deps = {**manifest.dependencies, **{n: FileEntry(n, d) for n, d in new.items()}}
+            manifest = dataclasses.replace(manifest, dependencies=deps)
+            write_index(wheelhouse, manifest)
+            write_manifest(wheelhouse, manifest)
+        except BaseException:
+            _clean(wheelhouse, load_manifest(wheelhouse))
+            raise
+        (wheelhouse / JOURNAL).unlink(missing_ok=True)
+    return sorted(new)
+
+
+def publish_image(wheelhouse: Path, archive: Path, entry: ImageEntry) -> Path:
+    """Copy an image's OCI archive to images/ and list it in the manifest, under the publish lock
+    and its journal (a kill leaves no half archive: the next publish or repair removes it)."""
+    _writable(wheelhouse)
+    target = wheelhouse / check_image_name(entry.name, "image")
+    with locked(wheelhouse):
+        manifest = load_manifest(wheelhouse)
+        _clean(wheelhouse, manifest)
+        if entry.wheel not in manifest.wheels:
+            raise PublishError(f"{entry.wheel} is not published in {wheelhouse}", "publish the wheel before its image")
+        known = manifest.images.get(entry.name)
+        if known is not None and known.image_id == entry.image_id and target.is_file():
+            output.note(f"{entry.name} is already published (image {entry.image_id[:12]})")
+            return target
+        if known is None and target.exists():
+            raise PublishError(f"{target} exists and is not listed in {MANIFEST}", "move it away; it is not ours")
+        _journal(wheelhouse, {entry.name: entry.sha256})
+        try:
+            make_dirs(target.parent)
+            copy_atomic(archive, target)
+            images = {**manifest.images, entry.name: dataclasses.replace(entry, published_at=_now())}
+            write_manifest(wheelhouse, dataclasses.replace(manifest, images=images))
+        except BaseException:
+            _clean(wheelhouse, load_manifest(wheelhouse))
+            raise
+        (wheelhouse / JOURNAL).unlink(missing_ok=True)
+    output.note(f"published {target}")
+    return target
 
 
 def installer_source() -> bytes:

@@ -16,6 +16,7 @@ from builder.contracts import BuildManifest, SmokeReport
 from builder.errors import WheelhouseError
 from builder.files import is_temp_name
 from builder.node import (
+    IMAGES,
     ManifestError,
     WheelEntry,
     WheelhouseManifest,
@@ -70,7 +71,39 @@ def verify(wheelhouse: Path) -> list[str]:
         elif sha256_of(path) != dep.sha256:
             problems.append(f"{name}: sha256 differs from {MANIFEST} (tampered or replaced)")
     problems += _verify_tree(wheelhouse, manifest)
+    problems += _verify_images(wheelhouse, manifest)
     problems += _verify_index(wheelhouse, manifest)
+    return problems
+
+
+def _verify_images(wheelhouse: Path, manifest: WheelhouseManifest) -> list[str]:
+    """Each image archive: a regular file with its sha256, holding the image (ID and manifest
+    digest) its entry names; and nothing in images/ the manifest does not list."""
+    from builder.images.archive import ArchiveError, read_facts
+
+    problems = []
+    for name, entry in sorted(manifest.images.items()):
+        path = wheelhouse / name
+        if path.is_symlink() or not path.is_file():
+            problems.append(f"{name}: listed in {MANIFEST} but missing (or not a regular file)")
+            continue
+        if path.stat().st_size != entry.size or sha256_of(path) != entry.sha256:
+            problems.append(f"{name}: size or sha256 differs from {MANIFEST} (tampered or replaced)")
+            continue
+        try:
+            facts = read_facts(path)
+        except ArchiveError as exc:
+            problems.append(f"{name}: not a usable OCI archive: {exc}")
+            continue
+        if facts.digest != entry.digest or facts.image_id != entry.image_id:
+            problems.append(f"{name}: holds image {facts.image_id[:12]} ({facts.digest}), but {MANIFEST} says "
+                            f"{entry.image_id[:12]} ({entry.digest})")  # fmt: skip
+    folder = wheelhouse / IMAGES
+    if folder.is_dir() and not folder.is_symlink():
+        for path in sorted(folder.iterdir()):
+            rel = f"{IMAGES}/{path.name}"
+            if rel not in manifest.images:
+                problems.append(f"{rel}: {INTERRUPTED if is_temp_name(path.name) else 'not in ' + MANIFEST}")
     return problems
 
 
@@ -117,7 +150,7 @@ def _verify_report(path: Path, name: str, entry: WheelEntry) -> list[str]:
 
 def _verify_tree(wheelhouse: Path, manifest: WheelhouseManifest) -> list[str]:
     """Files nobody listed: leftovers of a killed publish, and anything put there by hand."""
-    known = {MANIFEST, LOCK, "simple", "tools", LOCKS, *DOCS}
+    known = {MANIFEST, LOCK, "simple", "tools", LOCKS, IMAGES, *DOCS}
     for name in manifest.wheels:
         known |= {name, f"{name}.metadata", f"{name}.smoke.json"}
     known |= set(manifest.dependencies)

@@ -1,0 +1,319 @@
+"""image: build a CI image from the wheelhouse with podman, prove it, save it, publish it.
+
+The image holds one venv (/opt/deepspeed) with the lock's files only (the DeepSpeed wheel, its
+pinned torch and every dependency), installed by pip in hash-checking mode from the wheelhouse
+with no index and no network. The smoke checks then run inside it (`podman run --network none`);
+only a proven image is saved as an OCI archive into the wheelhouse's images/ and listed in its
+manifest. A run that fails leaves no archive in the wheelhouse and no container or image of its
+own in podman's storage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from builder import output
+from builder.build.source import sha256_of
+from builder.contracts import Check, verdict
+from builder.errors import BuilderError, ImageError, ToolError
+from builder.images import base as bases
+from builder.images import plan as plans
+from builder.images import podman
+from builder.images.archive import ArchiveError, read_facts
+from builder.node import ImageEntry, SmokeSummary, WheelhouseManifest
+from builder.resources import RESOURCES
+from builder.smoke import parse_checks
+from builder.wheelhouse.layout import LOCKS, load_manifest
+from builder.workspace import Workspace
+
+CDI_SPECS = (Path("/etc/cdi"), Path("/var/run/cdi"))  # where NVIDIA's container toolkit writes its device spec
+
+
+@dataclass(frozen=True)
+class ImageResult:
+    ref: str
+    image_id: str
+    digest: str
+    archive: Path | None  # in the wheelhouse, when published
+    size: int
+    base: str
+    checks: tuple[Check, ...]
+    seconds: dict[str, float]
+
+
+def epoch() -> int:
+    value = os.environ.get("SOURCE_DATE_EPOCH", "")
+    if not value:
+        return plans.DEFAULT_EPOCH
+    if not value.isdigit():
+        raise ImageError(f"SOURCE_DATE_EPOCH is {value[:40]!r}, not a number of seconds", "unset it or set it to one")
+    return int(value)
+
+
+def find_lock(wheelhouse: Path, manifest: WheelhouseManifest, lock: str | None, wheel: str | None, log: Path) -> str:
+    """The lock to build from, as locks/<name>.lock: the one named, or the wheel's (written now
+    when it has none), or the newest wheel's for this Python."""
+    if lock is not None:
+        name = Path(lock).name
+        if not name.endswith(".lock"):
+            name += ".lock"
+        path = wheelhouse / LOCKS / name
+        if not path.is_file() or (Path(lock).parent != Path(".") and Path(lock).resolve() != path.resolve()
+                                  and Path(lock).parent != Path(LOCKS)):  # fmt: skip
+            raise ImageError(f"no lock {lock} in {wheelhouse / LOCKS}",
+                             "name a lock of the wheelhouse (ls WHEELHOUSE/locks), or write one: "
+                             "python -m builder lock --wheel NAME")  # fmt: skip
+        return f"{LOCKS}/{name}"
+    from builder.wheelhouse.lock import lock as write_lock
+
+    if wheel is not None:
+        if wheel not in manifest.wheels:
+            names = ", ".join(sorted(manifest.wheels))
+            raise ImageError(f"{wheel} is not published in {wheelhouse}", f"choose one of: {names}")
+        for path in sorted((wheelhouse / LOCKS).glob("*.lock")):
+            first = path.read_text(encoding="utf-8", errors="replace").partition("\n")[0]
+            if first.startswith(f"# Lock for {wheel},"):
+                return f"{LOCKS}/{path.name}"
+    return f"{LOCKS}/{write_lock(wheelhouse, wheel, log).name}"
+
+
+def plan_image(wheelhouse: Path, manifest: WheelhouseManifest, lock: str, base: str, ref_epoch: int) -> plans.ImagePlan:
+    """The image's inputs, every lock file checked against the wheelhouse's bytes."""
+    path = wheelhouse / lock
+    text = path.read_text(encoding="utf-8")
+    wheel, pins = plans.parse_lock(text, str(path))
+    if wheel not in manifest.wheels:
+        raise ImageError(f"{lock} was written for {wheel}, which the wheelhouse does not list",
+                         "write the lock again for a published wheel: python -m builder lock --wheel NAME")  # fmt: skip
+    files = plans.locked_files(pins, manifest, lock)
+    for f in files:
+        on_disk = wheelhouse / f.name
+        if not on_disk.is_file() or sha256_of(on_disk) != f.sha256:
+            raise ImageError(f"{f.name} in {wheelhouse} is missing or not the file {lock} pins",
+                             "run python -m builder verify on the wheelhouse, and repair or re-publish it")  # fmt: skip
+    entry = manifest.wheels[wheel]
+    return plans.ImagePlan(entry, lock, sha256_of(path), files, base, plans.image_ref(entry), ref_epoch)
+
+
+def _context(plan: plans.ImagePlan, wheelhouse: Path, scratch: Path) -> Path:
+    """A build context holding only the lock's files (linked, else copied) and the lock, at the
+    paths the Containerfile names, so podman reads no more than the image needs."""
+    ctx = Path(tempfile.mkdtemp(prefix="image-", dir=scratch))
+    for f in plan.files:
+        try:
+            os.link(wheelhouse / f.name, ctx / f.name)
+        except OSError:
+            shutil.copyfile(wheelhouse / f.name, ctx / f.name)
+    (ctx / LOCKS).mkdir()
+    shutil.copyfile(wheelhouse / plan.lock, ctx / plan.lock)
+    (ctx / "Containerfile").write_text(plan.containerfile(), encoding="utf-8")
+    return ctx
+
+
+def _check_base_python(plan: plans.ImagePlan, base_id: str, log: Path) -> None:
+    want = plans.python_version(plan.wheel.python_tag)
+    try:
+        said = podman.run(
+            ["run", "--rm", "--network", "none", base_id, "python3", "-c",
+             "import sys, venv, ensurepip; print('python=%d.%d' % sys.version_info[:2])"],
+            log,
+        )  # fmt: skip
+    except ToolError as exc:
+        raise ImageError(f"the base {plan.base} has no python3 with venv and ensurepip",
+                         f"use a base with Python {want} and its venv module (python:{want}-slim, or Debian's "
+                         f"python3-venv), or leave --base out; log: {log}") from exc  # fmt: skip
+    got = said.rpartition("python=")[2].strip()
+    if got != want:
+        raise ImageError(
+            f"the base {plan.base} has Python {got}; {plan.wheel.name} is for Python {want}",
+            f"use a base with Python {want} (python:{want}-slim), or lock a wheel built for {got}",
+        )
+
+
+def _containers_of(image_ids: set[str]) -> set[str]:
+    """Containers (podman's, and buildah's working containers of a build) made from these images."""
+    done = podman.ask(["ps", "--all", "--external", "--format", "json"])
+    try:
+        rows = json.loads(done.stdout or "[]")
+    except ValueError:
+        return set()
+    return {str(r.get("Id")) for r in rows if isinstance(r, dict) and str(r.get("ImageID", "")) in image_ids}
+
+
+def gpu_flags(accelerator: str) -> tuple[list[str], str | None]:
+    """podman flags that hand the GPUs to the container (NVIDIA's CDI spec), or why there are none."""
+    if accelerator != "cuda":
+        return [], "a CPU wheel: no GPU checks"
+    specs = [p for folder in CDI_SPECS if folder.is_dir() for p in folder.glob("nvidia*.y*ml")]
+    if not specs:
+        return [], ("no NVIDIA container device spec (/etc/cdi/nvidia.yaml): GPU checks inside the image skipped; "
+                    "make one with `nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml` on a GPU host")  # fmt: skip
+    return ["--device", "nvidia.com/gpu=all"], None
+
+
+AIO_OPS = ("async_io", "gds")
+SYSTEM_SECCOMP = (Path("/etc/containers/seccomp.json"), Path("/usr/share/containers/seccomp.json"))
+AIO_SYSCALL = "io_pgetevents"
+
+
+def seccomp_for(ops: tuple[str, ...], scratch: Path) -> tuple[list[str], Check | None]:
+    """DeepSpeed's aio calls io_pgetevents and aborts when it fails; podman 4.3's default seccomp
+    profile denies it (EPERM). For a wheel with async_io or gds, the checks run with that profile
+    plus io_pgetevents allowed (written to `scratch`), and a row says so: users of podman run the
+    image the same way (README)."""
+    if not set(ops) & set(AIO_OPS):
+        return [], None
+    system = next((p for p in SYSTEM_SECCOMP if p.is_file()), None)
+    if system is None:
+        return [], None
+    data = json.loads(system.read_text(encoding="utf-8"))
+    rules = data.get("syscalls", []) if isinstance(data, dict) else []
+    denying = [r for r in rules if AIO_SYSCALL in (r.get("names") or []) and r.get("action") != "SCMP_ACT_ALLOW"]
+    allowed = any(AIO_SYSCALL in (r.get("names") or []) and r.get("action") == "SCMP_ACT_ALLOW" for r in rules)
+    if not denying and (allowed or data.get("defaultAction") == "SCMP_ACT_ALLOW"):
+        return [], None
+    for rule in denying:
+        rule["names"] = [n for n in rule["names"] if n != AIO_SYSCALL]
+    rules.append({"names": [AIO_SYSCALL], "action": "SCMP_ACT_ALLOW", "args": [], "comment": "DeepSpeed aio",
+                  "includes": {}, "excludes": {}})  # fmt: skip
+    path = scratch / "seccomp-aio.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    why = (f"async_io calls {AIO_SYSCALL}, which podman's default seccomp profile ({system}) denies (DeepSpeed then "
+           f"aborts): the checks ran with that profile plus {AIO_SYSCALL}; run the image with such a profile "
+           "(--security-opt seccomp=FILE) for NVMe offload")  # fmt: skip
+    return ["--security-opt", f"seccomp={path}"], Check("seccomp:io_pgetevents", "passed", why)
+
+
+def smoke_inside(plan: plans.ImagePlan, ref: str, log: Path, verbose: bool) -> tuple[Check, ...]:
+    """The smoke suite inside the image, with no network: torch, import, every op loads (no JIT)
+    and computes, ds_report, the ZeRO-Offload engine, torchrun with gloo (and NCCL with GPUs)."""
+    w = plan.wheel
+    spec = {"version": w.version, "ops": list(w.ops), "accelerator": w.accelerator, "suite": "image",
+            "torch": {"version": w.torch, "cuda": w.cuda}, "dist_worker": "/smoke/smoke_dist.py"}  # fmt: skip
+    flags, no_gpu = gpu_flags(w.accelerator)
+    seccomp, seccomp_row = seccomp_for(w.ops, log.parent)
+    name = f"ds-builder-smoke-{os.getpid()}"
+    try:
+        said = podman.run(
+            ["run", "--rm", "--name", name, "--network", "none", "--volume", f"{RESOURCES}:/smoke:ro",
+             "--env", "TORCH_EXTENSIONS_DIR=/tmp/torch_extensions", "--env", f"DS_ACCELERATOR={w.accelerator}",
+             "--workdir", "/tmp", *flags, *seccomp, ref, "sh", "-c",
+             'mkdir -p "$TORCH_EXTENSIONS_DIR" && exec python /smoke/smoke_checks.py "$0"', json.dumps(spec)],
+            log, verbose,
+        )  # fmt: skip
+    except ToolError as exc:
+        last = exc.message.strip().splitlines()[-3:]
+        raise ImageError(f"the smoke checks did not finish inside {ref}: {' | '.join(last)[-500:]}",
+                         f"read {log}") from exc  # fmt: skip
+    finally:
+        podman.remove_container(name)
+    checks = parse_checks(said)
+    if seccomp_row is not None:
+        checks = (*checks, seccomp_row)
+    if no_gpu and w.accelerator == "cuda":
+        checks = (*checks, Check("gpu-in-image", "skipped", no_gpu))
+    return checks
+
+
+def build_image(
+    wheelhouse: Path,
+    ws: Workspace,
+    lock: str | None = None,
+    wheel: str | None = None,
+    base: str | None = None,
+    publish: bool = True,
+    verbose: bool = False,
+) -> ImageResult:
+    """Build, smoke, save and (unless told not to) publish the CI image of a lock."""
+    podman.require()
+    seconds: dict[str, float] = {}
+    ws.logs.mkdir(parents=True, exist_ok=True)
+    ws.scratch.mkdir(parents=True, exist_ok=True)
+    manifest = load_manifest(wheelhouse)
+    if not manifest.wheels:
+        raise ImageError(f"{wheelhouse} has no published wheel", "publish one first (nox -s build-wheel)")
+    log = ws.logs / "image.log"
+    log.unlink(missing_ok=True)
+    lock_rel = find_lock(wheelhouse, manifest, lock, wheel, log)
+    manifest = load_manifest(wheelhouse)  # the lock may have added the files it pins
+    when = epoch()
+    plan = plan_image(wheelhouse, manifest, lock_rel, base or "", when)  # checks the lock's files first
+    start = time.monotonic()
+    base_ref, base_id = bases.resolve_base(base, ws.scratch, log, when)
+    seconds["base"] = time.monotonic() - start
+    plan = dataclasses.replace(plan, base=base_ref)
+    output.step(f"image: {plan.ref} from {base_ref}, {len(plan.files)} files of {lock_rel}; full log: {log}")
+    _check_base_python(plan, base_id, log)
+    ctx = _context(plan, wheelhouse, ws.scratch)
+    before = _containers_of({base_id})
+    prior = podman.image_id(plan.ref)
+    built: str | None = None
+    try:
+        start = time.monotonic()
+        podman.run(
+            ["build", "--network", "none", "--pull=never", "--no-cache", "--layers=false", "--force-rm",
+             "--timestamp", str(when), "--file", ctx / "Containerfile", "--tag", plan.ref, ctx],
+            log, verbose, progress=lambda line: line if line.startswith("STEP ") else None,
+            fix=f"read {log}",
+        )  # fmt: skip
+        seconds["build"] = time.monotonic() - start
+        built = podman.image_id(plan.ref)
+        if built is None:
+            raise ImageError(f"podman build finished but {plan.ref} is not in its storage", f"read {log}")
+        output.note(f"image {plan.ref}: ID {built[:12]} ({seconds['build']:.0f}s)")
+        start = time.monotonic()
+        checks = smoke_inside(plan, plan.ref, log, verbose)
+        seconds["smoke"] = time.monotonic() - start
+        for c in checks:
+            output.note(f"  {c.status:7} {c.name:24} {c.detail.splitlines()[0] if c.detail else ''}")
+        if not verdict(checks):
+            failed = [c.name for c in checks if c.status == "failed"]
+            raise ImageError(f"the smoke checks failed inside {plan.ref}: {', '.join(failed) or 'nothing passed'}",
+                             f"read {log}")  # fmt: skip
+        start = time.monotonic()
+        archive = ctx / "image.oci.tar"
+        podman.run(["save", "--format", "oci-archive", "--output", archive, plan.ref], log,
+                   fix=f"check the free space of {ws.scratch} (df -h); read {log}")  # fmt: skip
+        seconds["save"] = time.monotonic() - start
+        try:
+            facts = read_facts(archive)
+        except ArchiveError as exc:
+            raise ImageError(f"the archive podman saved is unusable: {exc}", f"read {log}") from exc
+        if facts.image_id != built:
+            raise ImageError(f"the archive holds image {facts.image_id[:12]}, not {built[:12]}", f"read {log}")
+        entry = ImageEntry(
+            name=plans.archive_name(plan.wheel, built), sha256=sha256_of(archive), image_id=built,
+            digest=facts.digest, size=archive.stat().st_size, ref=plan.ref, base=base_ref, base_id=base_id,
+            lock=lock_rel, lock_sha256=plan.lock_sha256, wheel=plan.wheel.name, python_tag=plan.wheel.python_tag,
+            smoke=SmokeSummary(True, time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+                               {c.name: (c.status, c.detail.splitlines()[0] if c.detail else "") for c in checks}),
+        )  # fmt: skip
+        published: Path | None = None
+        if publish:
+            from builder.wheelhouse.publish import publish_image
+
+            try:
+                published = publish_image(wheelhouse, archive, entry)
+            except OSError as exc:
+                raise ImageError(f"cannot write {entry.name} into {wheelhouse}: {exc.strerror}",
+                                 f"free space there (df -h {wheelhouse}) and run it again") from exc  # fmt: skip
+    except (BuilderError, OSError, KeyboardInterrupt):
+        # What this run made, and only that: containers from the base (a build's working
+        # container) or from the new image that were not there before, then the new image.
+        for cid in _containers_of({base_id, built or base_id}) - before:
+            podman.remove_container(cid)
+        if built and built != prior:
+            podman.remove_image(built if prior is None else plan.ref)
+        raise
+    finally:
+        shutil.rmtree(ctx, ignore_errors=True)
+    if prior and prior != built:
+        podman.ask(["rmi", prior])  # the image this tag named before, now untagged: removed if nothing uses it
+    return ImageResult(plan.ref, built, facts.digest, published, entry.size, base_ref, checks, seconds)

@@ -1,0 +1,122 @@
+"""What a CI image is made of, decided before podman runs (pure): the lock's files as the
+wheelhouse holds them, the Containerfile, the image's name and its archive's name.
+
+The Containerfile installs with pip's hash-checking mode from a folder bind-mounted for that one
+step (no layer of wheels is left in the image) with no index and no network; SOURCE_DATE_EPOCH
+makes pip's byte-compiled files hash-based instead of time-stamped, and podman's --timestamp fixes
+every file time and the image's creation date, so the same lock, wheels and base give the same
+image digest.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from packaging.utils import canonicalize_name
+
+from builder.errors import ImageError
+from builder.node import IMAGES, WheelEntry, WheelhouseManifest
+
+VENV = "/opt/deepspeed"
+IMAGE_LOCK = f"{VENV}/ds-image.lock"  # the lock the image was installed from, kept inside it
+DEFAULT_EPOCH = 0  # SOURCE_DATE_EPOCH when none is set: 1970-01-01, the usual reproducible choice
+SEARCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+_REQ = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>\S+)\s*\\?$")
+_HASH = re.compile(r"^\s*--hash=sha256:(?P<digest>[0-9a-f]{64})\s*$")
+
+
+@dataclass(frozen=True)
+class LockedFile:
+    requirement: str  # name==version as the lock says
+    sha256: str
+    name: str  # the wheelhouse file with these bytes
+
+
+@dataclass(frozen=True)
+class ImagePlan:
+    wheel: WheelEntry
+    lock: str  # locks/<recipe>.lock
+    lock_sha256: str
+    files: tuple[LockedFile, ...]
+    base: str
+    ref: str  # localhost/deepspeed-<recipe>:<version>-<python tag>
+    epoch: int
+
+    def containerfile(self) -> str:
+        return render_containerfile(self.base, self.lock, self.wheel.name, self.epoch)
+
+
+def parse_lock(text: str, where: str) -> tuple[str, dict[str, str]]:
+    """The wheel a lock was written for (its first line) and its pins: requirement -> sha256."""
+    lines = text.splitlines()
+    if not lines or not lines[0].startswith("# Lock for "):
+        raise ImageError(f"{where} is not a lock written by `lock` (no '# Lock for' line)",
+                         "write it again: python -m builder lock --wheel NAME")  # fmt: skip
+    wheel = lines[0].removeprefix("# Lock for ").split(",")[0]
+    pins: dict[str, str] = {}
+    pending: str | None = None
+    for number, line in enumerate(lines[1:], start=2):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        if pending is None and (m := _REQ.match(line.strip())):
+            pending = f"{canonicalize_name(m['name'])}=={m['version']}"
+        elif pending is not None and (h := _HASH.match(line)):
+            pins[pending] = h["digest"]
+            pending = None
+        else:
+            raise ImageError(f"{where}, line {number}: {line.strip()[:80]!r} is not a pinned requirement with its hash",
+                             "write the lock again: python -m builder lock --wheel NAME")  # fmt: skip
+    if pending is not None or not pins:
+        what = f"{pending} without a hash" if pending is not None else "no file"
+        raise ImageError(f"{where} pins {what}", "write the lock again: python -m builder lock --wheel NAME")
+    return wheel, pins
+
+
+def locked_files(pins: Mapping[str, str], manifest: WheelhouseManifest, lock: str) -> tuple[LockedFile, ...]:
+    """Each pinned file as the wheelhouse lists it (by sha256); a pin it lacks is an error naming it."""
+    by_digest = {e.sha256: n for n, e in manifest.wheels.items()}
+    by_digest |= {e.sha256: n for n, e in manifest.dependencies.items()}
+    missing = [f"{req} (sha256 {digest[:12]}...)" for req, digest in pins.items() if digest not in by_digest]
+    if missing:
+        raise ImageError(
+            f"{lock} pins {len(missing)} file(s) the wheelhouse lacks: {', '.join(missing[:5])}",
+            "write the lock again (python -m builder lock --wheel NAME copies every file it pins into the "
+            "wheelhouse), then build the image",
+        )
+    return tuple(LockedFile(req, digest, by_digest[digest]) for req, digest in sorted(pins.items()))
+
+
+def image_ref(wheel: WheelEntry) -> str:
+    """The name the image is tagged with: localhost/deepspeed-<recipe>:<version>-<python tag>."""
+    return f"localhost/deepspeed-{wheel.recipe}:{wheel.version.replace('+', '-')}-{wheel.python_tag}"
+
+
+def archive_name(wheel: WheelEntry, image_id: str) -> str:
+    """images/<recipe>-<version>-<python tag>-<image id, 12>.oci.tar: one file per image content."""
+    return f"{IMAGES}/{wheel.recipe}-{wheel.version}-{wheel.python_tag}-{image_id[:12]}.oci.tar"
+
+
+def python_version(tag: str) -> str:
+    return f"{tag[2]}.{tag[3:]}"
+
+
+def render_containerfile(base: str, lock: str, wheel: str, epoch: int = DEFAULT_EPOCH) -> str:
+    """The Containerfile of an image, with the wheelhouse (or a folder holding the lock's files
+    and the lock at the same paths) as the build context."""
+    return (
+        f"# CI image of {wheel}, written by ds-wheel-builder: python -m builder image --lock {lock}\n"
+        f"# builds it with podman, runs the smoke checks inside and publishes it. By hand, with the\n"
+        f"# wheelhouse as the build context (nothing is fetched):\n"
+        f"#   podman build --network none --timestamp {epoch} -f {lock.removesuffix('.lock')}.Containerfile .\n"
+        f"FROM {base}\n"
+        f"RUN --mount=type=bind,source=.,target=/wheelhouse,ro \\\n"
+        f"    export SOURCE_DATE_EPOCH={epoch} PIP_CONFIG_FILE=/dev/null && \\\n"
+        f"    python3 -m venv {VENV} && \\\n"
+        f"    {VENV}/bin/python -m pip install --no-index --no-cache-dir --disable-pip-version-check \\\n"
+        f"        --require-hashes --find-links /wheelhouse -r /wheelhouse/{lock} && \\\n"
+        f"    cp /wheelhouse/{lock} {IMAGE_LOCK}\n"
+        f"ENV VIRTUAL_ENV={VENV} PATH={VENV}/bin:{SEARCH_PATH}\n"
+    )
