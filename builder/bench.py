@@ -46,7 +46,7 @@ FIRST_OP = {
     "fused_adam": "from deepspeed.ops.op_builder import FusedAdamBuilder as B; B().load()",
 }
 # The op each recipe adds for the one-op rebuild, in order of preference.
-EXTRA_OPS = ("deepspeed_shm_comm", "cpu_lion", "cpu_adagrad", "fused_lion", "fused_lamb")
+EXTRA_OPS = ("deepspeed_shm_comm", "pin_memory", "cpu_lion", "cpu_adagrad", "fused_lion", "fused_lamb")
 
 
 def _report(stem: Path, result: dict[str, Any], table: str) -> dict[str, Any]:

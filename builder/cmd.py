@@ -76,14 +76,18 @@ def run(
             bufsize=1,
         )
         assert proc.stdout is not None
-        for line in proc.stdout:
-            log_file.write(line)
-            lines.append(line)
-            tail.append(line)
-            if verbose:
-                output.raw(line)
-            elif progress is not None and (shown := progress(line.rstrip("\n"))):
-                output.note(f"[{time.monotonic() - start:5.0f}s] {shown}")
+        try:
+            for line in proc.stdout:
+                log_file.write(line)
+                lines.append(line)
+                tail.append(line)
+                if verbose:
+                    output.raw(line)
+                elif progress is not None and (shown := progress(line.rstrip("\n"))):
+                    output.note(f"[{time.monotonic() - start:5.0f}s] {shown}")
+        except BaseException:  # Ctrl-C (the child had it too) or a failing reader: the child is gone before we go on
+            _stop(proc)
+            raise
         code = proc.wait()
         log_file.write(f"# exit status {code} after {time.monotonic() - start:.1f}s\n")
     if code != 0:
@@ -94,6 +98,20 @@ def run(
             fix or "read the output above; rerun with --verbose to stream it",
         )
     return "".join(lines)
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    """Let an interrupted child finish its own cleanup (podman removes its build container on
+    SIGINT), then make sure it is gone, so what runs next sees what it left."""
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def ask(

@@ -1019,6 +1019,12 @@ def hashed_requirements(files: Mapping[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def images_of(manifest: WheelhouseManifest, wheel: str) -> list[ImageEntry]:
+    """The published CI images holding this wheel, newest first."""
+    found = [i for i in manifest.images.values() if i.wheel == wheel]
+    return sorted(found, key=lambda i: (i.published_at, i.name), reverse=True)
+
+
 def install(wheelhouse: str, python: str, dry_run: bool = False, pip_args: Sequence[str] = ()) -> dict[str, Any]:
     """Pick, fetch, check and pip-install the wheel for this node, with its dependencies from the
     wheelhouse alone (hash-checked; no index is asked); returns what was done."""
@@ -1038,9 +1044,16 @@ def install(wheelhouse: str, python: str, dry_run: bool = False, pip_args: Seque
     deps = checked_dependencies(base, manifest, entry)
     say(f"==> {entry.name}: sha256 {entry.sha256[:16]}... verified, build manifest agrees; "
         f"{len(deps)} dependency wheels verified")  # fmt: skip
+    images = images_of(manifest, entry.name)
+    for image in images:
+        smoke = "passed" if image.smoke.passed else "FAILED"
+        say(f"==> CI image of this wheel: {image.name} ({image.ref}, ID {image.image_id[:12]}, "
+            f"{image.size / 1e6:.0f} MB; smoke {smoke}): podman load -i <wheelhouse>/{image.name}")  # fmt: skip
     result = {"wheel": entry.name, "sha256": entry.sha256, "node": node.to_json(), "installed": False,
               "dependencies": sorted(deps), "ops_without_code_for_this_gpu": narrowed_for(entry, node),
-              "missing_ops": dict(entry.missing_ops), "op_table": table}  # fmt: skip
+              "missing_ops": dict(entry.missing_ops), "op_table": table,
+              "images": [{"name": i.name, "ref": i.ref, "image_id": i.image_id, "digest": i.digest, "size": i.size}
+                         for i in images]}  # fmt: skip
     if dry_run:
         return result
     tmp = tempfile.mkdtemp(prefix="ds-install-")

@@ -38,8 +38,8 @@ def test_the_slurm_bench_changes_one_recipe_of_a_copy_of_the_matrix(tmp_path: Pa
     loaded = load_matrix(copy)
     assert [r.name for r in loaded.recipes] == [r.name for r in load_matrix(matrix).recipes]
     assert loaded.python == load_matrix(matrix).python and copy.parent == recipes[0].parent
-    _add_op(recipes[0], "deepspeed_shm_comm")
-    assert load_matrix(copy).recipes[0].ops[0] == "deepspeed_shm_comm"
+    _add_op(recipes[0], "pin_memory")
+    assert load_matrix(copy).recipes[0].ops[0] == "pin_memory"
     assert (ROOT / "recipes" / "cpu.toml").read_text() != recipes[0].read_text()  # the original is untouched
     assert _hits("ccache: 5 hits, 2 misses (71% hit rate)\nx\nccache: 1 hits, 0 misses") == (6, 2)
     result = {"matrix": "m.toml", "targets": 3, "changed": {"recipe": "cpu", "added_op": "cpu_lion"},

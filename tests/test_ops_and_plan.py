@@ -86,8 +86,9 @@ def test_plan_for_the_default_recipe(probe: ProbeReport) -> None:
         "DS_BUILD_CPU_ADAM",
         "DS_BUILD_CPU_ADAGRAD",
         "DS_BUILD_CPU_LION",
+        "DS_BUILD_SHM_COMM",
     }
-    assert [op.name for op in plan.ops] == ["cpu_adam", "cpu_adagrad", "cpu_lion"]
+    assert [op.name for op in plan.ops] == ["cpu_adam", "cpu_adagrad", "cpu_lion", "deepspeed_shm_comm"]
 
 
 def test_plan_refuses_a_build_env_with_other_torch(probe: ProbeReport) -> None:
@@ -111,7 +112,9 @@ def test_plan_drops_debug_info_when_the_recipe_strips(probe: ProbeReport) -> Non
 
 def test_nvcc_threads_only_where_there_are_several_archs(probe: ProbeReport) -> None:
     """Planned against the CPU probe with the accelerator faked to cuda: only the env is checked."""
-    recipe = dataclasses.replace(load_recipe(ROOT / "recipes" / "cpu.toml"), accelerator="cuda")
+    recipe = dataclasses.replace(
+        load_recipe(ROOT / "recipes" / "cpu.toml"), accelerator="cuda", ops=("cpu_adam", "cpu_adagrad", "cpu_lion")
+    )
     cuda_probe = dataclasses.replace(probe, accelerator="cuda", torch=dataclasses.replace(probe.torch, cuda="13.0"))
     one = plan_build(recipe, cuda_probe, archs=("9.0",))
     assert one.env["NVCC_APPEND_FLAGS"] == "-Xfatbin -compress-all"

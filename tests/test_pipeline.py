@@ -25,7 +25,8 @@ VERSION = "0.19.8+cpu.torch2.13"
 # The glibc floor of a wheel built on this Debian 12 image with gcc 12 (GLIBC_2.34, GLIBCXX_3.4.30).
 PLATFORM = "manylinux_2_35_x86_64"
 WHEEL = f"deepspeed-{VERSION}-cp311-cp311-{PLATFORM}.whl"
-OPS = ("cpu_adam", "cpu_adagrad", "cpu_lion")
+OPS = ("cpu_adam", "cpu_adagrad", "cpu_lion", "deepspeed_shm_comm")
+OPTIMIZERS = OPS[:3]  # checked against torch's; shm comm is what the CPU engine loads at init
 
 
 def builder(*args: str) -> subprocess.CompletedProcess[str]:
@@ -54,7 +55,7 @@ def test_build_wheel_leaves_a_smoke_tested_wheel_in_the_wheelhouse(
     assert not any(name.startswith(("torch", "nvidia")) for name in bundled)
     if f"==> up to date: {WHEEL}" not in result.stderr:  # a kept BUILDER_TEST_WORK_DIR may hold it
         assert f"==> built {WHEEL} in" in result.stderr
-        assert "ops:   cpu_adam, cpu_adagrad, cpu_lion" in result.stderr
+        assert "ops:   cpu_adam, cpu_adagrad, cpu_lion, deepspeed_shm_comm" in result.stderr
     # Op units (issue 21): each op compiled by a setup.py run of its own, its log named in the build
     # record; the wheel assembled from them is the one a single run makes (checked on real wheels).
     record = json.loads((workspace / "dist" / f"{WHEEL}.build.json").read_text())
@@ -66,13 +67,18 @@ def test_build_wheel_leaves_a_smoke_tested_wheel_in_the_wheelhouse(
 
     with zipfile.ZipFile(house / WHEEL) as zf:
         names = zf.namelist()
-        for op_dir, op in (("adam", "cpu_adam"), ("adagrad", "cpu_adagrad"), ("lion", "cpu_lion")):
+        for op_dir, op in (
+            ("adam", "cpu_adam"),
+            ("adagrad", "cpu_adagrad"),
+            ("lion", "cpu_lion"),
+            ("comm", "deepspeed_shm_comm"),
+        ):
             assert any(n.startswith(f"deepspeed/ops/{op_dir}/{op}_op.") and n.endswith(".so") for n in names)
         installed = zf.read("deepspeed/git_version_info_installed.py").decode()
         meta = Parser().parsestr(zf.read(f"deepspeed-{VERSION}.dist-info/METADATA").decode())
         manifest = json.loads(zf.read(f"deepspeed-{VERSION}.dist-info/ds_builder.json"))
     assert f"version='{VERSION}'" in installed
-    assert "'cpu_adam': 1" in installed and "'cpu_adagrad': 1" in installed and "'cpu_lion': 1" in installed
+    assert all(f"'{op}': 1" in installed for op in OPS)
     assert meta["Version"] == VERSION
     assert "torch==2.13.0" in (meta.get_all("Requires-Dist") or [])
     assert manifest["ops"] == list(OPS) and manifest["torch"]["version"] == "2.13.0+cpu"
@@ -85,7 +91,10 @@ def test_build_wheel_leaves_a_smoke_tested_wheel_in_the_wheelhouse(
     checks = {name: check["status"] for name, check in entry["smoke"]["checks"].items()}
     for op in OPS:
         assert checks[f"load:{op}"] == "passed"
+    for op in OPTIMIZERS:
         assert checks[f"numerics:{op}"] == "passed"
+    # DeepSpeed's CPU engine loads shm comm at init: from the wheel, nothing JIT-compiled.
+    assert "nothing JIT-compiled" in entry["smoke"]["checks"]["engine:zero2-offload"]["detail"]
     assert checks["import"] == "passed" and checks["no-jit"] == "passed"
     # The full CPU suite: every check that can run without a GPU passed; the GPU ones say why not.
     for name in (
@@ -314,12 +323,17 @@ def test_lock_installs_with_hashes_required(
     text = lock_file.read_text()
     assert f"deepspeed=={VERSION} \\" in text and "torch==2.13.0" in text and "--hash=sha256:" in text
     assert (house / "locks" / "cpu.Containerfile").is_file()
+    # Every file the lock pins is now in the wheelhouse (torch too) and listed: pip needs no index.
+    manifest = json.loads((house / "manifest.json").read_text())
+    assert any(name.startswith("torch-2.13.0") for name in manifest["dependencies"])
+    assert builder("verify", "--wheelhouse", str(house)).returncode == 0
     image = tmp_path / "image"
     venv.create(image, with_pip=True)
     python = str(image / "bin" / "python")
     installed = subprocess.run(
-        [python, "-m", "pip", "install", "--require-hashes", "--find-links", str(house), "-r", str(lock_file)],
-        capture_output=True, text=True,
+        [python, "-m", "pip", "install", "--no-index", "--require-hashes", "--find-links", str(house), "-r",
+         str(lock_file)],
+        capture_output=True, text=True, env={**os.environ, "PIP_CONFIG_FILE": os.devnull},
     )  # fmt: skip
     assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
     version = (
@@ -339,6 +353,150 @@ def test_lock_installs_with_hashes_required(
         capture_output=True, text=True,
     )  # fmt: skip
     assert refused.returncode != 0 and "HASHES" in (refused.stdout + refused.stderr).upper()
+
+
+def _podman_state() -> tuple[set[str], set[str]]:
+    """Every container (buildah's included) and image podman holds, by ID."""
+    env = {**os.environ, "CONTAINERS_CONF": str(ROOT / "builder" / "resources" / "containers.conf")}
+    ps = subprocess.run(["podman", "ps", "-a", "--external", "-q", "--no-trunc"], capture_output=True, text=True,
+                        env=env, check=True)  # fmt: skip
+    images = subprocess.run(["podman", "images", "-a", "-q", "--no-trunc"], capture_output=True, text=True, env=env,
+                            check=True)  # fmt: skip
+    return set(ps.stdout.split()), set(images.stdout.split())
+
+
+NO_PODMAN = next(
+    (why for missing, why in (
+        (not shutil.which("podman"), "podman is not installed (apt-get install podman runc)"),
+        (not shutil.which("debootstrap"), "debootstrap is not installed (apt-get install debootstrap)"),
+        (os.geteuid() != 0, "rootful podman and debootstrap need root"),
+    ) if missing),
+    None,
+)  # fmt: skip
+
+
+@pytest.mark.skipif(NO_PODMAN is not None, reason=str(NO_PODMAN))
+def test_the_ci_image_is_built_from_the_wheelhouse_proven_inside_and_reproducible(
+    pipeline: tuple[Path, subprocess.CompletedProcess[str]], workspace: Path
+) -> None:
+    """Issue 22: the default recipe's image on the debootstrap base, the smoke inside it with no
+    network, published to images/ and verified; built again, the same image ID and digest."""
+    house, _ = pipeline
+    done = builder("image", "--wheelhouse", str(house), "--work-dir", str(workspace), "--wheel", WHEEL)
+    assert done.returncode == 0, done.stderr[-5000:]
+    manifest = json.loads((house / "manifest.json").read_text())
+    ((name, entry),) = manifest["images"].items()
+    assert name.startswith("images/cpu-") and (house / name).is_file() and entry["wheel"] == WHEEL
+    assert entry["base"].startswith("localhost/ds-builder-base:bookworm-") and entry["lock"] == "locks/cpu.lock"
+    checks = {name: (c["status"], c["detail"]) for name, c in entry["smoke"]["checks"].items()}
+    assert entry["smoke"]["passed"] and all(checks[f"numerics:{op}"][0] == "passed" for op in OPTIMIZERS), checks
+    assert checks["dist:gloo:2-nodes"][0] == "passed" and checks["engine:zero2-offload"][0] == "passed"
+    assert "nothing JIT-compiled" in checks["engine:zero2-offload"][1]  # no compiler in the image, none needed
+    assert checks["quantized:int8:auto"][0] == "skipped" and "no transformers" in checks["quantized:int8:auto"][1]
+    assert (house / name).stat().st_mode & 0o777 == 0o644
+    assert builder("verify", "--wheelhouse", str(house)).returncode == 0
+    before = _podman_state()
+
+    # The same lock, wheels and base: the same image, to the digest (not a cached layer: --no-cache).
+    again = builder("image", "--wheelhouse", str(house), "--work-dir", str(workspace), "--wheel", WHEEL,
+                    "--no-publish")  # fmt: skip
+    assert again.returncode == 0, again.stderr[-5000:]
+    assert f"ID {entry['image_id'][:12]}" in again.stderr, again.stderr[-3000:]
+    assert "STEP 2/3: RUN" in again.stderr and "Using cache" not in again.stderr
+    assert _podman_state() == before  # nothing left behind: no container, no new image
+
+    # What the archive holds loads as that image.
+    env = {**os.environ, "CONTAINERS_CONF": str(ROOT / "builder" / "resources" / "containers.conf")}
+    subprocess.run(["podman", "rmi", entry["ref"]], env=env, capture_output=True, check=True)
+    loaded = subprocess.run(["podman", "load", "-i", str(house / name)], env=env, capture_output=True, text=True)
+    assert loaded.returncode == 0 and entry["image_id"] in loaded.stdout + loaded.stderr, loaded.stderr
+
+
+@pytest.mark.skipif(NO_PODMAN is not None, reason=str(NO_PODMAN))
+def test_a_bad_image_input_leaves_nothing_behind(
+    pipeline: tuple[Path, subprocess.CompletedProcess[str]], workspace: Path, tmp_path: Path
+) -> None:
+    """A base that does not exist, podman missing, a lock naming a file the wheelhouse lacks: exit
+    12 with the fix, no archive in images/, no container or image left in podman's storage."""
+    house, _ = pipeline
+    assert builder("lock", "--wheelhouse", str(house), "--work-dir", str(workspace)).returncode == 0
+    listing = sorted(p.relative_to(house) for p in house.rglob("*"))
+    before = _podman_state()
+    done = builder("image", "--wheelhouse", str(house), "--work-dir", str(workspace), "--base",
+                   "localhost/no-such-base:1")  # fmt: skip
+    assert done.returncode == 12 and "localhost/no-such-base:1 does not exist here" in done.stderr, done.stderr
+    assert "fix: name an image podman holds" in done.stderr and "Traceback" not in done.stderr
+
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    (bare / "python").symlink_to(sys.executable)
+    no_podman = subprocess.run([sys.executable, "-m", "builder", "image", "--wheelhouse", str(house), "--work-dir",
+                                str(workspace)], cwd=ROOT, capture_output=True, text=True,
+                               env={**os.environ, "PATH": str(bare)})  # fmt: skip
+    assert no_podman.returncode == 12 and "podman was not found on PATH" in no_podman.stderr, no_podman.stderr
+    assert "apt-get install" in no_podman.stderr
+
+    lock = house / "locks" / "cpu.lock"
+    text = lock.read_text()
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("torch=="))
+    lines[at : at + 2] = ["torch==9.9.9 \\", f"    --hash=sha256:{'0' * 64}"]  # a pin the wheelhouse lacks
+    lock.write_text("\n".join(lines) + "\n")
+    try:
+        missing = builder("image", "--wheelhouse", str(house), "--work-dir", str(workspace), "--lock", "cpu.lock")
+    finally:
+        lock.write_text(text)
+    assert missing.returncode == 12 and "pins 1 file(s) the wheelhouse lacks: torch==9.9.9" in missing.stderr
+    assert sorted(p.relative_to(house) for p in house.rglob("*")) == listing
+    assert _podman_state() == before
+
+
+@pytest.mark.skipif(NO_PODMAN is not None, reason=str(NO_PODMAN))
+def test_an_interrupted_image_build_and_a_full_disk_leave_nothing_behind(
+    pipeline: tuple[Path, subprocess.CompletedProcess[str]], workspace: Path, tmp_path: Path
+) -> None:
+    """Ctrl-C while podman builds (SIGINT to the process group, as a terminal sends it), then a work
+    folder whose disk fills while the build context is written: each exits with its code and the
+    fix, leaving nothing in the wheelhouse and no container or image of its own in podman."""
+    import signal
+    import time
+
+    house, _ = pipeline
+    listing = sorted(p.relative_to(house) for p in house.rglob("*"))
+    before = _podman_state()
+    err = tmp_path / "stderr"
+    with open(err, "w") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "builder", "image", "--wheelhouse", str(house), "--work-dir",
+                                 str(workspace), "--wheel", WHEEL, "--no-publish"],
+                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=sink, start_new_session=True)  # fmt: skip
+        deadline = time.monotonic() + 300
+        while "STEP 2/3" not in err.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(5)  # pip is installing inside the build container
+        os.killpg(proc.pid, signal.SIGINT)
+        code = proc.wait(timeout=300)
+    said = err.read_text()
+    assert code == 130 and "error: interrupted" in said, said[-3000:]
+    assert _podman_state() == before
+    assert sorted(p.relative_to(house) for p in house.rglob("*")) == listing
+
+    if os.geteuid() != 0:
+        return
+    small = tmp_path / "work"
+    (small / "tmp").mkdir(parents=True)
+    (small / "cache").symlink_to(workspace / "cache", target_is_directory=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(small / "tmp")],
+                             capture_output=True, text=True)  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs to fill ({mounted.stderr.strip()})")
+    try:
+        full = builder("image", "--wheelhouse", str(house), "--work-dir", str(small), "--wheel", WHEEL)
+    finally:
+        subprocess.run(["umount", str(small / "tmp")], check=True)
+    assert full.returncode == 12 and "No space left on device" in full.stderr, full.stderr[-3000:]
+    assert "fix: free space" in full.stderr and "Traceback" not in full.stderr
+    assert _podman_state() == before
+    assert sorted(p.relative_to(house) for p in house.rglob("*")) == listing
 
 
 @pytest.mark.skipif(not shutil.which("pdsh"), reason="pdsh is not installed (apt-get install pdsh)")
@@ -375,12 +533,12 @@ def test_provision_installs_on_every_host_through_pdsh(
 def test_adding_an_op_compiles_that_op_alone(
     pipeline: tuple[Path, subprocess.CompletedProcess[str]], workspace: Path, tmp_path: Path
 ) -> None:
-    """Op units (issue 21): the default recipe plus deepspeed_shm_comm, built in another work folder that
+    """Op units (issue 21): the default recipe plus pin_memory, built in another work folder that
     shares the first one's unit cache (DS_BUILDER_UNIT_CACHE, as a cluster shares one): its three units come
     from the cache, only the new op compiles, and the wheel assembled from the four holds all four ops."""
     text = (ROOT / "recipes" / "cpu.toml").read_text()
-    recipe = tmp_path / "cpu-shm.toml"
-    recipe.write_text(text.replace('ops = ["cpu_adam"', 'ops = ["deepspeed_shm_comm", "cpu_adam"'))
+    recipe = tmp_path / "cpu-pin.toml"
+    recipe.write_text(text.replace('ops = ["cpu_adam"', 'ops = ["pin_memory", "cpu_adam"'))
     env = {**os.environ, "DS_BUILDER_UNIT_CACHE": str(workspace / "cache" / "units")}
     work = tmp_path / "work"
     done = subprocess.run([sys.executable, "-m", "builder", "build-wheel", "--recipe", str(recipe), "--work-dir",
@@ -388,11 +546,11 @@ def test_adding_an_op_compiles_that_op_alone(
     assert done.returncode == 0, done.stderr[-5000:]
     record = json.loads((work / "dist" / f"{WHEEL}.build.json").read_text())
     statuses = {op: unit["status"] for op, unit in record["units"].items()}
-    assert statuses == {**dict.fromkeys(OPS, "cached"), "deepspeed_shm_comm": "built"}, statuses
+    assert statuses == {**dict.fromkeys(OPS, "cached"), "pin_memory": "built"}, statuses
     assert "unit cpu_adam: cached" in done.stderr
     with zipfile.ZipFile(work / "dist" / WHEEL) as zf:
         names = zf.namelist()
         installed = zf.read("deepspeed/git_version_info_installed.py").decode()
-    for op in (*OPS, "deepspeed_shm_comm"):
+    for op in (*OPS, "pin_memory"):
         assert f"'{op}': 1" in installed
-    assert sum(n.endswith(".so") for n in names) == 4
+    assert sum(n.endswith(".so") for n in names) == 5

@@ -298,19 +298,18 @@ def test_each_target_gets_unit_tasks_and_the_builds_wait_for_them(tmp_path: Path
     cpu, cuda = _targets()
     every = dataclasses.replace(cpu, recipe=dataclasses.replace(cpu.recipe, name="every", all_ops=True, ops=()))
     opts = slurm.SlurmOptions(unit_tasks=4)
-    assert [slurm.unit_tasks(t, 4) for t in (cpu, cuda, every)] == [3, 3, 4]
+    assert [slurm.unit_tasks(t, 4) for t in (cpu, cuda, every)] == [4, 3, 4]  # cpu names 4 ops, cuda 3
     assert slurm.unit_tasks(cpu, 2) == 2
     record = slurm.plan_record([cpu, every], tmp_path / "m.toml", tmp_path / "run", tmp_path / "targets",
                                tmp_path / "house", tmp_path / "cc", tmp_path / "sd", {}, opts,
                                {"cpu_adam": 90.0})  # fmt: skip
     (units,) = record["unit_arrays"]
-    assert units["tasks"] == [["cpu", 0, 3], ["cpu", 1, 3], ["cpu", 2, 3],
+    assert units["tasks"] == [["cpu", 0, 4], ["cpu", 1, 4], ["cpu", 2, 4], ["cpu", 3, 4],
                               ["every", 0, 4], ["every", 1, 4], ["every", 2, 4], ["every", 3, 4]]  # fmt: skip
     assert record["unit_times"] == {"cpu_adam": 90.0}
     script = slurm.units_script([tuple(t) for t in units["tasks"]], tmp_path / "run", "/py")
-    assert (
-        "names=(cpu cpu cpu every every every every)\n" in script and "groups=(0/3 1/3 2/3 0/4 1/4 2/4 3/4)" in script
-    )
+    assert "names=(cpu cpu cpu cpu every every every every)\n" in script
+    assert "groups=(0/4 1/4 2/4 3/4 0/4 1/4 2/4 3/4)" in script
     assert '--group "${share%/*}" --of "${share#*/}"' in script
 
 

@@ -251,11 +251,12 @@ def build_image(
     plan = dataclasses.replace(plan, base=base_ref)
     output.step(f"image: {plan.ref} from {base_ref}, {len(plan.files)} files of {lock_rel}; full log: {log}")
     _check_base_python(plan, base_id, log)
-    ctx = _context(plan, wheelhouse, ws.scratch)
     before = _containers_of({base_id})
     prior = podman.image_id(plan.ref)
     built: str | None = None
+    ctx: Path | None = None
     try:
+        ctx = _context(plan, wheelhouse, ws.scratch)
         start = time.monotonic()
         podman.run(
             ["build", "--network", "none", "--pull=never", "--no-cache", "--layers=false", "--force-rm",
@@ -299,21 +300,21 @@ def build_image(
         if publish:
             from builder.wheelhouse.publish import publish_image
 
-            try:
-                published = publish_image(wheelhouse, archive, entry)
-            except OSError as exc:
-                raise ImageError(f"cannot write {entry.name} into {wheelhouse}: {exc.strerror}",
-                                 f"free space there (df -h {wheelhouse}) and run it again") from exc  # fmt: skip
-    except (BuilderError, OSError, KeyboardInterrupt):
+            published = publish_image(wheelhouse, archive, entry)
+    except (BuilderError, OSError, KeyboardInterrupt) as exc:
         # What this run made, and only that: containers from the base (a build's working
         # container) or from the new image that were not there before, then the new image.
         for cid in _containers_of({base_id, built or base_id}) - before:
             podman.remove_container(cid)
         if built and built != prior:
             podman.remove_image(built if prior is None else plan.ref)
+        if isinstance(exc, OSError):
+            raise ImageError(f"cannot write {exc.filename or 'a file'}: {exc.strerror}",
+                             f"free space (df -h {ws.root} {wheelhouse}) and run it again") from exc  # fmt: skip
         raise
     finally:
-        shutil.rmtree(ctx, ignore_errors=True)
+        if ctx is not None:
+            shutil.rmtree(ctx, ignore_errors=True)
     if prior and prior != built:
         podman.ask(["rmi", prior])  # the image this tag named before, now untagged: removed if nothing uses it
     return ImageResult(plan.ref, built, facts.digest, published, entry.size, base_ref, checks, seconds)

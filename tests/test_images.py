@@ -1,0 +1,200 @@
+"""CI images (issue 22), the parts decided before podman runs and read back after: locks, the
+Containerfile, the manifest's image entries, OCI archives, seccomp, the host's Debian mirror.
+
+The real image (podman, debootstrap, the smoke inside, the same digest twice) is built in
+tests/test_pipeline.py from the default recipe's published wheel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import re
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from builder.errors import ImageError
+from builder.images import archive, plan
+from builder.images.base import debootstrap_ref, host_mirror
+from builder.images.build import seccomp_for
+from builder.node import (
+    FileEntry,
+    ImageEntry,
+    ManifestError,
+    SmokeSummary,
+    WheelhouseManifest,
+    parse_manifest,
+    parse_wheel_entry,
+)
+
+WHEEL = "deepspeed-0.19.8+cpu.torch2.13-cp311-cp311-manylinux_2_35_x86_64.whl"
+TORCH = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+LOCK = f"""# Lock for {WHEEL}, written by ds-wheel-builder. Install exactly these files with:
+#   pip install --require-hashes --find-links <wheelhouse> -r <this file>
+deepspeed==0.19.8+cpu.torch2.13 \\
+    --hash=sha256:{"a" * 64}
+torch==2.13.0+cpu \\
+    --hash=sha256:{"b" * 64}
+"""
+
+
+def _manifest(with_torch: bool = True) -> WheelhouseManifest:
+    """The default recipe's wheel (made through the manifest's own loader) and, maybe, its torch."""
+    wheel = parse_wheel_entry(WHEEL, {
+        "python_tag": "cp311", "torch": "2.13.0+cpu", "accelerator": "cpu", "cuda": None, "archs": [],
+        "cpu_target": "x86-64-v3", "cpu_flags": [], "ops": ["cpu_adam"], "recipe": "cpu", "sha256": "a" * 64,
+        "smoke": {"passed": True, "finished_at": "", "checks": {"import": {"status": "passed", "detail": ""}}},
+        "version": "0.19.8+cpu.torch2.13"}, "test")  # fmt: skip
+    deps = {TORCH: FileEntry(TORCH, "b" * 64)} if with_torch else {}
+    return WheelhouseManifest({WHEEL: wheel}, deps)
+
+
+def test_a_lock_is_read_pin_by_pin_and_each_pin_found_by_its_hash() -> None:
+    wheel, pins = plan.parse_lock(LOCK, "locks/cpu.lock")
+    assert wheel == WHEEL and pins == {"deepspeed==0.19.8+cpu.torch2.13": "a" * 64, "torch==2.13.0+cpu": "b" * 64}
+    files = plan.locked_files(pins, _manifest(), "locks/cpu.lock")
+    assert [f.name for f in files] == [WHEEL, TORCH]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("torch==2.13.0\n", "is not a lock written by `lock`"),
+        (LOCK.replace(f"    --hash=sha256:{'b' * 64}\n", ""), "pins torch==2.13.0+cpu without a hash"),
+        (LOCK + "rm -rf / \\\n", "line 7: 'rm -rf / \\\\' is not a pinned requirement"),
+        (LOCK.replace("b" * 64, "../../etc"), "is not a pinned requirement with its hash"),
+    ],
+)
+def test_a_damaged_lock_is_refused_naming_the_line(text: str, message: str) -> None:
+    with pytest.raises(ImageError, match=re.escape(message)):
+        plan.parse_lock(text, "locks/cpu.lock")
+
+
+def test_a_pin_the_wheelhouse_lacks_is_named_with_the_fix() -> None:
+    _, pins = plan.parse_lock(LOCK, "locks/cpu.lock")
+    with pytest.raises(ImageError, match=r"pins 1 file\(s\) the wheelhouse lacks: torch==2.13.0\+cpu") as err:
+        plan.locked_files(pins, _manifest(with_torch=False), "locks/cpu.lock")
+    assert "python -m builder lock --wheel" in err.value.fix
+
+
+def test_the_containerfile_installs_from_the_context_alone_with_hashes() -> None:
+    text = plan.render_containerfile("localhost/base:1", "locks/cpu.lock", WHEEL, 0)
+    run = text[text.index("RUN") :]
+    assert text.count("FROM ") == 1 and "FROM localhost/base:1\n" in text
+    assert "--mount=type=bind,source=.,target=/wheelhouse,ro" in run  # no layer of wheels in the image
+    assert "--no-index" in run and "--require-hashes" in run and "-r /wheelhouse/locks/cpu.lock" in run
+    assert "SOURCE_DATE_EPOCH=0" in run and "PIP_CONFIG_FILE=/dev/null" in run
+    assert "ENV VIRTUAL_ENV=/opt/deepspeed PATH=/opt/deepspeed/bin:" in text
+
+
+def test_image_names_say_what_they_hold() -> None:
+    entry = _manifest().wheels[WHEEL]
+    assert plan.image_ref(entry) == "localhost/deepspeed-cpu:0.19.8-cpu.torch2.13-cp311"
+    assert plan.archive_name(entry, "c" * 64) == "images/cpu-0.19.8+cpu.torch2.13-cp311-cccccccccccc.oci.tar"
+
+
+def _image(name: str = "images/cpu-1.oci.tar", **change: object) -> ImageEntry:
+    entry = ImageEntry(
+        name=name, sha256="d" * 64, image_id="e" * 64, digest="sha256:" + "f" * 64, size=10,
+        ref="localhost/deepspeed-cpu:0.19.8-cpu.torch2.13-cp311", base="localhost/ds-builder-base:bookworm-1",
+        base_id="1" * 64, lock="locks/cpu.lock", lock_sha256="2" * 64, wheel=WHEEL, python_tag="cp311",
+        smoke=SmokeSummary(True, "2026-11-24T06:00:00+00:00", {"import": ("passed", "ok")}),
+    )  # fmt: skip
+    return dataclasses.replace(entry, **change)  # type: ignore[arg-type]
+
+
+def test_an_image_entry_survives_the_round_trip() -> None:
+    manifest = dataclasses.replace(_manifest(), images={"images/cpu-1.oci.tar": _image()})
+    assert parse_manifest(manifest.to_json()).images == manifest.images
+    assert "images" not in json.loads(_manifest().to_json())  # a wheelhouse without images: no new key
+
+
+@pytest.mark.parametrize(
+    ("name", "change", "message"),
+    [
+        ("images/../../etc/passwd.oci.tar", {}, "is not an image archive name"),
+        ("images/.hidden.oci.tar", {}, "is not an image archive name"),
+        ("images/a/b.oci.tar", {}, "is not an image archive name"),
+        ("images/x.tar", {}, "is not an image archive name"),
+        ("images/cpu-1.oci.tar", {"wheel": WHEEL.replace("0.19.8", "0.19.9")}, "which no wheel entry lists"),
+        ("images/cpu-1.oci.tar", {"digest": "md5:1"}, "field 'digest' is not valid"),
+        ("images/cpu-1.oci.tar", {"lock": "../locks/cpu.lock"}, "field 'lock' is not valid"),
+        ("images/cpu-1.oci.tar", {"size": -1}, "field 'size' is not a positive number"),
+        ("images/cpu-1.oci.tar", {"base": "x; rm -rf /"}, "field 'base' is not valid"),
+        ("images/cpu-1.oci.tar", {"python_tag": "cp312"}, "is not its wheel's"),
+    ],
+)
+def test_a_tampered_image_entry_is_refused(name: str, change: dict[str, object], message: str) -> None:
+    manifest = dataclasses.replace(_manifest(), images={name: _image(name, **change)})
+    with pytest.raises(ManifestError, match=re.escape(message)):
+        parse_manifest(manifest.to_json())
+
+
+def _oci(path: Path, manifest_bytes: bytes | None = None, index_digest: str | None = None) -> tuple[str, str]:
+    """A small OCI archive as podman save writes it: index.json, the image manifest, a config."""
+    config = b'{"architecture":"amd64"}'
+    config_digest = hashlib.sha256(config).hexdigest()
+    blob = manifest_bytes or json.dumps({"schemaVersion": 2, "config": {"digest": f"sha256:{config_digest}"}}).encode()
+    digest = index_digest or hashlib.sha256(blob).hexdigest()
+    index = json.dumps({"schemaVersion": 2, "manifests": [{"digest": f"sha256:{digest}", "annotations": {
+        "org.opencontainers.image.ref.name": "localhost/x:1"}}]}).encode()  # fmt: skip
+    with tarfile.open(path, "w") as tar:
+        for name, data in (("index.json", index), (f"blobs/sha256/{hashlib.sha256(blob).hexdigest()}", blob),
+                           (f"blobs/sha256/{config_digest}", config)):  # fmt: skip
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return f"sha256:{digest}", config_digest
+
+
+def test_an_archive_is_read_back_and_a_tampered_one_refused(tmp_path: Path) -> None:
+    good = tmp_path / "good.oci.tar"
+    digest, config = _oci(good)
+    facts = archive.read_facts(good)
+    assert (facts.digest, facts.image_id, facts.ref) == (digest, config, "localhost/x:1")
+    forged = tmp_path / "forged.oci.tar"
+    _oci(forged, index_digest="0" * 64)
+    with pytest.raises(archive.ArchiveError, match="has no blobs/sha256/0000"):
+        archive.read_facts(forged)
+    (tmp_path / "text.oci.tar").write_text("not a tar")
+    with pytest.raises(archive.ArchiveError, match="not a readable tar"):
+        archive.read_facts(tmp_path / "text.oci.tar")
+
+
+def test_the_aio_syscall_is_allowed_only_where_the_profile_denies_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    system = tmp_path / "seccomp.json"
+    system.write_text(json.dumps({"defaultAction": "SCMP_ACT_ERRNO", "syscalls": [
+        {"names": ["io_pgetevents", "kexec_load"], "action": "SCMP_ACT_ERRNO"},
+        {"names": ["io_submit"], "action": "SCMP_ACT_ALLOW"}]}))  # fmt: skip
+    monkeypatch.setattr("builder.images.build.SYSTEM_SECCOMP", (system,))
+    assert seccomp_for(("cpu_adam",), tmp_path) == ([], None)  # no aio op: the default profile
+    flags, row = seccomp_for(("async_io", "cpu_adam"), tmp_path)
+    written = json.loads((tmp_path / "seccomp-aio.json").read_text())
+    assert flags == ["--security-opt", f"seccomp={tmp_path / 'seccomp-aio.json'}"]
+    assert row is not None and "io_pgetevents" in row.detail and str(system) in row.detail
+    assert written["syscalls"][0]["names"] == ["kexec_load"] and written["syscalls"][-1]["names"] == ["io_pgetevents"]
+    system.write_text(json.dumps({"defaultAction": "SCMP_ACT_ERRNO", "syscalls": [
+        {"names": ["io_pgetevents"], "action": "SCMP_ACT_ALLOW"}]}))  # fmt: skip
+    assert seccomp_for(("async_io",), tmp_path) == ([], None)  # a newer profile allows it: nothing to change
+
+
+def test_the_base_comes_from_the_hosts_own_mirror(tmp_path: Path) -> None:
+    (tmp_path / "sources.list.d").mkdir()
+    (tmp_path / "sources.list.d" / "debian.sources").write_text(
+        "Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm bookworm-updates\nComponents: main\n\n"
+        "Types: deb\nURIs: http://mirror.example/debian-security\nSuites: bookworm-security\n"
+    )
+    assert host_mirror(tmp_path) == "http://mirror.example/debian"
+    (tmp_path / "sources.list.d" / "debian.sources").unlink()
+    (tmp_path / "sources.list").write_text("deb [arch=amd64] http://other.example/debian bookworm main\n")
+    assert host_mirror(tmp_path) == "http://other.example/debian"
+    (tmp_path / "sources.list").unlink()
+    assert host_mirror(tmp_path) == "http://deb.debian.org/debian"
+    assert debootstrap_ref("http://a") != debootstrap_ref("http://b")  # another mirror: another base
+    assert debootstrap_ref("http://a").startswith("localhost/ds-builder-base:bookworm-")
