@@ -198,3 +198,94 @@ def test_the_base_comes_from_the_hosts_own_mirror(tmp_path: Path) -> None:
     assert host_mirror(tmp_path) == "http://deb.debian.org/debian"
     assert debootstrap_ref("http://a") != debootstrap_ref("http://b")  # another mirror: another base
     assert debootstrap_ref("http://a").startswith("localhost/ds-builder-base:bookworm-")
+
+
+@pytest.fixture
+def image_house(tmp_path: Path) -> tuple[Path, ImageEntry]:
+    """A wheelhouse with one FAKE wheel and one image archive (a small OCI tar) published for it."""
+    from fakes import NAME, fake_wheel
+
+    from builder.wheelhouse import publish, verify
+    from builder.wheelhouse.publish import publish_image
+
+    (tmp_path / "dist").mkdir()
+    house = tmp_path / "house"
+    publish([fake_wheel(tmp_path / "dist")], house)
+    arc = tmp_path / "a.oci.tar"
+    digest, config = _oci(arc)
+    entry = _image(f"images/cpu-{config[:12]}.oci.tar", wheel=NAME, image_id=config, digest=digest,
+                   sha256=hashlib.sha256(arc.read_bytes()).hexdigest(), size=arc.stat().st_size)  # fmt: skip
+    target = publish_image(house, arc, entry)
+    assert target.stat().st_mode & 0o777 == 0o644 and (house / "images").stat().st_mode & 0o777 == 0o755
+    assert verify(house) == []
+    assert publish_image(house, arc, entry) == target  # the same image again: a no-op
+    return house, entry
+
+
+def test_verify_reads_each_archive_back(image_house: tuple[Path, ImageEntry], tmp_path: Path) -> None:
+    from builder.wheelhouse import verify
+
+    house, entry = image_house
+    archive_path = house / entry.name
+    good = archive_path.read_bytes()
+    archive_path.write_bytes(good + b"\0" * 512)
+    assert verify(house) == [f"{entry.name}: size or sha256 differs from manifest.json (tampered or replaced)"]
+    archive_path.write_bytes(good)
+    (house / "images" / "planted.oci.tar").write_bytes(good)
+    assert verify(house) == ["images/planted.oci.tar: not in manifest.json"]
+    (house / "images" / "planted.oci.tar").unlink()
+    # An archive whose bytes and size the manifest records, but which holds another image.
+    other = tmp_path / "other.oci.tar"
+    _oci(other, manifest_bytes=json.dumps({"schemaVersion": 2, "config": {"digest": "sha256:" + "9" * 64}}).encode())
+    data = json.loads((house / "manifest.json").read_text())
+    data["images"][entry.name].update(sha256=hashlib.sha256(other.read_bytes()).hexdigest(), size=other.stat().st_size)
+    (house / "manifest.json").write_text(json.dumps(data))
+    archive_path.write_bytes(other.read_bytes())
+    (problem,) = verify(house)
+    assert problem.startswith(f"{entry.name}: holds image 999999999999") and entry.image_id[:12] in problem
+
+
+def test_a_killed_image_publish_is_removed_by_repair(image_house: tuple[Path, ImageEntry]) -> None:
+    """What a publish killed while copying an archive leaves (its journal naming the archive, the
+    copy, a temporary file) is removed by repair; a file it did not write is left alone."""
+    from builder.wheelhouse import repair, verify
+
+    house, entry = image_house
+    data = (house / entry.name).read_bytes()
+    half = house / "images" / "cpu-000000000000.oci.tar"
+    half.write_bytes(data)
+    temp = house / "images" / ".cpu-111111111111.oci.tar.abc123xy.tmp"
+    temp.write_bytes(data[:100])
+    foreign = house / "images" / "theirs.oci.tar"
+    foreign.write_bytes(b"someone's file")
+    journal = {"files": {half.relative_to(house).as_posix(): hashlib.sha256(data).hexdigest(),
+                         "images/theirs.oci.tar": "0" * 64}}  # fmt: skip
+    (house / ".publish-journal.json").write_text(json.dumps(journal))
+    assert any("interrupted publish" in p for p in verify(house))
+    removed = repair(house)
+    assert sorted(removed) == sorted([".publish-journal.json", str(half.relative_to(house)),
+                                      str(temp.relative_to(house))])  # fmt: skip
+    assert foreign.read_bytes() == b"someone's file" and (house / entry.name).read_bytes() == data
+    assert verify(house) == ["images/theirs.oci.tar: not in manifest.json"]
+
+
+def test_a_journal_naming_a_path_outside_images_is_refused(image_house: tuple[Path, ImageEntry]) -> None:
+    from builder.wheelhouse import repair
+
+    house, _ = image_house
+    outside = house.parent / "precious.oci.tar"
+    outside.write_bytes(b"keep me")
+    (house / ".publish-journal.json").write_text(json.dumps({"files": {"images/../../precious.oci.tar": "0" * 64}}))
+    repair(house)  # the unreadable journal is reported and dropped, nothing it names is touched
+    assert outside.read_bytes() == b"keep me"
+
+
+def test_pruning_a_wheel_removes_its_images(image_house: tuple[Path, ImageEntry]) -> None:
+    from builder.wheelhouse import prune, verify
+
+    house, entry = image_house
+    removed = prune(house, ["other-recipe"], [], remove_all=True)
+    assert entry.name in removed and not (house / entry.name).exists()
+    manifest = json.loads((house / "manifest.json").read_text())
+    assert manifest["wheels"] == {} and "images" not in manifest
+    assert verify(house) == ["manifest.json lists no DeepSpeed wheel: the wheelhouse is empty"]
