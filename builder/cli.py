@@ -345,6 +345,12 @@ def parser() -> argparse.ArgumentParser:
         help="instead: time this matrix built here one target after another and as a Slurm job array, cold, "
         "then again after adding one op to its first recipe (shared compiler cache); writes OUT/bench-slurm.md",
     )
+    bn.add_argument(
+        "--image",
+        action="store_true",
+        help="instead: the CI image of the wheelhouse's newest wheel for this Python, cold (the toolkit's "
+        "debootstrap base made anew) and rebuilt with the base cached, not published; writes OUT/bench-image.md",
+    )
 
     sub.add_parser(
         "install",

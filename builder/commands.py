@@ -402,6 +402,11 @@ def bench(args: argparse.Namespace) -> int:
     if args.slurm_matrix:
         bench_slurm(args.slurm_matrix.resolve(), args.out.resolve())
         return 0
+    if args.image:
+        from builder.bench import bench_image
+
+        bench_image(args.wheelhouse.resolve(), args.out.resolve())
+        return 0
     run_bench(load_recipe(args.recipe), args.out.resolve(), args.runs)
     return 0
 

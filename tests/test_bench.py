@@ -77,3 +77,15 @@ def test_the_all_ops_bench_projects_the_units_over_nodes() -> None:
     )
     assert "(+utils) to the built recipe vs its cold build | 60 s vs 1000 s | 0.06 | <= 0.1 |" in table
     assert "evoformer_attn 600 s, bounds it): 1300 s / 600 s / 600 s / 600 s." in table
+
+
+def test_the_image_bench_table() -> None:
+    from builder.bench import render_image
+
+    result = {"ref": "localhost/deepspeed-cpu:0.19.8-cpu.torch2.13-cp311", "image_id": "c" * 64, "same_image": True,
+              "image_bytes": 1_190_000_000, "archive_bytes": 363_000_000, "seconds": {"cold": 200.0, "warm": 90.0},
+              "steps": {"cold": {"base": 88.0, "build": 47.0}, "warm": {"base": 0.1, "build": 46.0}},
+              "ratios": {"warm_vs_cold": 0.45}}  # fmt: skip
+    table = render_image(result)
+    assert "(base 88 s, build 47 s) | 200 s |" in table and "| 90 s | 0.45 of cold |" in table
+    assert "1190 MB / 363 MB" in table and "the same ID both times: True" in table
