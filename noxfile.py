@@ -144,7 +144,7 @@ def tests(session: nox.Session) -> None:
     tests' own durations add up to 32 min). Pass `-- -n 0` to run in one process.
     """
     session.install(".[test]")
-    session.run("pytest", "-n", "3", "--dist", "loadfile", *session.posargs)
+    session.run("pytest", "-n", "3", "--dist", "loadfile", "--durations=15", *session.posargs)
 
 
 @nox.session

@@ -274,6 +274,8 @@ def parser() -> argparse.ArgumentParser:
                     "bookworm base made here with debootstrap from the host's mirror, once, and kept)")  # fmt: skip
     im.add_argument("--no-publish", action="store_true", help="build and smoke only; nothing is written to the "
                     "wheelhouse (the image stays in podman's storage)")  # fmt: skip
+    im.add_argument("--no-smoke", action="store_true", help="with --no-publish: build only (to compare a rebuild's "
+                    "image ID); an image is published only after its smoke checks")  # fmt: skip
 
     pr = sub.add_parser(
         "prune",

@@ -301,7 +301,7 @@ def image(args: argparse.Namespace) -> int:
 
     ws = _workspace(args)
     result = build_image(args.wheelhouse, ws, lock=args.lock, wheel=args.wheel, base=args.base,
-                         publish=not args.no_publish, verbose=args.verbose)  # fmt: skip
+                         publish=not args.no_publish, verbose=args.verbose, smoke=not args.no_smoke)  # fmt: skip
     where = result.archive or "(not published: --no-publish)"
     output.step(f"image {result.ref}: ID {result.image_id[:12]}, {result.size / 1e6:.0f} MB archive {where}")
     if result.archive is not None:

@@ -399,10 +399,12 @@ def test_the_ci_image_is_built_from_the_wheelhouse_proven_inside_and_reproducibl
 
     # The same lock, wheels and base: the same image, to the digest (not a cached layer: --no-cache).
     again = builder("image", "--wheelhouse", str(house), "--work-dir", str(workspace), "--wheel", WHEEL,
-                    "--no-publish")  # fmt: skip
+                    "--no-publish", "--no-smoke")  # fmt: skip
     assert again.returncode == 0, again.stderr[-5000:]
     assert f"ID {entry['image_id'][:12]}" in again.stderr, again.stderr[-3000:]
     assert "STEP 2/3: RUN" in again.stderr and "Using cache" not in again.stderr
+    refused = builder("image", "--wheelhouse", str(house), "--work-dir", str(workspace), "--no-smoke")
+    assert refused.returncode == 12 and "published only after its smoke checks" in refused.stderr
     assert _podman_state() == before  # nothing left behind: no container, no new image
 
     # What the archive holds loads as that image.
