@@ -61,7 +61,7 @@ def test_install_is_the_node_installers_own_cli(capsys: pytest.CaptureFixture[st
 
 
 def test_every_wheelhouse_command_has_help(capsys: pytest.CaptureFixture[str]) -> None:
-    for command in ("verify", "repair", "prune", "lock", "provision", "serve", "bench"):
+    for command in ("verify", "repair", "prune", "lock", "image", "provision", "serve", "bench"):
         with pytest.raises(SystemExit) as done:
             main([command, "--help"])
         assert done.value.code == 0, command
