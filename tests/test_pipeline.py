@@ -470,7 +470,10 @@ def test_an_interrupted_image_build_and_a_full_disk_leave_nothing_behind(
     with open(err, "w") as sink:
         proc = subprocess.Popen([sys.executable, "-m", "builder", "image", "--wheelhouse", str(house), "--work-dir",
                                  str(workspace), "--wheel", WHEEL, "--no-publish"],
-                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=sink, start_new_session=True)  # fmt: skip
+                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=sink, start_new_session=True,
+                                # as in a terminal: a job started in the background by a script
+                                # (as CI may start the tests) inherits SIGINT ignored
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
         deadline = time.monotonic() + 300
         while "STEP 2/3" not in err.read_text() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.5)
