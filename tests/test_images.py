@@ -289,3 +289,18 @@ def test_pruning_a_wheel_removes_its_images(image_house: tuple[Path, ImageEntry]
     manifest = json.loads((house / "manifest.json").read_text())
     assert manifest["wheels"] == {} and "images" not in manifest
     assert verify(house) == ["manifest.json lists no DeepSpeed wheel: the wheelhouse is empty"]
+
+
+def test_a_lock_named_with_a_path_is_looked_up_in_locks_only(tmp_path: Path) -> None:
+    from builder.images.build import find_lock
+
+    house = tmp_path / "house"
+    (house / "locks").mkdir(parents=True)
+    (house / "locks" / "cpu.lock").write_text(LOCK)
+    (tmp_path / "evil.lock").write_text(LOCK)  # outside the wheelhouse
+    for name in ("cpu", "cpu.lock", "locks/cpu.lock", str(house / "locks" / "cpu.lock")):
+        assert find_lock(house, _manifest(), name, None, tmp_path / "log") == "locks/cpu.lock"
+    for name in ("../evil.lock", str(tmp_path / "evil.lock"), "locks/../../evil", ".hidden", "a b.lock"):
+        with pytest.raises(ImageError, match="no lock"):
+            find_lock(house, _manifest(), name, None, tmp_path / "log")
+    assert find_lock(house, _manifest(), None, WHEEL, tmp_path / "log") == "locks/cpu.lock"  # the wheel's own lock

@@ -27,7 +27,7 @@ from builder.images import base as bases
 from builder.images import plan as plans
 from builder.images import podman
 from builder.images.archive import ArchiveError, read_facts
-from builder.node import ImageEntry, SmokeSummary, WheelhouseManifest
+from builder.node import LOCK_NAME_RE, ImageEntry, SmokeSummary, WheelhouseManifest
 from builder.resources import RESOURCES
 from builder.smoke import parse_checks
 from builder.wheelhouse.layout import LOCKS, load_manifest
@@ -60,27 +60,22 @@ def epoch() -> int:
 def find_lock(wheelhouse: Path, manifest: WheelhouseManifest, lock: str | None, wheel: str | None, log: Path) -> str:
     """The lock to build from, as locks/<name>.lock: the one named, or the wheel's (written now
     when it has none), or the newest wheel's for this Python."""
-    if lock is not None:
-        name = Path(lock).name
-        if not name.endswith(".lock"):
-            name += ".lock"
-        path = wheelhouse / LOCKS / name
-        if not path.is_file() or (Path(lock).parent != Path(".") and Path(lock).resolve() != path.resolve()
-                                  and Path(lock).parent != Path(LOCKS)):  # fmt: skip
+    from builder.wheelhouse.lock import lock as write_lock
+    from builder.wheelhouse.lock import locks_by_wheel
+
+    if lock is not None:  # a name, or locks/<name>: only its last part is joined to the wheelhouse
+        rel = f"{LOCKS}/{Path(lock).name.removesuffix('.lock')}.lock"
+        if not LOCK_NAME_RE.match(rel) or not (wheelhouse / rel).is_file():
             raise ImageError(f"no lock {lock} in {wheelhouse / LOCKS}",
                              "name a lock of the wheelhouse (ls WHEELHOUSE/locks), or write one: "
                              "python -m builder lock --wheel NAME")  # fmt: skip
-        return f"{LOCKS}/{name}"
-    from builder.wheelhouse.lock import lock as write_lock
-
+        return rel
     if wheel is not None:
         if wheel not in manifest.wheels:
             names = ", ".join(sorted(manifest.wheels))
             raise ImageError(f"{wheel} is not published in {wheelhouse}", f"choose one of: {names}")
-        for path in sorted((wheelhouse / LOCKS).glob("*.lock")):
-            first = path.read_text(encoding="utf-8", errors="replace").partition("\n")[0]
-            if first.startswith(f"# Lock for {wheel},"):
-                return f"{LOCKS}/{path.name}"
+        if wheel in (known := locks_by_wheel(wheelhouse)):
+            return f"{LOCKS}/{known[wheel].name}"
     return f"{LOCKS}/{write_lock(wheelhouse, wheel, log).name}"
 
 

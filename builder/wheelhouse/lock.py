@@ -19,7 +19,7 @@ from builder import cmd, output
 from builder.build.source import sha256_of
 from builder.errors import WheelhouseError
 from builder.files import write_atomic
-from builder.images.plan import render_containerfile
+from builder.images.plan import python_version, render_containerfile
 from builder.node import version_key
 from builder.wheelhouse.layout import load_manifest
 from builder.wheelhouse.publish import add_files
@@ -50,7 +50,7 @@ def render_lock(wheel: str, files: Mapping[str, str]) -> str:
 def default_base(python_tag: str) -> str:
     """The base the lock's Containerfile names for a site that reaches Docker Hub (`image --base`
     builds from any other)."""
-    return f"docker.io/library/python:{python_tag[2]}.{python_tag[3:]}-slim"
+    return f"docker.io/library/python:{python_version(python_tag)}-slim"
 
 
 def lock(wheelhouse: Path, wheel: str | None, log: Path) -> Path:
@@ -92,11 +92,16 @@ def lock(wheelhouse: Path, wheel: str | None, log: Path) -> Path:
     return target
 
 
+def locks_by_wheel(wheelhouse: Path) -> dict[str, Path]:
+    """Each wheel some lock of the wheelhouse was written for (its first line), with that lock."""
+    found: dict[str, Path] = {}
+    for lock_file in sorted((wheelhouse / LOCKS).glob("*.lock")):
+        first = lock_file.read_text(encoding="utf-8", errors="replace").partition("\n")[0]
+        if first.startswith("# Lock for "):
+            found.setdefault(first.removeprefix("# Lock for ").split(",")[0], lock_file)
+    return found
+
+
 def locked_wheels(wheelhouse: Path) -> set[str]:
     """Wheel files of the wheelhouse that some lock pins (prune keeps them)."""
-    names = set()
-    for lock_file in (wheelhouse / LOCKS).glob("*.lock"):
-        first = lock_file.read_text(encoding="utf-8").splitlines()[0]
-        if first.startswith("# Lock for "):
-            names.add(first.removeprefix("# Lock for ").split(",")[0])
-    return names
+    return set(locks_by_wheel(wheelhouse))
