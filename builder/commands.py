@@ -66,6 +66,8 @@ def build_wheel(args: argparse.Namespace) -> int:
         js, md = coverage.write(results, ws.root / "coverage", str(matrix.path))
         output.step("coverage:\n    " + "\n    ".join(coverage.table(results)))
         output.step(f"coverage report: {md} (JSON: {js})")
+        if stages.publish:
+            _publish_coverage(args.wheelhouse, js)
         failed = [r.target for r in results if not r.ok]
         if failed:
             raise MatrixError(
@@ -179,6 +181,14 @@ def slurm_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _publish_coverage(wheelhouse: Path, report: Path) -> None:
+    from builder.wheelhouse.publish import publish_coverage
+
+    published = publish_coverage(wheelhouse.resolve(), report)
+    if published:
+        output.note(f"coverage published to {published} (shown on {published.parent / 'index.html'})")
+
+
 def slurm_collect(args: argparse.Namespace) -> int:
     from builder import coverage, slurm
     from builder.errors import MatrixError
@@ -188,6 +198,7 @@ def slurm_collect(args: argparse.Namespace) -> int:
     js, md = coverage.write(results, run / "coverage", str(slurm.load_run(run).get("matrix")))
     output.step("coverage:\n    " + "\n    ".join(coverage.table(results)))
     output.step(f"coverage report: {md} (JSON: {js})")
+    _publish_coverage(args.wheelhouse, js)
     failed = [r.target for r in results if not r.ok]
     if failed:
         raise MatrixError(f"{len(failed)} of {len(results)} targets failed: {', '.join(failed)}", f"read {md}")

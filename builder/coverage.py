@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.files import make_dirs, write_atomic
-from builder.node import Fields, ManifestError, read_bounded
+from builder.node import STAMP_RE, Fields, ManifestError, read_bounded
 from builder.pipeline import STAGES, StageResult, TargetResult
 
 SCHEMA = 1
@@ -152,9 +152,24 @@ def parse_stages(data: object, where: str) -> dict[str, StageResult]:
 
 
 @dataclass(frozen=True)
+class Row:
+    """One target of a report as people read it: where it ran and what it made (file name only)."""
+
+    target: str
+    python: str
+    wheel: str | None
+    job: str | None  # Slurm job id, node and the GPU partition it was smoked on, when it ran there
+    node: str | None
+    smoke_on: str | None
+
+
+@dataclass(frozen=True)
 class Report:
     stages: Mapping[str, Mapping[str, StageResult]]  # target -> stage -> result
     failed: tuple[str, ...]
+    matrix: str | None = None
+    finished_at: str = ""
+    rows: tuple[Row, ...] = ()
 
 
 def load(folder: Path) -> Report | None:
@@ -166,11 +181,28 @@ def load(folder: Path) -> Report | None:
         return None
     except (OSError, ValueError) as exc:
         raise ManifestError(f"{path}: cannot be read as JSON ({exc})", "run the matrix again") from exc
-    f = Fields(data, str(path))
+    return parse_report(data, str(path))
+
+
+_PYTHON = re.compile(r"^[0-9A-Za-z._/+-]{1,200}$")
+_SLURM_VALUE = re.compile(r"^[A-Za-z0-9._:+,()\[\] -]{0,300}$")  # job ids, node names, "h100 (1234), cpu"
+
+
+def parse_report(data: object, where: str) -> Report:
+    """A coverage report's JSON, every field the readers use checked (ManifestError)."""
+    f = Fields(data, where)
     if f.get("schema", int) != SCHEMA:
         raise f.fail("schema", f"is not {SCHEMA}")
     stages = {}
+    rows = []
     for i, row in enumerate(f.get("targets", list)):
-        r = Fields(row, f"{path}: targets[{i}]")
-        stages[r.text("target", TARGET_NAME)] = parse_stages(r.get("stages", dict), f"{r.where}.stages")
-    return Report(stages, f.texts("failed", TARGET_NAME))
+        r = Fields(row, f"{where}: targets[{i}]")
+        target = r.text("target", TARGET_NAME)
+        stages[target] = parse_stages(r.get("stages", dict), f"{r.where}.stages")
+        wheel = r.get("wheel", str, optional=True)
+        slurm = Fields(r.get("slurm", dict, optional=True) or {}, f"{r.where}.slurm")
+        found = {k: slurm.text(k, _SLURM_VALUE, optional=True) or None for k in ("job", "node", "smoke_on")}
+        rows.append(Row(target, r.text("python", _PYTHON), Path(wheel).name if wheel else None,
+                        found["job"], found["node"], found["smoke_on"]))  # fmt: skip
+    matrix = f.get("matrix", str, optional=True)
+    return Report(stages, f.texts("failed", TARGET_NAME), matrix, f.text("finished_at", STAMP_RE), tuple(rows))

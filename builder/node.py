@@ -119,6 +119,14 @@ def check_wheel_name(name: object, where: str = "wheel name") -> WheelName:
     return WheelName(normalize(m["name"]), m["version"], m["python"], m["abi"], m["platform"])
 
 
+def is_wheel_name(name: str) -> bool:
+    try:
+        check_wheel_name(name)
+    except ManifestError:
+        return False
+    return True
+
+
 # ---------------------------------------------------------------- the wheelhouse manifest
 
 
@@ -198,6 +206,24 @@ class FileEntry:
 
 
 IMAGES = "images"  # OCI archives of CI images, under the wheelhouse (builder.images)
+REPORTS = ("coverage.json",)  # reports the wheelhouse keeps beside the wheels: the last matrix run's coverage
+
+
+@dataclass(frozen=True)
+class VariantEntry:
+    """A variant wheel (the draft PEPs 817/825): a published CUDA wheel relabelled so that an
+    installer that reads variants (uv's preview) picks the build for the node's GPU. Its name is
+    the wheel name of `version` plus `-<label>`; its `properties` (empty for the null fallback) are
+    also in its dist-info/variant.json and in the `<name>-<version>-variants.json` index file."""
+
+    name: str
+    sha256: str
+    wheel: str  # the published wheel whose files it carries
+    label: str
+    properties: tuple[str, ...]  # "nvidia :: sm_arch :: 90_real", sorted
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sha256": self.sha256, "wheel": self.wheel, "label": self.label, "properties": list(self.properties)}
 
 
 @dataclass(frozen=True)
@@ -245,14 +271,21 @@ class WheelhouseManifest:
     dependencies: Mapping[str, FileEntry] = field(default_factory=dict)  # DeepSpeed's runtime closure
     tools: Mapping[str, FileEntry] = field(default_factory=dict)  # path under the wheelhouse -> file
     images: Mapping[str, ImageEntry] = field(default_factory=dict)  # images/<file> -> CI image
+    reports: Mapping[str, FileEntry] = field(default_factory=dict)  # coverage.json of the last matrix run
+    variants: Mapping[str, VariantEntry] = field(default_factory=dict)  # variant wheels (experimental)
+    variant_indexes: Mapping[str, FileEntry] = field(default_factory=dict)  # <name>-<version>-variants.json
 
     def to_json(self) -> str:
+        optional: dict[str, Mapping[str, ImageEntry | FileEntry | VariantEntry]] = {
+            "images": self.images, "reports": self.reports, "variants": self.variants,
+            "variant_indexes": self.variant_indexes,
+        }  # fmt: skip
         data = {
             "schema": MANIFEST_SCHEMA,
             "wheels": {n: e.to_json() for n, e in sorted(self.wheels.items())},
             "dependencies": {n: e.to_json() for n, e in sorted(self.dependencies.items())},
             "tools": {n: e.to_json() for n, e in sorted(self.tools.items())},
-            **({"images": {n: e.to_json() for n, e in sorted(self.images.items())}} if self.images else {}),
+            **{key: {n: e.to_json() for n, e in sorted(table.items())} for key, table in optional.items() if table},
         }
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
@@ -261,10 +294,15 @@ class WheelhouseManifest:
         out: dict[str, list[str]] = {}
         for name in [*self.wheels, *self.dependencies]:
             out.setdefault(check_wheel_name(name).project, []).append(name)
+        for name in self.variants:
+            out.setdefault(split_variant_name(name)[0].project, []).append(name)
+        for name in self.variant_indexes:
+            out.setdefault(check_variants_json_name(name)[0], []).append(name)
         return {p: sorted(names) for p, names in sorted(out.items())}
 
     def file_sha256(self, name: str) -> str:
-        entry = self.wheels.get(name) or self.dependencies.get(name)
+        entry = (self.wheels.get(name) or self.dependencies.get(name) or self.variants.get(name)
+                 or self.variant_indexes.get(name))  # fmt: skip
         if entry is None:
             raise KeyError(name)
         return entry.sha256
@@ -479,6 +517,56 @@ def parse_image_entry(name: str, data: object, where: str) -> ImageEntry:
     )
 
 
+# A variant wheel's label and properties (the draft PEP 817): `namespace :: feature :: value`.
+VARIANT_LABEL_RE = re.compile(r"^[0-9a-z._]{1,64}$")
+VARIANT_PROPERTY_RE = re.compile(r"^[a-z0-9_]{1,64} :: [a-z0-9_]{1,64} :: [a-z0-9_.]{1,64}$")
+NULL_VARIANT = "null"  # the fallback variant: no properties, taken where no other variant fits
+_VARIANTS_JSON = re.compile(r"^(?P<name>[A-Za-z0-9](?:[A-Za-z0-9._]*[A-Za-z0-9])?)-(?P<version>[A-Za-z0-9_.!+]+)"
+                            r"-variants\.json$")  # fmt: skip
+
+
+def split_variant_name(name: object, where: str = "variant wheel name") -> tuple[WheelName, str]:
+    """A variant wheel's file name: the wheel name it extends (parsed) and its label."""
+    if not isinstance(name, str) or not name.endswith(".whl") or name.count("-") < 5:
+        raise ManifestError(f"{where}: {str(name)[:80]!r} is not a variant wheel name", "re-publish the wheelhouse")
+    base, _, label = name[: -len(".whl")].rpartition("-")
+    if not VARIANT_LABEL_RE.match(label):
+        raise ManifestError(f"{where}: {name[:80]!r} has no valid variant label", "re-publish the wheelhouse")
+    return check_wheel_name(f"{base}.whl", where), label
+
+
+def check_variants_json_name(name: object, where: str = "variants index name") -> tuple[str, str]:
+    """`<name>-<version>-variants.json`: its (PEP 503 project, version)."""
+    m = _VARIANTS_JSON.match(name) if isinstance(name, str) and ".." not in name else None
+    if not m:
+        raise ManifestError(f"{where}: {str(name)[:80]!r} is not a <name>-<version>-variants.json name",
+                            "re-publish the wheelhouse")  # fmt: skip
+    return normalize(m["name"]), m["version"]
+
+
+def parse_variant_entry(name: str, data: object, where: str, wheels: Mapping[str, WheelEntry]) -> VariantEntry:
+    wheel_name, label = split_variant_name(name, f"{where}: variants")
+    f = Fields(data, f"{where}: variants[{name}]")
+    entry = VariantEntry(name, f.text("sha256", SHA256_RE), f.get("wheel", str), f.text("label", VARIANT_LABEL_RE),
+                         f.texts("properties", VARIANT_PROPERTY_RE))  # fmt: skip
+    source = wheels.get(entry.wheel)
+    if source is None:
+        raise f.fail("wheel", f"names {entry.wheel[:80]!r}, which no wheel entry lists")
+    if entry.label != label:
+        raise f.fail("label", f"is {entry.label!r} but the file name says {label!r}")
+    if (label == NULL_VARIANT) == bool(entry.properties):
+        raise f.fail("properties", "must be empty for the null variant and only for it")
+    plain = check_wheel_name(source.name)
+    if (wheel_name.project, wheel_name.python, wheel_name.abi, wheel_name.platform) != (
+        plain.project,
+        plain.python,
+        plain.abi,
+        plain.platform,
+    ):
+        raise f.fail("wheel", f"is {entry.wheel}, another project or platform than {name}")
+    return entry
+
+
 def _requires(f: Fields) -> tuple[str, ...] | None:
     """An entry's dependency file names, each a wheel file name; None where the field is absent."""
     if "requires" not in f.data:
@@ -511,13 +599,15 @@ def label_contradictions(entry: WheelEntry) -> list[tuple[str, str]]:
     return out
 
 
-def _file_entries(table: Mapping[str, Any], where: str, names_are_wheels: bool) -> dict[str, FileEntry]:
+def _file_entries(
+    table: Mapping[str, Any], where: str, names_are_wheels: bool, allowed: Sequence[str] = (INSTALLER,)
+) -> dict[str, FileEntry]:
     out = {}
     for name, value in table.items():
         if names_are_wheels:
             check_wheel_name(name, where)
-        elif name != INSTALLER:
-            raise ManifestError(f"{where}: unknown tool {name[:80]!r}", "re-publish the wheelhouse")
+        elif name not in allowed:
+            raise ManifestError(f"{where}: unknown file {name[:80]!r}", "re-publish the wheelhouse")
         out[name] = FileEntry(name, Fields(value, f"{where}[{name}]").text("sha256", SHA256_RE))
     return out
 
@@ -551,7 +641,22 @@ def parse_manifest(text: str | bytes, where: str = MANIFEST_FILE) -> WheelhouseM
         if image.python_tag != wheels[image.wheel].python_tag:
             raise ManifestError(f"{where}: images[{name}]: python_tag {image.python_tag!r} is not its wheel's",
                                 "the manifest was edited: re-publish the image")  # fmt: skip
-    return WheelhouseManifest(wheels, deps, tools, images)
+    reports = _file_entries(top.table("reports", optional=True), f"{where}: reports", False, REPORTS)
+    variants = {n: parse_variant_entry(n, v, where, wheels) for n, v in top.table("variants", optional=True).items()}
+    indexes = {}
+    for name, value in top.table("variant_indexes", optional=True).items():
+        check_variants_json_name(name, f"{where}: variant_indexes")
+        indexes[name] = FileEntry(name, Fields(value, f"{where}: variant_indexes[{name}]").text("sha256", SHA256_RE))
+    for name in variants:
+        wheel_name, _ = split_variant_name(name)
+        index = f"{wheel_name.project.replace('-', '_')}-{wheel_name.version}-variants.json"
+        if index not in indexes:
+            raise ManifestError(f"{where}: variants[{name}] has no {index} in variant_indexes",
+                                "the manifest was edited: re-publish with --variants")  # fmt: skip
+    clash = set(variants) & (set(wheels) | set(deps))
+    if clash:
+        raise ManifestError(f"{where}: {sorted(clash)[0]} is listed twice", "re-publish the wheelhouse")
+    return WheelhouseManifest(wheels, deps, tools, images, reports, variants, indexes)
 
 
 # ---------------------------------------------------------------- the build manifest inside a wheel

@@ -70,14 +70,22 @@ def test_a_tampered_coverage_report_is_not_believed(tmp_path: Path) -> None:
     from builder.node import ManifestError
 
     stages = {s: {"status": "passed", "reason": "", "seconds": 1.0} for s in ("build", "smoke", "publish")}
-    good = {"schema": 1, "targets": [{"target": "cpu", "stages": stages}], "failed": []}
+    row = {"target": "cpu", "python": "3.11", "stages": stages, "wheel": None}
+    good = {"schema": 1, "matrix": "m.toml", "finished_at": "2026-11-24T10:00:00+00:00", "targets": [row],
+            "failed": []}  # fmt: skip
     fine = {**stages, "smoke": {"status": "fine", "reason": "", "seconds": 1}}
     changes: list[tuple[dict[str, Any], str]] = [
         ({"failed": ["../x"]}, "holds an invalid item"),
-        ({"targets": [{"target": "cpu", "stages": fine}]}, "not one of"),
-        ({"targets": [{"target": "Cpu; rm", "stages": stages}]}, "field 'target' is not valid"),
+        ({"targets": [{**row, "stages": fine}]}, "not one of"),
+        ({"targets": [{**row, "target": "Cpu; rm"}]}, "field 'target' is not valid"),
+        ({"targets": [{**row, "python": "<script>"}]}, "field 'python' is not valid"),
+        ({"targets": [{**row, "slurm": {"job": "12<b>"}}]}, "field 'job' is not valid"),
+        ({"targets": [{**row, "slurm": {"node": 5}}]}, "field 'node'"),
+        ({"finished_at": "<i>now</i>"}, "field 'finished_at' is not valid"),
         ({"schema": 2}, "is not 1"),
     ]  # fmt: skip
+    report = coverage.parse_report(good, "coverage.json")
+    assert report.rows == (coverage.Row("cpu", "3.11", None, None, None, None),) and report.matrix == "m.toml"
     for change, message in changes:
         (tmp_path / "coverage.json").write_text(json.dumps({**good, **change}))
         with pytest.raises(ManifestError, match=message):

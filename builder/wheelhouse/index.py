@@ -52,7 +52,11 @@ def root_page(projects: Iterable[str]) -> str:
 
 
 def write_index(wheelhouse: Path, manifest: WheelhouseManifest) -> None:
-    """Rewrite simple/ from the files the manifest lists; remove pages of projects it no longer has."""
+    """Rewrite simple/ from the files the manifest lists (removing pages of projects it no longer
+    has), and the page people read (index.html), which shows the same manifest."""
+    from builder.wheelhouse.page import write_page
+
+    write_page(wheelhouse, manifest)
     simple = wheelhouse / "simple"
     projects = manifest.projects()
     for project, names in projects.items():

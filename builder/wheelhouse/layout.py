@@ -18,6 +18,7 @@ from builder.errors import WheelhouseError
 from builder.files import write_atomic
 from builder.node import (
     IMAGES,
+    LOCK_NAME_RE,
     MANIFEST_FILE,
     ManifestError,
     WheelhouseManifest,
@@ -108,3 +109,22 @@ def locked(wheelhouse: Path) -> Iterator[None]:
         )
     with FileLock(str(wheelhouse / LOCK)):
         yield
+
+
+def lock_headers(wheelhouse: Path) -> dict[str, str]:
+    """locks/<name>.lock -> the wheel it was written for (its first line), for every lock file
+    that is a regular file with a lock's name and a wheel's name in its header."""
+    found: dict[str, str] = {}
+    folder = wheelhouse / LOCKS
+    if not folder.is_dir() or folder.is_symlink():
+        return found
+    for path in sorted(folder.glob("*.lock")):
+        rel = f"{LOCKS}/{path.name}"
+        if path.is_symlink() or not path.is_file() or not LOCK_NAME_RE.match(rel):
+            continue
+        with open(path, "rb") as f:
+            first = f.read(4096).decode("utf-8", errors="replace").partition("\n")[0]
+        wheel = first.removeprefix("# Lock for ").split(",")[0]
+        if first.startswith("# Lock for ") and node.is_wheel_name(wheel):
+            found[rel] = wheel
+    return found

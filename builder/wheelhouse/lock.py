@@ -21,7 +21,7 @@ from builder.errors import WheelhouseError
 from builder.files import write_atomic
 from builder.images.plan import python_version, render_containerfile
 from builder.node import version_key
-from builder.wheelhouse.layout import load_manifest
+from builder.wheelhouse.layout import load_manifest, lock_headers
 from builder.wheelhouse.publish import add_files
 
 LOCKS = "locks"
@@ -95,10 +95,8 @@ def lock(wheelhouse: Path, wheel: str | None, log: Path) -> Path:
 def locks_by_wheel(wheelhouse: Path) -> dict[str, Path]:
     """Each wheel some lock of the wheelhouse was written for (its first line), with that lock."""
     found: dict[str, Path] = {}
-    for lock_file in sorted((wheelhouse / LOCKS).glob("*.lock")):
-        first = lock_file.read_text(encoding="utf-8", errors="replace").partition("\n")[0]
-        if first.startswith("# Lock for "):
-            found.setdefault(first.removeprefix("# Lock for ").split(",")[0], lock_file)
+    for rel, wheel in lock_headers(wheelhouse).items():
+        found.setdefault(wheel, wheelhouse / rel)
     return found
 
 

@@ -388,12 +388,41 @@ def publish_image(wheelhouse: Path, archive: Path, entry: ImageEntry) -> Path:
             make_dirs(target.parent)
             copy_atomic(archive, target)
             images = {**manifest.images, entry.name: dataclasses.replace(entry, published_at=_now())}
-            write_manifest(wheelhouse, dataclasses.replace(manifest, images=images))
+            manifest = dataclasses.replace(manifest, images=images)
+            write_index(wheelhouse, manifest)  # the page lists the image
+            write_manifest(wheelhouse, manifest)
         except BaseException:
             _clean(wheelhouse, load_manifest(wheelhouse))
             raise
         (wheelhouse / JOURNAL).unlink(missing_ok=True)
     output.note(f"published {target}")
+    return target
+
+
+def publish_coverage(wheelhouse: Path, report: Path) -> Path | None:
+    """Put a matrix run's coverage.json into the wheelhouse (listed in the manifest, shown on the
+    page), replacing the previous run's; None where nothing was ever published there."""
+    from builder.coverage import parse_report
+
+    data = report.read_bytes()
+    try:
+        parse_report(json.loads(data), str(report))  # what the page will read back must load
+    except (ValueError, ManifestError) as exc:
+        raise PublishError(f"{report} is not a coverage report: {exc}", "run the matrix again") from exc
+    if not (wheelhouse / MANIFEST).is_file():
+        return None
+    name = node.REPORTS[0]
+    with locked(wheelhouse):
+        manifest = load_manifest(wheelhouse)
+        target = wheelhouse / name
+        if target.is_symlink() or (target.exists() and name not in manifest.reports):
+            raise PublishError(f"{target} exists and is not the report a publish wrote", "move it away; it is not ours")
+        write_atomic(target, data)
+        manifest = dataclasses.replace(
+            manifest, reports={**manifest.reports, name: FileEntry(name, hashlib.sha256(data).hexdigest())}
+        )
+        write_index(wheelhouse, manifest)
+        write_manifest(wheelhouse, manifest)
     return target
 
 

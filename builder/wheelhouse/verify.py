@@ -64,7 +64,7 @@ def verify(wheelhouse: Path) -> list[str]:
         problems.append(f"{MANIFEST} lists no DeepSpeed wheel: the wheelhouse is empty")
     for name, entry in sorted(manifest.wheels.items()):
         problems += _verify_wheel(wheelhouse, name, entry)
-    for name, dep in sorted({**manifest.dependencies, **manifest.tools}.items()):
+    for name, dep in sorted({**manifest.dependencies, **manifest.tools, **manifest.reports}.items()):
         path = wheelhouse / name
         if not path.is_file():
             problems.append(f"{name}: listed in {MANIFEST} but missing")
@@ -73,7 +73,22 @@ def verify(wheelhouse: Path) -> list[str]:
     problems += _verify_tree(wheelhouse, manifest)
     problems += _verify_images(wheelhouse, manifest)
     problems += _verify_index(wheelhouse, manifest)
+    problems += _verify_page(wheelhouse, manifest)
     return problems
+
+
+def _verify_page(wheelhouse: Path, manifest: WheelhouseManifest) -> list[str]:
+    """index.html must be exactly what the manifest renders (an edited page could show people
+    other commands than the ones the manifest backs)."""
+    from builder.wheelhouse.page import PAGE, gather, render
+
+    path = wheelhouse / PAGE
+    if path.is_symlink() or not path.is_file():
+        return [f"{PAGE}: missing (run `python -m builder repair` to write it)"]
+    if read_bounded(path, "index page").decode("utf-8", errors="replace") != render(gather(wheelhouse, manifest)):
+        return [f"{PAGE}: not the page {MANIFEST} renders here (edited, or the wheelhouse was moved): "
+                "run `python -m builder repair` to rewrite it"]  # fmt: skip
+    return []
 
 
 def _verify_images(wheelhouse: Path, manifest: WheelhouseManifest) -> list[str]:
@@ -150,7 +165,7 @@ def _verify_report(path: Path, name: str, entry: WheelEntry) -> list[str]:
 
 def _verify_tree(wheelhouse: Path, manifest: WheelhouseManifest) -> list[str]:
     """Files nobody listed: leftovers of a killed publish, and anything put there by hand."""
-    known = {MANIFEST, LOCK, "simple", "tools", LOCKS, IMAGES, *DOCS}
+    known = {MANIFEST, LOCK, "simple", "tools", LOCKS, IMAGES, "index.html", *manifest.reports, *DOCS}
     for name in manifest.wheels:
         known |= {name, f"{name}.metadata", f"{name}.smoke.json"}
     known |= set(manifest.dependencies)

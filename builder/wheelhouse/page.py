@@ -1,0 +1,330 @@
+"""wheelhouse/index.html: the page a person reads, rendered from the validated manifest.
+
+`render` is pure: every value it shows comes from the manifest (already validated field by
+field), the coverage report published beside it (validated the same way) and the lock headers,
+and goes through `html.escape`, so a manifest value holding markup is shown as text. The page
+loads nothing from elsewhere (no fonts, no scripts: it has none) and works from file:// and
+through `serve`. `write_page` is the edge: it gathers those facts and writes through the one
+atomic write, whenever the index is rewritten.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from builder.coverage import Report, parse_report
+from builder.files import write_atomic
+from builder.node import (
+    INSTALLER,
+    ManifestError,
+    WheelEntry,
+    WheelhouseManifest,
+    check_wheel_name,
+    glibc_floor,
+    op_table,
+    read_bounded,
+    split_variant_name,
+)
+from builder.pipeline import STAGES
+
+PAGE = "index.html"
+TORCH_INDEX = "https://download.pytorch.org/whl"  # where a node without torch in the wheelhouse gets it
+UV_VARIANTS = "uv 0.13.6 or newer, with --preview-features wheel-variants"
+
+_STYLE = """
+body{font:15px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0 auto;max-width:72rem;
+padding:0 1rem 3rem;color:#1b1f23;background:#fff}
+h1{font-size:1.6rem;margin:1.2rem 0 .3rem}h2{font-size:1.25rem;margin:2rem 0 .5rem;border-bottom:1px solid #ddd}
+h3{font-size:1.05rem;margin:1.2rem 0 .4rem}
+.scroll{overflow-x:auto;-webkit-overflow-scrolling:touch}
+table{border-collapse:collapse;margin:.4rem 0;font-size:.9rem}
+th,td{border:1px solid #d0d7de;padding:.3rem .5rem;text-align:left;vertical-align:top}
+th{background:#f3f5f7}
+code,pre{font:13px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
+pre{background:#f6f8fa;border:1px solid #d0d7de;padding:.6rem;white-space:pre-wrap;word-break:break-all;margin:.3rem 0}
+.passed,.yes{color:#116329}.failed,.no{color:#a40e26;font-weight:600}.skipped,.reused{color:#7d4e00}
+.note{color:#57606a;font-size:.9rem}.tag{display:inline-block;border:1px solid #d0d7de;border-radius:1em;
+padding:0 .5em;font-size:.8rem;margin-left:.3em}
+td.op-yes{background:#f0fff4}td.op-no{background:#fff5f5}td.op-narrowed{background:#fffbea}
+@media (max-width:40rem){body{font-size:14px;padding:0 .5rem 2rem}th,td{padding:.25rem .35rem}}
+"""
+
+
+@dataclass(frozen=True)
+class PageFacts:
+    manifest: WheelhouseManifest
+    url: str  # what nodes set WH to: this wheelhouse as a file:// URL
+    locks: Mapping[str, str]  # locks/<name>.lock -> the wheel it pins
+    coverage: Report | None = None
+    coverage_problem: str = ""  # why a published coverage report is not shown
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _status(status: str) -> str:
+    return f'<span class="{_e(status)}">{_e(status)}</span>'
+
+
+def _table(table_id: str, head: Sequence[str], rows: Sequence[str]) -> str:
+    heads = "".join(f"<th>{_e(h)}</th>" for h in head)
+    return (f'<div class="scroll"><table id="{_e(table_id)}"><thead><tr>{heads}</tr></thead>'
+            f"<tbody>\n{chr(10).join(rows)}\n</tbody></table></div>")  # fmt: skip
+
+
+def _cmd(kind: str, wheel: str, text: str) -> str:
+    return f'<pre class="cmd" data-kind="{_e(kind)}" data-wheel="{_e(wheel)}"><code>{_e(text)}</code></pre>'
+
+
+def target_label(entry: WheelEntry) -> str:
+    return f"{entry.recipe} / {entry.python_tag}"
+
+
+def glibc_of(name: str) -> str:
+    floor = glibc_floor(check_wheel_name(name).platform)
+    return f"{floor[0]}.{floor[1]}" if floor else "any"
+
+
+def torch_in_wheelhouse(manifest: WheelhouseManifest, entry: WheelEntry) -> bool:
+    """Whether the wheelhouse holds the torch this wheel pins, for its Python (a lock adds it)."""
+    for name in manifest.dependencies:
+        wheel = check_wheel_name(name)
+        if (
+            wheel.project == "torch"
+            and wheel.version.split("+")[0] == entry.torch.split("+")[0]
+            and (wheel.python == entry.python_tag)
+        ):
+            return True
+    return False
+
+
+def variant_version(manifest: WheelhouseManifest, wheel: str) -> str | None:
+    """The version the variant wheels of `wheel` carry (what `uv pip install deepspeed==V` names)."""
+    for variant in manifest.variants.values():
+        if variant.wheel == wheel and variant.properties:
+            return split_variant_name(variant.name)[0].version
+    return None
+
+
+def install_commands(manifest: WheelhouseManifest, entry: WheelEntry) -> dict[str, str]:
+    """kind -> the shell commands that install this wheel on a node, with the wheelhouse as $WH."""
+    project = check_wheel_name(entry.name).project
+    torch = ""
+    if not torch_in_wheelhouse(manifest, entry):
+        flavour = f"cu{''.join(entry.cuda.split('.')[:2])}" if entry.accelerator == "cuda" and entry.cuda else "cpu"
+        torch = f'pip install "torch=={entry.torch.split("+")[0]}" --index-url {TORCH_INDEX}/{flavour}\n'
+    pin = f'"{project}=={entry.version}"'
+    out = {
+        "pip": f'{torch}pip install --index-url "$WH/simple/" {pin}',
+        "uv": f'{torch.replace("pip install", "uv pip install")}uv pip install --index-url "$WH/simple/" {pin}',
+    }
+    version = variant_version(manifest, entry.name)
+    if version:
+        out["uv-variants"] = (f'{torch.replace("pip install", "uv pip install")}uv pip install --preview-features '
+                              f'wheel-variants --index-url "$WH/simple/" "{project}=={version}"')  # fmt: skip
+    return out
+
+
+def node_installer_command(manifest: WheelhouseManifest) -> str:
+    tool = manifest.tools.get(INSTALLER)
+    check = f'echo "{tool.sha256}  ds-node-install.py" | sha256sum -c - && ' if tool else ""
+    return (f'curl -fsSLO "$WH/{INSTALLER}" && {check}\\\n'
+            'python3 ds-node-install.py --wheelhouse "$WH"')  # fmt: skip
+
+
+def _targets(manifest: WheelhouseManifest) -> str:
+    rows = []
+    for name, e in sorted(manifest.wheels.items()):
+        smoke = "passed" if e.smoke.passed else "failed"
+        rows.append(
+            f'<tr data-wheel="{_e(name)}"><td><code>{_e(name)}</code></td><td>{_e(e.recipe)}</td>'
+            f"<td>{_e(e.version.split('+')[0])}</td><td>{_e(e.torch)}</td><td>{_e(e.cuda or 'none (cpu)')}</td>"
+            f"<td>{_e(e.python_tag)}</td><td>{_e(', '.join(e.archs) or 'cpu')}</td><td>{_e(e.cpu_target)}</td>"
+            f"<td>{_e(glibc_of(name))}</td><td>{len(e.ops)}</td><td>{_status(smoke)}</td>"
+            f"<td>{_e(e.published_at)}</td></tr>"
+        )
+    head = ["wheel", "recipe", "DeepSpeed", "torch", "CUDA", "Python", "GPU archs", "CPU target", "glibc >=",
+            "ops", "smoke", "published"]  # fmt: skip
+    return _table("targets", head, rows)
+
+
+def op_cell(row: Mapping[str, str], archs: Sequence[str]) -> tuple[str, str]:
+    """(css class, text) of one op of one wheel: built (and for which archs), missing and why."""
+    if row["built"] != "yes":
+        return "op-no", f"not built: {row['why']}"
+    narrowed = row["archs"] not in ("cpu", ";".join(archs))
+    text = f"built ({row['archs']})" if row["archs"] != "cpu" or archs else "built"
+    if narrowed:
+        text = f"built, narrowed to {row['archs']}"
+    text += f"; load {row['loaded']}, numerics {row['checked']}"
+    if row["why"]:
+        text += f": {row['why']}"
+    return ("op-narrowed" if narrowed else "op-yes"), text
+
+
+def _ops(manifest: WheelhouseManifest) -> str:
+    wheels = sorted(manifest.wheels.items())
+    tables = {name: {r["op"]: r for r in op_table(e)} for name, e in wheels}
+    ops = sorted({op for rows in tables.values() for op in rows})
+    rows = []
+    for op in ops:
+        cells = []
+        for name, e in wheels:
+            row = tables[name].get(op)
+            if row is None:
+                cells.append(f'<td data-wheel="{_e(name)}" data-op="{_e(op)}" class="op-none">not asked</td>')
+                continue
+            css, text = op_cell(row, e.archs)
+            cells.append(f'<td data-wheel="{_e(name)}" data-op="{_e(op)}" class="{css}">{_e(text)}</td>')
+        rows.append(f'<tr data-op="{_e(op)}"><th>{_e(op)}</th>{"".join(cells)}</tr>')
+    return _table("ops", ["op", *(target_label(e) for _, e in wheels)], rows)
+
+
+def _checks(manifest: WheelhouseManifest) -> str:
+    parts = []
+    for name, e in sorted(manifest.wheels.items()):
+        rows = [f'<tr data-check="{_e(check)}"><td>{_e(check)}</td><td>{_status(status)}</td><td>{_e(detail)}</td></tr>'
+                for check, (status, detail) in sorted(e.smoke.checks.items())]  # fmt: skip
+        counts = {s: sum(1 for st, _ in e.smoke.checks.values() if st == s) for s in ("passed", "failed", "skipped")}
+        summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+        parts.append(f'<details data-wheel="{_e(name)}"><summary>{_e(target_label(e))}: {_e(summary)} '
+                     f'(finished {_e(e.smoke.finished_at)})</summary>'
+                     f'{_table("checks-" + name, ["check", "result", "reason"], rows)}</details>')  # fmt: skip
+    return "\n".join(parts)
+
+
+def _install(facts: PageFacts) -> str:
+    m = facts.manifest
+    parts = [
+        "<p>Set <code>WH</code> to where the node reaches this wheelhouse: this folder, or the address of "
+        "<code>python -m builder serve</code> on the build host.</p>",
+        _cmd("wh", "", f'WH="{facts.url}"    # or WH="http://BUILD-HOST:8000" while serve runs'),
+        "<h3>Any node: the node installer picks the wheel that fits it</h3>",
+        "<p>Python and pip only; it checks every sha256 and installs from the wheelhouse alone.</p>",
+        _cmd("node-installer", "", node_installer_command(m)),
+    ]
+    for name, e in sorted(m.wheels.items()):
+        gpu = f"GPUs {', '.join(e.archs)}" if e.archs else "no GPU needed"
+        parts.append(f'<h3 data-wheel="{_e(name)}">{_e(e.recipe)} ({_e(e.python_tag)}, {_e(gpu)})</h3>')
+        for kind, text in install_commands(m, e).items():
+            label = {"pip": "plain pip", "uv": "uv", "uv-variants": "uv, picking the build for the node's GPU "
+                     "(experimental)"}[kind]  # fmt: skip
+            parts.append(f'<p class="note">{_e(label)}</p>{_cmd(kind, name, text)}')
+    return "\n".join(parts)
+
+
+def _images(manifest: WheelhouseManifest) -> str:
+    if not manifest.images:
+        return '<p class="note">No CI image is published (<code>python -m builder image</code> makes one).</p>'
+    rows = []
+    for name, i in sorted(manifest.images.items()):
+        smoke = "passed" if i.smoke.passed else "failed"
+        rows.append(
+            f'<tr data-image="{_e(name)}"><td><code>{_e(name)}</code></td><td><code>{_e(i.ref)}</code></td>'
+            f"<td><code>{_e(i.image_id[:12])}</code></td><td>{i.size / 1e6:.0f} MB</td><td>{_e(i.base)}</td>"
+            f"<td>{_e(i.lock)}</td><td><code>{_e(i.wheel)}</code></td><td>{_status(smoke)}</td>"
+            f"<td><code>{_e(f'podman load -i {name}')}</code></td></tr>"
+        )
+    return _table("images", ["archive", "image", "ID", "size", "base", "lock", "wheel", "smoke inside", "load"], rows)
+
+
+def _locks(facts: PageFacts) -> str:
+    if not facts.locks:
+        return '<p class="note">No lock is written (<code>python -m builder lock</code> writes one).</p>'
+    rows = [f'<tr data-lock="{_e(rel)}"><td><code>{_e(rel)}</code></td><td><code>{_e(wheel)}</code></td>'
+            f"<td>{'yes' if wheel in facts.manifest.wheels else 'no (pruned)'}</td></tr>"
+            for rel, wheel in sorted(facts.locks.items())]  # fmt: skip
+    return _table("locks", ["lock", "pins", "wheel published"], rows)
+
+
+def _coverage(facts: PageFacts) -> str:
+    if facts.coverage_problem:
+        return f'<p class="failed">The published coverage report is not shown: {_e(facts.coverage_problem)}</p>'
+    report = facts.coverage
+    if report is None:
+        return '<p class="note">No matrix run has published here (<code>build-wheel --matrix</code>).</p>'
+    rows = []
+    for r in report.rows:
+        cells = ""
+        for stage in STAGES:
+            s = report.stages[r.target][stage]
+            took = f" {s.seconds:.0f}s" if s.seconds >= 1 else ""
+            why = f'<br><span class="note">{_e(s.reason)}</span>' if s.reason else ""
+            cells += f"<td>{_status(s.status)}{_e(took)}{why}</td>"
+        rows.append(f'<tr data-target="{_e(r.target)}"><td>{_e(r.target)}</td><td>{_e(r.python)}</td>{cells}'
+                    f"<td><code>{_e(r.wheel or '-')}</code></td><td>{_e(r.job or '-')}</td><td>{_e(r.node or '-')}"
+                    f"</td><td>{_e(r.smoke_on or '-')}</td></tr>")  # fmt: skip
+    passed = len(report.rows) - len(report.failed)
+    head = (f"<p>Matrix <code>{_e(report.matrix or 'build-wheel')}</code>, finished {_e(report.finished_at)}: "
+            f"{passed} of {len(report.rows)} targets passed every stage they ran.</p>")  # fmt: skip
+    return head + _table("coverage", ["target", "python", *STAGES, "wheel", "slurm job", "node", "smoked on"], rows)
+
+
+def _variants(manifest: WheelhouseManifest) -> str:
+    if not manifest.variants:
+        return ('<p class="note">Not published (<code>publish --variants</code>). Wheel variants are experimental: '
+                f"the draft PEPs 817 and 825, read by {_e(UV_VARIANTS)}.</p>")  # fmt: skip
+    rows = [f'<tr data-variant="{_e(n)}"><td><code>{_e(n)}</code></td><td>{_e(v.label)}</td>'
+            f"<td>{_e('; '.join(v.properties) or 'none: the fallback where no other variant fits')}</td>"
+            f"<td><code>{_e(v.wheel)}</code></td></tr>" for n, v in sorted(manifest.variants.items())]  # fmt: skip
+    return (
+        f"<p><strong>Experimental.</strong> Each CUDA wheel is also published as a variant wheel labelled by its "
+        f"GPU archs and CUDA version (the draft PEPs 817 and 825), with a null variant as the fallback and one "
+        f"<code>&lt;name&gt;-&lt;version&gt;-variants.json</code> per version. Installers that support them: "
+        f"{_e(UV_VARIANTS)}. pip does not: it ignores variant files and installs the plain wheels as before.</p>"
+        + _table("variants", ["variant wheel", "label", "properties", "built from"], rows)
+    )
+
+
+def render(facts: PageFacts) -> str:
+    m = facts.manifest
+    summary = (f"{len(m.wheels)} DeepSpeed wheels, {len(m.dependencies)} dependency files, {len(m.images)} CI images"
+               f", {len(m.variants)} variant wheels")  # fmt: skip
+    sections = [
+        ("install", "Install on a node", _install(facts)),
+        ("published", "Published targets", _targets(m)),
+        ("op-grid", "Ops by target", _ops(m)),
+        ("smoke", "Smoke checks", _checks(m)),
+        ("ci-images", "CI images", _images(m)),
+        ("lock-files", "Locks", _locks(facts)),
+        ("matrix", "Last matrix run", _coverage(facts)),
+        ("wheel-variants", "Wheel variants by GPU arch", _variants(m)),
+    ]
+    body = "\n".join(f'<section id="{sid}"><h2>{_e(title)}</h2>\n{text}\n</section>' for sid, title, text in sections)
+    return (
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">\n"
+        f"<title>DeepSpeed wheelhouse</title>\n<style>{_STYLE}</style>\n</head>\n<body>\n"
+        f'<h1>DeepSpeed wheelhouse</h1>\n<p id="summary">{_e(summary)}. Every value on this page comes from '
+        f'<a href="manifest.json">manifest.json</a>; pip reads <a href="simple/">simple/</a>.</p>\n'
+        f"{body}\n</body>\n</html>\n"
+    )
+
+
+def gather(wheelhouse: Path, manifest: WheelhouseManifest) -> PageFacts:
+    """What the page shows, read from the wheelhouse: the coverage report only when its sha256 is
+    the one the manifest lists."""
+    from builder.build.source import sha256_of
+    from builder.wheelhouse.layout import lock_headers
+
+    report, problem = None, ""
+    for name, entry in manifest.reports.items():
+        path = wheelhouse / name
+        try:
+            if path.is_symlink() or sha256_of(path) != entry.sha256:
+                problem = f"{name} is not the file the manifest lists (run `python -m builder verify`)"
+                continue
+            report = parse_report(json.loads(read_bounded(path, "report")), name)
+        except (OSError, ValueError, ManifestError) as exc:
+            problem = f"{name}: {getattr(exc, 'message', exc)}"
+    return PageFacts(manifest, wheelhouse.resolve().as_uri(), lock_headers(wheelhouse), report, problem)
+
+
+def write_page(wheelhouse: Path, manifest: WheelhouseManifest) -> Path:
+    return write_atomic(wheelhouse / PAGE, render(gather(wheelhouse, manifest)))
