@@ -17,6 +17,7 @@ from email.parser import Parser
 from pathlib import Path
 
 import pytest
+from browser import ARTIFACTS, NO_BROWSER, chromium, full_page_screenshot
 from nodes import node_venv
 
 pytestmark = pytest.mark.integration
@@ -502,6 +503,97 @@ def test_an_interrupted_image_build_and_a_full_disk_leave_nothing_behind(
     assert "fix: free space" in full.stderr and "Traceback" not in full.stderr
     assert _podman_state() == before
     assert sorted(p.relative_to(house) for p in house.rglob("*")) == listing
+
+
+@pytest.mark.skipif(NO_BROWSER is not None, reason=str(NO_BROWSER))
+def test_the_wheelhouse_page_in_a_browser(
+    pipeline: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path
+) -> None:
+    """Issue 23: the page of the real published wheelhouse (with its lock and CI image, when the
+    tests above made them), opened from file:// in headless chromium: the targets, the op grid,
+    every smoke check and the install commands read back from the rendered page and compared with
+    the manifest; nothing overflows a phone's width; a screenshot is kept. A manifest value holding
+    markup shows as text and runs nothing."""
+    from selenium.webdriver.common.by import By
+
+    from builder import node
+    from builder.wheelhouse.page import install_commands, op_cell, write_page
+
+    house, result = pipeline
+    manifest = node.parse_manifest((house / "manifest.json").read_text())
+    entry = manifest.wheels[WHEEL]
+    with chromium() as driver:
+        driver.get((house / "index.html").as_uri())
+        assert driver.title == "DeepSpeed wheelhouse"
+        rows = driver.find_elements(By.CSS_SELECTOR, "#targets tbody tr")
+        assert [r.get_attribute("data-wheel") for r in rows] == sorted(manifest.wheels)
+        cells = [td.text for td in rows[0].find_elements(By.TAG_NAME, "td")]
+        assert cells[1:10] == [
+            entry.recipe,
+            "0.19.8",
+            entry.torch,
+            "none (cpu)",
+            "cp311",
+            "cpu",
+            "x86-64-v3",
+            "2.35",
+            str(len(OPS)),
+        ], cells  # glibc floor: manylinux_2_35
+        assert cells[10] == "passed"
+        # The op grid: one row per op, the cell saying what the manifest says (built, loaded, checked).
+        grid = {td.get_attribute("data-op"): td.text for td in driver.find_elements(By.CSS_SELECTOR, "#ops td")
+                if td.get_attribute("data-wheel") == WHEEL}  # fmt: skip
+        assert sorted(grid) == sorted(OPS)
+        for row in node.op_table(entry):
+            assert grid[row["op"]] == op_cell(row, entry.archs)[1]
+            assert grid[row["op"]].startswith("built") and "load passed" in grid[row["op"]]
+        # Every smoke check, with its result and reason, once its <details> is opened.
+        details = driver.find_element(By.CSS_SELECTOR, f'details[data-wheel="{WHEEL}"]')
+        details.find_element(By.TAG_NAME, "summary").click()
+        shown = {tr.get_attribute("data-check"): [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+                 for tr in details.find_elements(By.CSS_SELECTOR, "tbody tr")}  # fmt: skip
+        assert {name: status for name, (_, status, _) in shown.items()} == {
+            name: status for name, (status, _) in entry.smoke.checks.items()
+        }
+        assert shown["dist:nccl"][2] == " ".join(entry.smoke.checks["dist:nccl"][1].split())
+        # The commands, as a person copies them: the same text the manifest makes, and the pip line
+        # the one build-wheel printed, with WH set to this wheelhouse's file:// URL.
+        commands = {(pre.get_attribute("data-kind"), pre.get_attribute("data-wheel")): pre.text
+                    for pre in driver.find_elements(By.CSS_SELECTOR, "pre.cmd")}  # fmt: skip
+        for kind, text in install_commands(manifest, entry).items():
+            assert commands[(kind, WHEEL)] == text
+        assert commands[("wh", "")].startswith(f'WH="{house.resolve().as_uri()}"')
+        printed = next(line for line in result.stderr.splitlines() if line.startswith("==> install it with: "))
+        wh = house.resolve().as_uri()
+        pip_line = commands[("pip", WHEEL)].splitlines()[-1].replace("$WH", wh)
+        assert shlex.split(pip_line) == shlex.split(printed.removeprefix("==> install it with: "))
+        assert manifest.tools[node.INSTALLER].sha256 in commands[("node-installer", "")]
+        images = driver.find_elements(By.CSS_SELECTOR, "#images tr[data-image]")
+        assert [tr.get_attribute("data-image") for tr in images] == sorted(manifest.images)
+        locks = [tr.get_attribute("data-lock") for tr in driver.find_elements(By.CSS_SELECTOR, "#locks tr[data-lock]")]
+        assert locks == sorted(str(p.relative_to(house)) for p in (house / "locks").glob("*.lock"))
+        full_page_screenshot(driver, ARTIFACTS / "wheelhouse-page.png", 1280)
+
+        # A phone's width: the page itself never scrolls sideways (wide tables scroll in their box).
+        driver.set_window_size(390, 844)
+        driver.get((house / "index.html").as_uri())
+        assert driver.execute_script("return document.documentElement.scrollWidth") <= 390
+        full_page_screenshot(driver, ARTIFACTS / "wheelhouse-page-narrow.png", 390)
+
+        # Markup in a manifest value (a smoke check's detail is free text) is shown, not run.
+        evil = '<script>document.title="pwned"</script><b id="injected">bold</b>'
+        data = json.loads((house / "manifest.json").read_text())
+        data["wheels"][WHEEL]["smoke"]["checks"]["dist:nccl"]["detail"] = evil
+        hostile = tmp_path / "hostile"
+        hostile.mkdir()
+        page = write_page(hostile, node.parse_manifest(json.dumps(data)))
+        driver.set_window_size(1280, 1000)
+        driver.get(page.as_uri())
+        assert driver.title == "DeepSpeed wheelhouse"
+        assert driver.find_elements(By.ID, "injected") == []
+        details = driver.find_element(By.CSS_SELECTOR, f'details[data-wheel="{WHEEL}"]')
+        details.find_element(By.TAG_NAME, "summary").click()
+        assert evil in details.find_element(By.CSS_SELECTOR, 'tr[data-check="dist:nccl"]').text
 
 
 @pytest.mark.skipif(not shutil.which("pdsh"), reason="pdsh is not installed (apt-get install pdsh)")

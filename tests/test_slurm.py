@@ -129,6 +129,12 @@ def test_a_matrix_runs_as_a_job_array_gpu_smoke_jobs_and_one_collect_job(
     # The collect job was the wheelhouse's only writer, and what it published verifies.
     wheels = json.loads((house / "manifest.json").read_text())["wheels"]
     assert sorted(e["recipe"] for e in wheels.values()) == ["adam", "cuadam"]
+    # The run's coverage is published with them and shown on the wheelhouse page, job ids and all.
+    assert (house / "coverage.json").read_bytes() == (run / "coverage" / "coverage.json").read_bytes()
+    page = (house / "index.html").read_text()
+    assert '<tr data-target="adam">' in page and f"<td>{rows['adam']['slurm']['job']}</td>" in page
+    assert f"<td>h100 ({smoke['job']})</td>" in page
+    assert "2 of 3 targets passed every stage they ran" in page
     verify = subprocess.run([sys.executable, "-m", "builder", "verify", "--wheelhouse", str(house)],
                             cwd=ROOT, capture_output=True, text=True)  # fmt: skip
     assert verify.returncode == 0, verify.stderr[-2000:]

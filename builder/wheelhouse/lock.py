@@ -22,7 +22,7 @@ from builder.files import write_atomic
 from builder.images.plan import python_version, render_containerfile
 from builder.node import version_key
 from builder.wheelhouse.layout import load_manifest, lock_headers
-from builder.wheelhouse.publish import add_files
+from builder.wheelhouse.publish import add_files, refresh_page
 
 LOCKS = "locks"
 
@@ -87,6 +87,7 @@ def lock(wheelhouse: Path, wheel: str | None, log: Path) -> Path:
     target = write_atomic(out / f"{name}.lock", render_lock(wheel, files))
     rel = f"{LOCKS}/{name}.lock"
     write_atomic(out / f"{name}.Containerfile", render_containerfile(default_base(entry.python_tag), rel, wheel))
+    refresh_page(wheelhouse)  # the page lists the locks
     output.step(f"{target}: {len(files)} files pinned by sha256 ({len(added)} added to the wheelhouse); "
                 f"{out / (name + '.Containerfile')}")  # fmt: skip
     return target

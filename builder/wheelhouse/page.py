@@ -283,8 +283,9 @@ def _variants(manifest: WheelhouseManifest) -> str:
 
 def render(facts: PageFacts) -> str:
     m = facts.manifest
-    summary = (f"{len(m.wheels)} DeepSpeed wheels, {len(m.dependencies)} dependency files, {len(m.images)} CI images"
-               f", {len(m.variants)} variant wheels")  # fmt: skip
+    counts = ((len(m.wheels), "DeepSpeed wheel"), (len(m.dependencies), "dependency file"), (len(m.images), "CI image"),
+              (len(m.variants), "variant wheel"))  # fmt: skip
+    summary = ", ".join(f"{n} {what}{'' if n == 1 else 's'}" for n, what in counts)
     sections = [
         ("install", "Install on a node", _install(facts)),
         ("published", "Published targets", _targets(m)),

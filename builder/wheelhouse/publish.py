@@ -426,6 +426,14 @@ def publish_coverage(wheelhouse: Path, report: Path) -> Path | None:
     return target
 
 
+def refresh_page(wheelhouse: Path) -> None:
+    """Rewrite index.html from the manifest, under the publish lock (after a lock file changed)."""
+    from builder.wheelhouse.page import write_page
+
+    with locked(wheelhouse):
+        write_page(wheelhouse, load_manifest(wheelhouse))
+
+
 def installer_source() -> bytes:
     """The node installer exactly as shipped (builder/node.py), published byte for byte."""
     return Path(node.__file__).read_bytes()

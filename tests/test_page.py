@@ -1,0 +1,119 @@
+"""The wheelhouse page (index.html): rendered from the validated manifest, escaped, checked by
+verify, rewritten by repair; the last matrix run's coverage shown with its Slurm job ids. On
+fake wheels; the real page of a real build is opened in chromium in test_pipeline."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from fakes import NAME, fake_wheel
+
+from builder.build.source import sha256_of
+from builder.contracts import Check, SmokeReport
+from builder.errors import PublishError
+from builder.smoke import report_path
+from builder.wheelhouse import publish, verify
+from builder.wheelhouse.layout import load_manifest
+from builder.wheelhouse.page import PAGE, gather, install_commands, render
+from builder.wheelhouse.publish import publish_coverage, repair
+
+STAGES = {s: {"status": "passed", "reason": "", "seconds": 3.0} for s in ("build", "smoke", "publish")}
+
+
+def _report(tmp_path: Path, **row: object) -> Path:
+    data = {
+        "schema": 1, "matrix": "recipes/matrices/slurm-two-partitions.toml", "finished_at": "2026-11-24T10:00:00+00:00",
+        "targets": [{"target": "cpu", "python": "3.11", "wheel": f"/work/dist/{NAME}", "stages": STAGES,
+                     "slurm": {"job": "4711", "node": "node1", "smoke_on": "h100 (4712)", "log": "/x"}, **row}],
+        "failed": [],
+    }  # fmt: skip
+    path = tmp_path / "coverage.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_publish_writes_the_page_and_verify_holds_it_to_the_manifest(tmp_path: Path) -> None:
+    house = tmp_path / "house"
+    publish([fake_wheel(tmp_path)], house)
+    page = house / PAGE
+    assert page.is_file() and page.stat().st_mode & 0o777 == 0o644
+    text = page.read_text()
+    assert f"<code>{NAME}</code>" in text.replace("+", "+") and "<script" not in text
+    assert "content=\"default-src 'none'" in text  # nothing from elsewhere, no script runs
+    assert verify(house) == []
+    # An edited page (other commands than the manifest backs) is found; repair rewrites it.
+    page.write_text(text.replace("pip install", "pip install evil-package"))
+    assert verify(house) == [
+        "index.html: not the page manifest.json renders here (edited, or the wheelhouse was moved): "
+        "run `python -m builder repair` to rewrite it"
+    ]
+    repair(house)
+    assert verify(house) == [] and page.read_text() == text
+    page.unlink()
+    assert verify(house) == ["index.html: missing (run `python -m builder repair` to write it)"]
+
+
+def test_markup_in_a_manifest_value_is_shown_as_text(tmp_path: Path) -> None:
+    wheel = fake_wheel(tmp_path)
+    evil = '<script>alert(1)</script><img src=x onerror=alert(2)>"'
+    report = SmokeReport(wheel.name, sha256_of(wheel), True, (Check("import", "passed", evil),), 1.0,
+                         "2026-11-23T00:00:00+00:00")  # fmt: skip
+    report_path(wheel).write_text(report.to_json())
+    house = tmp_path / "house"
+    publish([wheel], house)
+    text = (house / PAGE).read_text()
+    assert evil not in text and "<script>" not in text and "<img" not in text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;&lt;img src=x onerror=alert(2)&gt;&quot;" in text
+
+
+def test_install_commands_name_the_wheel_exactly(tmp_path: Path) -> None:
+    house = tmp_path / "house"
+    publish([fake_wheel(tmp_path)], house)
+    manifest = load_manifest(house)
+    commands = install_commands(manifest, manifest.wheels[NAME])
+    assert commands["pip"] == (
+        'pip install "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu\n'
+        'pip install --index-url "$WH/simple/" "deepspeed==0.19.8+cpu.torch2.13"'
+    )
+    assert commands["uv"].endswith('uv pip install --index-url "$WH/simple/" "deepspeed==0.19.8+cpu.torch2.13"')
+    assert "uv-variants" not in commands  # no variant wheels published
+    assert f'WH="{house.resolve().as_uri()}"' in (house / PAGE).read_text().replace("&quot;", '"')
+
+
+def test_a_matrix_runs_coverage_is_published_and_shown_with_its_job_ids(tmp_path: Path) -> None:
+    house = tmp_path / "house"
+    assert publish_coverage(house, _report(tmp_path)) is None  # nothing published there yet: left alone
+    assert not house.exists()
+    publish([fake_wheel(tmp_path)], house)
+    assert publish_coverage(house, _report(tmp_path)) == house / "coverage.json"
+    text = (house / PAGE).read_text()
+    assert "slurm-two-partitions.toml" in text and "<td>4711</td><td>node1</td><td>h100 (4712)</td>" in text
+    assert f"<code>{NAME}</code></td><td>4711" in text  # the wheel's file name, not the build host's path
+    assert load_manifest(house).reports["coverage.json"].sha256 == sha256_of(house / "coverage.json")
+    assert verify(house) == []
+    # A tampered report: verify names it, and the page no longer shows what it says.
+    tampered = json.loads((house / "coverage.json").read_text())
+    tampered["targets"][0]["slurm"]["job"] = "9999"
+    (house / "coverage.json").write_text(json.dumps(tampered))
+    assert "coverage.json: sha256 differs from manifest.json (tampered or replaced)" in verify(house)
+    shown = render(gather(house, load_manifest(house)))
+    assert "9999" not in shown and "is not the file the manifest lists" in shown
+
+
+def test_coverage_is_never_written_through_a_link_or_over_a_file_not_ours(tmp_path: Path) -> None:
+    house = tmp_path / "house"
+    publish([fake_wheel(tmp_path)], house)
+    outside = tmp_path / "outside.json"
+    outside.write_text("keep")
+    os.symlink(outside, house / "coverage.json")
+    with pytest.raises(PublishError, match="is not the report a publish wrote"):
+        publish_coverage(house, _report(tmp_path))
+    assert outside.read_text() == "keep"
+    (house / "coverage.json").unlink()
+    bad = _report(tmp_path, python="<b>")
+    with pytest.raises(PublishError, match="is not a coverage report"):
+        publish_coverage(house, bad)
+    assert not (house / "coverage.json").exists()
