@@ -47,6 +47,14 @@ def port_number(text: str) -> int:
     return value
 
 
+VARIANTS_HELP = (
+    "also publish each CUDA wheel as a wheel variant labelled by its GPU archs, with a null fallback and "
+    "<name>-<version>-variants.json, so `uv pip install --preview-features wheel-variants` picks the build for the "
+    "node's GPU (experimental: the draft PEPs 817/825; pip ignores them). A wheelhouse that has variants keeps them "
+    "up to date on every publish"
+)
+
+
 def folder_arg(text: str) -> Path:
     """A folder given as a path or as a file:// URL (publish prints file:// URLs)."""
     if text.startswith("file:"):
@@ -138,6 +146,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--wait", action="store_true", help="with --slurm: follow the jobs; exit 11 if any target failed")
     b.add_argument("--no-smoke", action="store_true", help="only build and verify (implies --no-publish)")
     b.add_argument("--no-publish", action="store_true", help="build and smoke-test, do not publish")
+    b.add_argument("--variants", action="store_true", help=VARIANTS_HELP)
     b.add_argument("--force", action="store_true", help="build even if a wheel with the same build key exists")
     b.add_argument("--no-ccache", action="store_true", help="compile without ccache even where it is installed")
     b.add_argument(
@@ -214,6 +223,7 @@ def parser() -> argparse.ArgumentParser:
         metavar="WHEEL",
         help="wheels to publish (default: every smoke-passed wheel in WORK_DIR/dist)",
     )
+    u.add_argument("--variants", action="store_true", help=VARIANTS_HELP)
     d = sub.add_parser(
         "detect",
         parents=[common],

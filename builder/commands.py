@@ -52,6 +52,7 @@ def build_wheel(args: argparse.Namespace) -> int:
         force=args.force,
         use_ccache=not args.no_ccache,
         verbose=args.verbose,
+        variants=args.variants,
     )
     ws = _workspace(args, check=False)
     jobs = args.jobs or (matrix.jobs if matrix and matrix.jobs else 1)
@@ -218,7 +219,7 @@ def publish(args: argparse.Namespace) -> int:
     from builder import pipeline
 
     ws = _workspace(args)
-    pipeline.publish(args.wheels or _passed_wheels(ws.dist), args.wheelhouse, ws)
+    pipeline.publish(args.wheels or _passed_wheels(ws.dist), args.wheelhouse, ws, variants=args.variants)
     return 0
 
 

@@ -29,6 +29,7 @@ class Stages:
     force: bool = False
     use_ccache: bool = True
     verbose: bool = False
+    variants: bool = False  # also publish CUDA wheels as wheel variants (experimental)
 
 
 @dataclass(frozen=True)
@@ -105,10 +106,10 @@ def smoke_passed(wheel: Path) -> bool:
         return False
 
 
-def publish(wheels: Sequence[Path], wheelhouse: Path, ws: Workspace) -> list[Path]:
+def publish(wheels: Sequence[Path], wheelhouse: Path, ws: Workspace, variants: bool = False) -> list[Path]:
     from builder.wheelhouse import publish as publish_wheels
 
-    published = publish_wheels(wheels, wheelhouse, log=ws.logs / "publish.log")
+    published = publish_wheels(wheels, wheelhouse, log=ws.logs / "publish.log", variants=variants)
     for path in published:
         output.step(f"install it with: {install_command(wheelhouse, path)}")
     return published
@@ -206,7 +207,7 @@ def _run_one(
         started = time.monotonic()
         try:
             with _PUBLISH:  # one writer at a time within this process (the file lock covers others)
-                (published,) = publish([wheel], wheelhouse, ws)  # type: ignore[list-item]
+                (published,) = publish([wheel], wheelhouse, ws, stages.variants)  # type: ignore[list-item]
             results["publish"] = StageResult("passed", "", time.monotonic() - started)
         except BuilderError as exc:
             if not keep_going:

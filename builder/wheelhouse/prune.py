@@ -17,6 +17,7 @@ from builder.wheelhouse.layout import (
     locked,
     write_manifest,
 )
+from builder.wheelhouse.publish import sync_variants
 
 
 def prune(
@@ -45,12 +46,17 @@ def prune(
         kept = {n: e for n, e in manifest.wheels.items() if n not in doomed}
         images = [n for n, e in sorted(manifest.images.items()) if e.wheel in doomed]  # they hold a doomed wheel
         manifest = replace(manifest, wheels=kept, images={n: e for n, e in manifest.images.items() if n not in images})
+        stale: list[Path] = []
+        if manifest.variants:  # the variants of pruned wheels go; a new fallback is made if needed
+            manifest, stale = sync_variants(wheelhouse, manifest)
         # Index and manifest first, files after: a wheel is never linked while it is missing.
         write_index(wheelhouse, manifest)
         write_manifest(wheelhouse, manifest)
+        for path in stale:
+            path.unlink(missing_ok=True)
         for name in doomed:
             for path in (wheelhouse / name, *_companions(wheelhouse, name)):
                 path.unlink(missing_ok=True)
         for name in images:
             (wheelhouse / name).unlink(missing_ok=True)
-    return doomed + images
+    return doomed + images + [p.name for p in stale]

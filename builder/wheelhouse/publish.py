@@ -41,10 +41,13 @@ from builder.node import (
     ImageEntry,
     ManifestError,
     SmokeSummary,
+    VariantEntry,
     WheelEntry,
     WheelhouseManifest,
     check_image_name,
+    check_variants_json_name,
     check_wheel_name,
+    split_variant_name,
 )
 from builder.smoke import load_report, report_path
 from builder.wheelhouse import closure
@@ -160,14 +163,17 @@ def _leftovers(wheelhouse: Path, manifest: WheelhouseManifest) -> tuple[list[Pat
         try:
             files = json.loads(node.read_bounded(journal, "report"))["files"]
             listed = {
-                **{n: e.sha256 for n, e in manifest.wheels.items()},
-                **{n: e.sha256 for n, e in manifest.dependencies.items()},
+                n: e.sha256
+                for table in (manifest.wheels, manifest.dependencies, manifest.variants, manifest.variant_indexes)
+                for n, e in table.items()
             }
             for name, digest in files.items():
                 if name.startswith(f"{IMAGES}/"):
                     check_image_name(name, JOURNAL)
-                else:
-                    check_wheel_name(name, JOURNAL)
+                elif name.endswith("-variants.json"):
+                    check_variants_json_name(name, JOURNAL)
+                elif not node.is_wheel_name(name):
+                    split_variant_name(name, JOURNAL)
                 path = wheelhouse / name
                 if name in listed or name in manifest.images:
                     continue
@@ -197,7 +203,11 @@ def _clean(wheelhouse: Path, manifest: WheelhouseManifest) -> list[str]:
 
 
 def publish(
-    wheels: Iterable[Path], wheelhouse: Path, log: Path | None = None, fetch_closure: Fetcher = pip_download_closure
+    wheels: Iterable[Path],
+    wheelhouse: Path,
+    log: Path | None = None,
+    fetch_closure: Fetcher = pip_download_closure,
+    variants: bool = False,
 ) -> list[Path]:
     """Copy each smoke-passed wheel (with its dependencies) into the wheelhouse, then rewrite index and manifest.
 
@@ -224,7 +234,8 @@ def publish(
         journal = {w.name: r.sha256 for w, r, _ in checked}
         _journal(wheelhouse, journal)
         try:
-            published = _publish_files(wheelhouse, checked, manifest, wheels_now, journal, log, fetch_closure)
+            published = _publish_files(wheelhouse, checked, manifest, wheels_now, journal, log, fetch_closure,
+                                       variants)  # fmt: skip
         except BaseException:
             # A failed publish (no index reachable, a clash, Ctrl-C) removes what it copied, by its
             # journal, against the manifest on disk now: nothing half-published stays behind.
@@ -242,9 +253,11 @@ def _publish_files(
     journal: dict[str, str],
     log: Path | None,
     fetch_closure: Fetcher,
+    variants: bool = False,
 ) -> list[Path]:
-    """Copy the wheels, their companions and dependencies, then write index and manifest (the
-    journal already names every file this copies, so a kill at any point is undone)."""
+    """Copy the wheels, their companions and dependencies (and make the variant wheels, in a
+    wheelhouse that has them or with `variants`), then write index and manifest (the journal
+    already names every file this copies, so a kill at any point is undone)."""
     published = []
     deps = dict(manifest.dependencies)
     for wheel, report, build in checked:
@@ -276,10 +289,58 @@ def _publish_files(
             if not found.missing:
                 wheels_now[name] = dataclasses.replace(entry, requires=found.files)
     tools = {INSTALLER: FileEntry(INSTALLER, _publish_installer(wheelhouse))}
-    manifest = WheelhouseManifest(wheels_now, deps, tools, manifest.images)
+    manifest = dataclasses.replace(manifest, wheels=wheels_now, dependencies=deps, tools=tools)
+    stale: list[Path] = []
+    if variants or manifest.variants:
+        manifest, stale = sync_variants(wheelhouse, manifest, journal)
     write_index(wheelhouse, manifest)
     write_manifest(wheelhouse, manifest)
+    _remove(stale)
     return published
+
+
+def sync_variants(
+    wheelhouse: Path, manifest: WheelhouseManifest, journal: dict[str, str] | None = None
+) -> tuple[WheelhouseManifest, list[Path]]:
+    """Make the variant wheels and variants.json files the manifest's CUDA wheels call for (each
+    named in the journal before it is written), and return the manifest listing them with the
+    variant files it no longer lists (removed by the caller once the manifest is written)."""
+    from builder.wheelhouse import variants
+
+    planned = variants.plan(manifest.wheels)
+    docs = variants.indexes(planned)
+    ours: dict[str, VariantEntry | FileEntry] = {**manifest.variants, **manifest.variant_indexes}
+    for name in [*planned, *docs]:
+        path = wheelhouse / name
+        if path.is_symlink() or (path.exists() and name not in ours):
+            raise PublishError(f"{path} exists and is not a variant file a publish wrote", "move it away")
+    digests: dict[str, str] = {}
+    for name, p in planned.items():
+        data = variants.variant_bytes(wheelhouse / p.wheel, p)
+        digests[name] = hashlib.sha256(data).hexdigest()
+        if (wheelhouse / name).is_file() and name in ours and ours[name].sha256 == digests[name]:
+            if sha256_of(wheelhouse / name) == digests[name]:
+                continue
+        if journal is not None:
+            journal[name] = digests[name]
+            _journal(wheelhouse, journal)  # named before written
+        write_atomic(wheelhouse / name, data)
+        output.note(f"variant {p.label}: {name}")
+    index_files = {}
+    for name, text in docs.items():
+        index_files[name] = FileEntry(name, hashlib.sha256(text.encode()).hexdigest())
+        if journal is not None and name not in ours:
+            journal[name] = index_files[name].sha256
+            _journal(wheelhouse, journal)
+        write_atomic(wheelhouse / name, text)
+    stale = [wheelhouse / n for n in ours if n not in planned and n not in docs]
+    new = dataclasses.replace(manifest, variants=variants.entries(planned, digests), variant_indexes=index_files)
+    return new, stale
+
+
+def _remove(paths: Iterable[Path]) -> None:
+    for path in paths:
+        path.unlink(missing_ok=True)
 
 
 def _closure(
@@ -493,8 +554,14 @@ def repair(wheelhouse: Path) -> list[str]:
         if not has_manifest and tool.is_file() and not tool.is_symlink() and tool.read_bytes() == installer_source():
             tool.unlink()  # the installer the killed first publish wrote (these exact bytes): ours
             removed.append(INSTALLER)
+        stale: list[Path] = []
+        if manifest.variants:  # derived files: made again from the wheels, whatever a kill left
+            manifest, stale = sync_variants(wheelhouse, manifest)
+            write_manifest(wheelhouse, manifest)
         if has_manifest or (wheelhouse / "simple").is_dir():
             write_index(wheelhouse, manifest)
+        _remove(stale)
+        removed += [p.name for p in stale]
     return removed
 
 

@@ -8,6 +8,7 @@ is reported.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from urllib.parse import quote, unquote
 
@@ -73,7 +74,44 @@ def verify(wheelhouse: Path) -> list[str]:
     problems += _verify_tree(wheelhouse, manifest)
     problems += _verify_images(wheelhouse, manifest)
     problems += _verify_index(wheelhouse, manifest)
+    problems += _verify_variants(wheelhouse, manifest)
     problems += _verify_page(wheelhouse, manifest)
+    return problems
+
+
+def _verify_variants(wheelhouse: Path, manifest: WheelhouseManifest) -> list[str]:
+    """Variant wheels and variants.json files: each listed, with its sha256, and exactly what the
+    published wheels make (a variant is rebuilt from its source wheel and compared byte for byte)."""
+    from builder.wheelhouse import variants
+
+    if not manifest.variants and not manifest.variant_indexes:
+        return []
+    problems = []
+    planned = variants.plan(manifest.wheels)
+    listed = {n: (v.wheel, v.label, v.properties) for n, v in manifest.variants.items()}
+    if listed != {n: (p.wheel, p.label, p.properties) for n, p in planned.items()}:
+        problems.append(f"{MANIFEST}: the variants it lists are not the ones its CUDA wheels make "
+                        "(run `python -m builder repair` to make them again)")  # fmt: skip
+    for name, entry in sorted(manifest.variants.items()):
+        path = wheelhouse / name
+        if path.is_symlink() or not path.is_file():
+            problems.append(f"{name}: listed in {MANIFEST} but missing")
+        elif sha256_of(path) != entry.sha256:
+            problems.append(f"{name}: sha256 differs from {MANIFEST} (tampered or replaced)")
+        elif name in planned and sha256_of(wheelhouse / entry.wheel) == manifest.wheels[entry.wheel].sha256:
+            if hashlib.sha256(variants.variant_bytes(wheelhouse / entry.wheel, planned[name])).hexdigest() != (
+                entry.sha256
+            ):
+                problems.append(f"{name}: not the variant of {entry.wheel} (its files or variant.json differ)")
+    docs = variants.indexes(planned)
+    for name, index in sorted(manifest.variant_indexes.items()):
+        path = wheelhouse / name
+        if path.is_symlink() or not path.is_file():
+            problems.append(f"{name}: listed in {MANIFEST} but missing")
+        elif sha256_of(path) != index.sha256:
+            problems.append(f"{name}: sha256 differs from {MANIFEST} (tampered or replaced)")
+        elif docs.get(name) != path.read_text(encoding="utf-8", errors="replace"):
+            problems.append(f"{name}: not the variants index the published wheels make")
     return problems
 
 
@@ -165,7 +203,8 @@ def _verify_report(path: Path, name: str, entry: WheelEntry) -> list[str]:
 
 def _verify_tree(wheelhouse: Path, manifest: WheelhouseManifest) -> list[str]:
     """Files nobody listed: leftovers of a killed publish, and anything put there by hand."""
-    known = {MANIFEST, LOCK, "simple", "tools", LOCKS, IMAGES, "index.html", *manifest.reports, *DOCS}
+    known = {MANIFEST, LOCK, "simple", "tools", LOCKS, IMAGES, "index.html", *manifest.reports, *DOCS,
+             *manifest.variants, *manifest.variant_indexes}  # fmt: skip
     for name in manifest.wheels:
         known |= {name, f"{name}.metadata", f"{name}.smoke.json"}
     known |= set(manifest.dependencies)
