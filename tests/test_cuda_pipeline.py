@@ -244,3 +244,53 @@ def test_ops_that_cannot_build_here_are_refused_before_compiling(cuda_build: tup
     assert 'on_op_failure = "drop"' in done.stderr
     log = (workspace / "logs" / "refused-build.log").read_text()
     assert "nvcc" not in "".join(line for line in log.splitlines() if " -c " in line)  # nothing compiled
+
+
+def test_the_cuda_wheel_as_a_wheel_variant_that_uv_picks_by_gpu(
+    cuda_build: tuple[Path, str], workspace: Path, tmp_path: Path
+) -> None:
+    """Issue 23: the real CUDA wheel published again with --variants: its variant (labelled by
+    both archs) and the null fallback are made from its bytes, verify rebuilds and compares them,
+    and the uv the toolkit pins installs the variant on a forced sm_90 node with a CUDA 13 driver
+    (the whole wheel: ops, dist-info with the shared version, DeepSpeed's scripts from .data), and
+    the fallback where the driver is too old. No GPU here: the provider's FORCE variables stand in."""
+    from builder.envs import uv_binary
+
+    house, _ = cuda_build
+    published = subprocess.run(
+        [sys.executable, "-m", "builder", "publish", "--variants", "--work-dir", str(workspace), "--wheelhouse",
+         str(house), str(workspace / "dist" / WHEEL)],
+        cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    assert published.returncode == 0, published.stderr[-3000:]
+    shared = "0.19.8+cu130.torch2.14"
+    labelled = f"deepspeed-{shared}-cp311-cp311-manylinux_2_35_x86_64-cu130_sm80.sm90.whl"
+    manifest = json.loads((house / "manifest.json").read_text())
+    assert sorted(manifest["variants"]) == [labelled, labelled.replace("cu130_sm80.sm90", "null")]
+    assert manifest["variants"][labelled]["properties"] == [
+        "nvidia :: cuda_version_lower_bound :: 13.0", "nvidia :: sm_arch :: 80_real", "nvidia :: sm_arch :: 90_real"
+    ]  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "builder", "verify", "--wheelhouse", str(house)], cwd=ROOT,
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    uv = uv_binary(tmp_path / "tools")
+    venv = tmp_path / "node"
+    subprocess.run([uv, "venv", "-q", "-p", sys.executable, str(venv)], check=True)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("NV_VARIANT", "UV_", "PIP_"))}
+    site = venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    for driver, label in (("13.0", "cu130_sm80.sm90"), ("12.8", "null")):
+        forced = {"NV_VARIANT_PROVIDER_FORCE_SM_ARCH": "9.0", "NV_VARIANT_PROVIDER_FORCE_CUDA_DRIVER_VERSION": driver}
+        env = {**clean, **forced}
+        got = subprocess.run(
+            [uv, "pip", "install", "--python", str(venv / "bin" / "python"), "--no-deps", "--reinstall", "--no-cache",
+             "--preview-features", "wheel-variants", "--index-url", (house / "simple").as_uri() + "/",
+             f"deepspeed=={shared}"],
+            capture_output=True, text=True, env=env,
+        )  # fmt: skip
+        assert got.returncode == 0, got.stderr[-3000:]
+        info = site / f"deepspeed-{shared}.dist-info"
+        assert list(json.loads((info / "variant.json").read_text())["variants"]) == [label]
+        assert f"Version: {shared}" in (info / "METADATA").read_text()
+        assert list((site / "deepspeed" / "ops" / "adam").glob("fused_adam_op*.so"))
+        assert (venv / "bin" / "ds_report").is_file()  # DeepSpeed's scripts, from the renamed .data folder
