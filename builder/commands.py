@@ -281,14 +281,17 @@ def verify(args: argparse.Namespace) -> int:
     if problems:
         if not house.is_dir() or not (house / "manifest.json").is_file():
             fix = "pass --wheelhouse with the folder publish wrote (build-wheel publishes into ./wheelhouse)"
-        elif any("interrupted publish" in p for p in problems):
+        elif any("interrupted publish" in p or "builder repair" in p for p in problems):
             fix = ("run `python -m builder repair` for what interrupted publishes left; for anything else, "
                    "re-publish the affected wheels from their builds into a new wheelhouse")  # fmt: skip
         else:
             fix = "re-publish the affected wheels into a new wheelhouse; remove files you did not publish"
         raise WheelhouseError(f"{house} failed verification:\n    " + "\n    ".join(problems), fix)
-    count = len(load_manifest(house).wheels)
-    output.step(f"{house}: {count} wheels; hashes, metadata, smoke reports, index and manifest agree")
+    manifest = load_manifest(house)
+    extra = "".join(f", {len(table)} {what}" for table, what in ((manifest.images, "images"),
+                    (manifest.variants, "variant wheels")) if table)  # fmt: skip
+    output.step(f"{house}: {len(manifest.wheels)} wheels{extra}; hashes, metadata, smoke reports, index, page and "
+                "manifest agree")  # fmt: skip
     return 0
 
 
