@@ -171,7 +171,7 @@ def test_verify_passes_on_the_published_wheelhouse(pipeline: tuple[Path, subproc
     house, _ = pipeline
     result = builder("verify", "--wheelhouse", str(house))
     assert result.returncode == 0, result.stderr
-    assert "1 wheels; hashes, metadata, smoke reports, index and manifest agree" in result.stderr
+    assert "1 wheels; hashes, metadata, smoke reports, index, page and manifest agree" in result.stderr
 
 
 def test_pip_finds_the_wheel_with_no_index_and_find_links(
