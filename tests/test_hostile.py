@@ -804,6 +804,7 @@ def test_serve_hands_out_nothing_from_outside_the_wheelhouse(
         status, body = http_get(f"{base}/{NAME}")
         assert status == 200 and body == (house / NAME).read_bytes()
         assert http_get(f"{base}/simple/")[1] == (house / "simple" / "index.html").read_bytes()  # the index page
+        assert http_get(f"{base}/")[1] == (house / "index.html").read_bytes()  # the page people read
         assert http_get(f"{base}/simple/deepspeed/")[0] == 200
         for path in (
             "/x-1.0-py3-none-any.whl",

@@ -13,7 +13,7 @@ from fakes import NAME, fake_wheel
 
 from builder.build.source import sha256_of
 from builder.contracts import Check, SmokeReport
-from builder.errors import PublishError
+from builder.errors import PublishError, WheelhouseError
 from builder.smoke import report_path
 from builder.wheelhouse import publish, verify
 from builder.wheelhouse.layout import load_manifest
@@ -109,11 +109,26 @@ def test_coverage_is_never_written_through_a_link_or_over_a_file_not_ours(tmp_pa
     outside = tmp_path / "outside.json"
     outside.write_text("keep")
     os.symlink(outside, house / "coverage.json")
-    with pytest.raises(PublishError, match="is not the report a publish wrote"):
+    with pytest.raises(WheelhouseError, match="holds symlinks where the toolkit writes: coverage.json"):
         publish_coverage(house, _report(tmp_path))
     assert outside.read_text() == "keep"
+    (house / "coverage.json").unlink()
+    (house / "coverage.json").write_text("someone's own notes")
+    with pytest.raises(PublishError, match="is not the report a publish wrote"):
+        publish_coverage(house, _report(tmp_path))
+    assert (house / "coverage.json").read_text() == "someone's own notes"
     (house / "coverage.json").unlink()
     bad = _report(tmp_path, python="<b>")
     with pytest.raises(PublishError, match="is not a coverage report"):
         publish_coverage(house, bad)
     assert not (house / "coverage.json").exists()
+
+
+def test_a_page_someone_else_put_there_is_never_replaced(tmp_path: Path) -> None:
+    house = tmp_path / "house"
+    house.mkdir()
+    (house / PAGE).write_text("<html>our cluster's own front page</html>")
+    with pytest.raises(PublishError, match="exists and is not the page this toolkit writes"):
+        publish([fake_wheel(tmp_path)], house)
+    assert (house / PAGE).read_text() == "<html>our cluster's own front page</html>"
+    assert not (house / "manifest.json").exists() and not list(house.glob("*.whl"))  # the publish undid itself

@@ -85,7 +85,7 @@ def write_manifest(wheelhouse: Path, manifest: WheelhouseManifest) -> None:
 def symlinked_folders(wheelhouse: Path) -> list[str]:
     """Folders inside the wheelhouse that are symlinks: writing through them would write elsewhere."""
     found = []
-    for rel in ("simple", "tools", LOCKS, IMAGES, LOCK, JOURNAL, MANIFEST):
+    for rel in ("simple", "tools", LOCKS, IMAGES, LOCK, JOURNAL, MANIFEST, "index.html", *node.REPORTS):
         if (wheelhouse / rel).is_symlink():
             found.append(rel)
     simple = wheelhouse / "simple"

@@ -32,6 +32,7 @@ from builder.node import (
 from builder.pipeline import STAGES
 
 PAGE = "index.html"
+GENERATOR = '<meta name="generator" content="ds-wheel-builder">'  # how a page this toolkit wrote is told apart
 TORCH_INDEX = "https://download.pytorch.org/whl"  # where a node without torch in the wheelhouse gets it
 UV_VARIANTS = "uv 0.13.6 or newer, with --preview-features wheel-variants"
 
@@ -300,6 +301,7 @@ def render(facts: PageFacts) -> str:
     return (
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        f"{GENERATOR}\n"
         "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">\n"
         f"<title>DeepSpeed wheelhouse</title>\n<style>{_STYLE}</style>\n</head>\n<body>\n"
         f'<h1>DeepSpeed wheelhouse</h1>\n<p id="summary">{_e(summary)}. Every value on this page comes from '
@@ -328,4 +330,16 @@ def gather(wheelhouse: Path, manifest: WheelhouseManifest) -> PageFacts:
 
 
 def write_page(wheelhouse: Path, manifest: WheelhouseManifest) -> Path:
-    return write_atomic(wheelhouse / PAGE, render(gather(wheelhouse, manifest)))
+    """Write index.html; a page someone else put there (not one this toolkit wrote) is refused."""
+    from builder.errors import PublishError
+
+    path = wheelhouse / PAGE
+    if path.exists() or path.is_symlink():
+        head = b""
+        if path.is_file() and not path.is_symlink():
+            with open(path, "rb") as f:
+                head = f.read(1024)
+        if GENERATOR.encode() not in head:
+            raise PublishError(f"{path} exists and is not the page this toolkit writes",
+                               "move it away (the toolkit writes the wheelhouse's index.html itself)")  # fmt: skip
+    return write_atomic(path, render(gather(wheelhouse, manifest)))

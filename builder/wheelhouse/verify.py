@@ -124,6 +124,8 @@ def _verify_page(wheelhouse: Path, manifest: WheelhouseManifest) -> list[str]:
     if path.is_symlink() or not path.is_file():
         return [f"{PAGE}: missing (run `python -m builder repair` to write it)"]
     if read_bounded(path, "index page").decode("utf-8", errors="replace") != render(gather(wheelhouse, manifest)):
+        if (wheelhouse / JOURNAL).is_file():  # a publish was killed between the page and the manifest
+            return [f"{PAGE}: out of step with {MANIFEST}, {INTERRUPTED}"]
         return [f"{PAGE}: not the page {MANIFEST} renders here (edited, or the wheelhouse was moved): "
                 "run `python -m builder repair` to rewrite it"]  # fmt: skip
     return []
