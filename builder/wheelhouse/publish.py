@@ -191,12 +191,19 @@ def _leftovers(wheelhouse: Path, manifest: WheelhouseManifest) -> tuple[list[Pat
 def _clean(wheelhouse: Path, manifest: WheelhouseManifest) -> list[str]:
     doomed, notes = _leftovers(wheelhouse, manifest)
     for path in doomed:
+        if path.name == JOURNAL:
+            continue
         if path.is_dir():
             shutil.rmtree(path)
         else:
             path.unlink(missing_ok=True)
-        if path.name != JOURNAL:
-            output.note(f"removed {path.relative_to(wheelhouse)}, left by an interrupted publish")
+        output.note(f"removed {path.relative_to(wheelhouse)}, left by an interrupted publish")
+    if any(p.name == JOURNAL for p in doomed):
+        # The killed publish may have rewritten the index and the page before its manifest: both are
+        # made again from the manifest before the journal (the sign of an unfinished publish) goes.
+        if (wheelhouse / MANIFEST).is_file():
+            write_index(wheelhouse, manifest)
+        (wheelhouse / JOURNAL).unlink(missing_ok=True)
     for note in notes:
         output.note(f"note: {note}")
     return [str(p.relative_to(wheelhouse)) for p in doomed]

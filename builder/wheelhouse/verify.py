@@ -66,11 +66,7 @@ def verify(wheelhouse: Path) -> list[str]:
     for name, entry in sorted(manifest.wheels.items()):
         problems += _verify_wheel(wheelhouse, name, entry)
     for name, dep in sorted({**manifest.dependencies, **manifest.tools, **manifest.reports}.items()):
-        path = wheelhouse / name
-        if not path.is_file():
-            problems.append(f"{name}: listed in {MANIFEST} but missing")
-        elif sha256_of(path) != dep.sha256:
-            problems.append(f"{name}: sha256 differs from {MANIFEST} (tampered or replaced)")
+        problems += _listed_file(wheelhouse, name, dep.sha256)
     problems += _verify_tree(wheelhouse, manifest)
     problems += _verify_images(wheelhouse, manifest)
     problems += _verify_index(wheelhouse, manifest)
@@ -93,11 +89,8 @@ def _verify_variants(wheelhouse: Path, manifest: WheelhouseManifest) -> list[str
         problems.append(f"{MANIFEST}: the variants it lists are not the ones its CUDA wheels make "
                         "(run `python -m builder repair` to make them again)")  # fmt: skip
     for name, entry in sorted(manifest.variants.items()):
-        path = wheelhouse / name
-        if path.is_symlink() or not path.is_file():
-            problems.append(f"{name}: listed in {MANIFEST} but missing")
-        elif sha256_of(path) != entry.sha256:
-            problems.append(f"{name}: sha256 differs from {MANIFEST} (tampered or replaced)")
+        if wrong := _listed_file(wheelhouse, name, entry.sha256):
+            problems += wrong
         elif name in planned and sha256_of(wheelhouse / entry.wheel) == manifest.wheels[entry.wheel].sha256:
             if hashlib.sha256(variants.variant_bytes(wheelhouse / entry.wheel, planned[name])).hexdigest() != (
                 entry.sha256
@@ -105,14 +98,21 @@ def _verify_variants(wheelhouse: Path, manifest: WheelhouseManifest) -> list[str
                 problems.append(f"{name}: not the variant of {entry.wheel} (its files or variant.json differ)")
     docs = variants.indexes(planned)
     for name, index in sorted(manifest.variant_indexes.items()):
-        path = wheelhouse / name
-        if path.is_symlink() or not path.is_file():
-            problems.append(f"{name}: listed in {MANIFEST} but missing")
-        elif sha256_of(path) != index.sha256:
-            problems.append(f"{name}: sha256 differs from {MANIFEST} (tampered or replaced)")
-        elif docs.get(name) != path.read_text(encoding="utf-8", errors="replace"):
+        if wrong := _listed_file(wheelhouse, name, index.sha256):
+            problems += wrong
+        elif docs.get(name) != (wheelhouse / name).read_text(encoding="utf-8", errors="replace"):
             problems.append(f"{name}: not the variants index the published wheels make")
     return problems
+
+
+def _listed_file(wheelhouse: Path, name: str, sha256: str) -> list[str]:
+    """A file the manifest lists: there, a regular file, with its sha256."""
+    path = wheelhouse / name
+    if path.is_symlink() or not path.is_file():
+        return [f"{name}: listed in {MANIFEST} but missing"]
+    if sha256_of(path) != sha256:
+        return [f"{name}: sha256 differs from {MANIFEST} (tampered or replaced)"]
+    return []
 
 
 def _verify_page(wheelhouse: Path, manifest: WheelhouseManifest) -> list[str]:
