@@ -80,6 +80,10 @@ def test_a_matrix_of_two_recipes_and_two_pythons(own_workspace: Path, tmp_path: 
     assert sorted(e["python_tag"] for e in wheels.values()) == ["cp311", "cp312"]
     assert all(e["smoke"]["passed"] and e["smoke"]["checks"]["numerics:cpu_adam"]["status"] == "passed"
                for e in wheels.values())  # fmt: skip
+    # The run's coverage is published into the wheelhouse and shown on its page, failures with why.
+    assert (house / "coverage.json").read_bytes() == (workspace / "coverage" / "coverage.json").read_bytes()
+    page = (house / "index.html").read_text()
+    assert "2 of 4 targets passed every stage they ran" in page and '<tr data-target="ccl-cp312">' in page
 
     # Re-running builds nothing: every good target is found by its build key, its smoke reused.
     again = subprocess.run(
