@@ -557,12 +557,7 @@ def parse_variant_entry(name: str, data: object, where: str, wheels: Mapping[str
     if (label == NULL_VARIANT) == bool(entry.properties):
         raise f.fail("properties", "must be empty for the null variant and only for it")
     plain = check_wheel_name(source.name)
-    if (wheel_name.project, wheel_name.python, wheel_name.abi, wheel_name.platform) != (
-        plain.project,
-        plain.python,
-        plain.abi,
-        plain.platform,
-    ):
+    if WheelName(plain.project, wheel_name.version, plain.python, plain.abi, plain.platform) != wheel_name:
         raise f.fail("wheel", f"is {entry.wheel}, another project or platform than {name}")
     return entry
 

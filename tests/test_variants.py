@@ -230,6 +230,7 @@ def test_a_hostile_variant_entry_is_refused(house: Path) -> None:
         ({variant("cu130_sm90"): {**good, "wheel": CPU_NAME.replace("cpu.torch2.13", "x")}}, "which no wheel entry"),
         ({variant("cu130_sm90"): {**good, "properties": ["<script>"]}}, "holds an invalid item"),
         ({variant("cu130_sm90").replace("cu130_sm90", "CU130<b>"): good}, "no valid variant label"),
+        ({variant("cu130_sm90").replace("linux_x86_64", "linux_aarch64"): good}, "another project or platform"),
     ]  # fmt: skip
     for table, message in cases:
         with pytest.raises(ManifestError, match=message):
