@@ -43,6 +43,12 @@ def build_wheel(args: argparse.Namespace) -> int:
     if args.target:
         targets = [select(targets, args.target)]
     if args.slurm:
+        if args.variants:
+            raise RecipeError(
+                "--variants is not passed on to the Slurm collect job",
+                "run `python -m builder publish --variants --wheelhouse W` once after the run: a wheelhouse that has "
+                "variants keeps them up to date on every later publish, the collect job's included",
+            )
         return _submit_to_slurm(args, matrix, targets)
     if args.wait or args.partition or args.account:
         raise RecipeError("--wait, --partition and --account are for --slurm", "add --slurm, or leave them out")

@@ -74,6 +74,9 @@ def test_slurm_options_need_slurm_and_a_matrix(tmp_path: Path, capsys: pytest.Ca
     assert "error: --wait, --partition and --account are for --slurm" in capsys.readouterr().err
     assert main(["build-wheel", "--slurm", "--work-dir", str(work)]) == 2
     assert "error: --slurm submits a matrix" in capsys.readouterr().err
+    assert main(["build-wheel", "--slurm", "--variants", "--work-dir", str(work)]) == 2
+    said = capsys.readouterr().err
+    assert "error: --variants is not passed on to the Slurm collect job" in said and "publish --variants" in said
     assert main(["build-wheel", "--target", "nope", "--work-dir", str(work)]) == 2
     assert 'error: the matrix has no target "nope"' in capsys.readouterr().err
     assert not work.exists()
