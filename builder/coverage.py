@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.files import make_dirs, write_atomic
-from builder.node import STAMP_RE, Fields, ManifestError, read_bounded
+from builder.node import STAMP_RE, Fields, ManifestError, is_wheel_name, read_bounded
 from builder.pipeline import STAGES, StageResult, TargetResult
 
 SCHEMA = 1
@@ -200,6 +200,8 @@ def parse_report(data: object, where: str) -> Report:
         target = r.text("target", TARGET_NAME)
         stages[target] = parse_stages(r.get("stages", dict), f"{r.where}.stages")
         wheel = r.get("wheel", str, optional=True)
+        if wheel is not None and not is_wheel_name(Path(wheel).name):
+            raise r.fail("wheel", f"is not the path of a wheel: {wheel[:80]!r}")
         slurm = Fields(r.get("slurm", dict, optional=True) or {}, f"{r.where}.slurm")
         found = {k: slurm.text(k, _SLURM_VALUE, optional=True) or None for k in ("job", "node", "smoke_on")}
         rows.append(Row(target, r.text("python", _PYTHON), Path(wheel).name if wheel else None,

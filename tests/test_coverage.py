@@ -81,6 +81,7 @@ def test_a_tampered_coverage_report_is_not_believed(tmp_path: Path) -> None:
         ({"targets": [{**row, "python": "<script>"}]}, "field 'python' is not valid"),
         ({"targets": [{**row, "slurm": {"job": "12<b>"}}]}, "field 'job' is not valid"),
         ({"targets": [{**row, "slurm": {"node": 5}}]}, "field 'node'"),
+        ({"targets": [{**row, "wheel": "/x/<img src=x>.whl"}]}, "field 'wheel' is not the path of a wheel"),
         ({"finished_at": "<i>now</i>"}, "field 'finished_at' is not valid"),
         ({"schema": 2}, "is not 1"),
     ]  # fmt: skip

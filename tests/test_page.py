@@ -132,3 +132,23 @@ def test_a_page_someone_else_put_there_is_never_replaced(tmp_path: Path) -> None
         publish([fake_wheel(tmp_path)], house)
     assert (house / PAGE).read_text() == "<html>our cluster's own front page</html>"
     assert not (house / "manifest.json").exists() and not list(house.glob("*.whl"))  # the publish undid itself
+
+
+def test_only_real_locks_are_listed_and_a_lock_header_is_never_trusted(tmp_path: Path) -> None:
+    """The page lists locks/<name>.lock by the wheel their first line names: a lock that is a link,
+    a header naming no wheel (markup, a path) or a file with another name is not listed."""
+    house = tmp_path / "house"
+    publish([fake_wheel(tmp_path)], house)
+    locks = house / "locks"
+    locks.mkdir()
+    (locks / "cpu.lock").write_text(f"# Lock for {NAME}, written by ds-wheel-builder.\n")
+    (locks / "evil.lock").write_text("# Lock for <script>alert(1)</script>, x\n")
+    (locks / "path.lock").write_text("# Lock for ../../etc/passwd, x\n")
+    outside = tmp_path / "outside.lock"
+    outside.write_text(f"# Lock for {NAME}, x\n")
+    (locks / "link.lock").symlink_to(outside)
+    (locks / ".hidden.lock").write_text(f"# Lock for {NAME}, x\n")
+    facts = gather(house, load_manifest(house))
+    assert facts.locks == {"locks/cpu.lock": NAME}
+    text = render(facts)
+    assert "<script>" not in text and "passwd" not in text and "link.lock" not in text

@@ -210,6 +210,13 @@ def test_a_killed_publish_of_variants_is_cleaned_and_a_file_not_ours_is_never_re
     (house / ".publish-journal.json").write_text(json.dumps({"files": {stray.name: sha256_of(stray)}}))
     publish([], house)
     assert not stray.exists() and verify(house) == []
+    # A journal naming a path out of the wheelhouse under a variant-like name: nothing is removed.
+    outside = house.parent / "x-1-py3-none-any-a.whl"
+    outside.write_bytes(b"keep")
+    journal = {"files": {"../x-1-py3-none-any-a.whl": sha256_of(outside)}}
+    (house / ".publish-journal.json").write_text(json.dumps(journal))
+    publish([], house)
+    assert outside.read_bytes() == b"keep" and verify(house) == []
     # A file the toolkit did not write, under a name a variant would take: refused, left alone.
     mine = fake_cuda_wheel(tmp_path / "d", "sm86", ["8.6"], "cu130-ada")
     planted = house / variant("cu130_sm86")

@@ -17,6 +17,7 @@ from builder.files import is_temp_name, write_atomic
 from builder.node import (
     WheelhouseManifest,
 )
+from builder.wheelhouse.page import write_page
 
 
 @dataclass(frozen=True)
@@ -54,8 +55,6 @@ def root_page(projects: Iterable[str]) -> str:
 def write_index(wheelhouse: Path, manifest: WheelhouseManifest) -> None:
     """Rewrite simple/ from the files the manifest lists (removing pages of projects it no longer
     has), and the page people read (index.html), which shows the same manifest."""
-    from builder.wheelhouse.page import write_page
-
     write_page(wheelhouse, manifest)
     simple = wheelhouse / "simple"
     projects = manifest.projects()

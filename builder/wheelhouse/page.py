@@ -29,7 +29,7 @@ from builder.node import (
     read_bounded,
     split_variant_name,
 )
-from builder.pipeline import STAGES
+from builder.pipeline import STAGES, StageResult
 
 PAGE = "index.html"
 GENERATOR = '<meta name="generator" content="ds-wheel-builder">'  # how a page this toolkit wrote is told apart
@@ -47,9 +47,8 @@ th,td{border:1px solid #d0d7de;padding:.3rem .5rem;text-align:left;vertical-alig
 th{background:#f3f5f7}
 code,pre{font:13px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
 pre{background:#f6f8fa;border:1px solid #d0d7de;padding:.6rem;white-space:pre-wrap;word-break:break-all;margin:.3rem 0}
-.passed,.yes{color:#116329}.failed,.no{color:#a40e26;font-weight:600}.skipped,.reused{color:#7d4e00}
-.note{color:#57606a;font-size:.9rem}.tag{display:inline-block;border:1px solid #d0d7de;border-radius:1em;
-padding:0 .5em;font-size:.8rem;margin-left:.3em}
+.passed{color:#116329}.failed{color:#a40e26;font-weight:600}.skipped,.reused{color:#7d4e00}
+.note{color:#57606a;font-size:.9rem}
 td.op-yes{background:#f0fff4}td.op-no{background:#fff5f5}td.op-narrowed{background:#fffbea}
 @media (max-width:40rem){body{font-size:14px;padding:0 .5rem 2rem}th,td{padding:.25rem .35rem}}
 """
@@ -76,6 +75,15 @@ def _table(table_id: str, head: Sequence[str], rows: Sequence[str]) -> str:
     heads = "".join(f"<th>{_e(h)}</th>" for h in head)
     return (f'<div class="scroll"><table id="{_e(table_id)}"><thead><tr>{heads}</tr></thead>'
             f"<tbody>\n{chr(10).join(rows)}\n</tbody></table></div>")  # fmt: skip
+
+
+def _code(value: object) -> str:
+    return f"<code>{_e(value)}</code>"
+
+
+def _row(attr: str, key: str, cells: Sequence[str]) -> str:
+    """A table row found by data-<attr> (the tests and scripts look rows up by it); `cells` are HTML."""
+    return f'<tr data-{attr}="{_e(key)}">' + "".join(f"<td>{cell}</td>" for cell in cells) + "</tr>"
 
 
 def _cmd(kind: str, wheel: str, text: str) -> str:
@@ -139,16 +147,12 @@ def node_installer_command(manifest: WheelhouseManifest) -> str:
 
 
 def _targets(manifest: WheelhouseManifest) -> str:
-    rows = []
-    for name, e in sorted(manifest.wheels.items()):
-        smoke = "passed" if e.smoke.passed else "failed"
-        rows.append(
-            f'<tr data-wheel="{_e(name)}"><td><code>{_e(name)}</code></td><td>{_e(e.recipe)}</td>'
-            f"<td>{_e(e.version.split('+')[0])}</td><td>{_e(e.torch)}</td><td>{_e(e.cuda or 'none (cpu)')}</td>"
-            f"<td>{_e(e.python_tag)}</td><td>{_e(', '.join(e.archs) or 'cpu')}</td><td>{_e(e.cpu_target)}</td>"
-            f"<td>{_e(glibc_of(name))}</td><td>{len(e.ops)}</td><td>{_status(smoke)}</td>"
-            f"<td>{_e(e.published_at)}</td></tr>"
-        )
+    rows = [
+        _row("wheel", name, [_code(name), *map(_e, (e.recipe, e.version.split("+")[0], e.torch, e.cuda or "none (cpu)",
+             e.python_tag, ", ".join(e.archs) or "cpu", e.cpu_target, glibc_of(name), len(e.ops))),
+             _status("passed" if e.smoke.passed else "failed"), _e(e.published_at)])
+        for name, e in sorted(manifest.wheels.items())
+    ]  # fmt: skip
     head = ["wheel", "recipe", "DeepSpeed", "torch", "CUDA", "Python", "GPU archs", "CPU target", "glibc >=",
             "ops", "smoke", "published"]  # fmt: skip
     return _table("targets", head, rows)
@@ -189,7 +193,7 @@ def _ops(manifest: WheelhouseManifest) -> str:
 def _checks(manifest: WheelhouseManifest) -> str:
     parts = []
     for name, e in sorted(manifest.wheels.items()):
-        rows = [f'<tr data-check="{_e(check)}"><td>{_e(check)}</td><td>{_status(status)}</td><td>{_e(detail)}</td></tr>'
+        rows = [_row("check", check, [_e(check), _status(status), _e(detail)])
                 for check, (status, detail) in sorted(e.smoke.checks.items())]  # fmt: skip
         counts = {s: sum(1 for st, _ in e.smoke.checks.values() if st == s) for s in ("passed", "failed", "skipped")}
         summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
@@ -222,23 +226,19 @@ def _install(facts: PageFacts) -> str:
 def _images(manifest: WheelhouseManifest) -> str:
     if not manifest.images:
         return '<p class="note">No CI image is published (<code>python -m builder image</code> makes one).</p>'
-    rows = []
-    for name, i in sorted(manifest.images.items()):
-        smoke = "passed" if i.smoke.passed else "failed"
-        rows.append(
-            f'<tr data-image="{_e(name)}"><td><code>{_e(name)}</code></td><td><code>{_e(i.ref)}</code></td>'
-            f"<td><code>{_e(i.image_id[:12])}</code></td><td>{i.size / 1e6:.0f} MB</td><td>{_e(i.base)}</td>"
-            f"<td>{_e(i.lock)}</td><td><code>{_e(i.wheel)}</code></td><td>{_status(smoke)}</td>"
-            f"<td><code>{_e(f'podman load -i {name}')}</code></td></tr>"
-        )
+    rows = [
+        _row("image", name, [_code(name), _code(i.ref), _code(i.image_id[:12]), f"{i.size / 1e6:.0f} MB", _e(i.base),
+             _e(i.lock), _code(i.wheel), _status("passed" if i.smoke.passed else "failed"),
+             _code(f"podman load -i {name}")])
+        for name, i in sorted(manifest.images.items())
+    ]  # fmt: skip
     return _table("images", ["archive", "image", "ID", "size", "base", "lock", "wheel", "smoke inside", "load"], rows)
 
 
 def _locks(facts: PageFacts) -> str:
     if not facts.locks:
         return '<p class="note">No lock is written (<code>python -m builder lock</code> writes one).</p>'
-    rows = [f'<tr data-lock="{_e(rel)}"><td><code>{_e(rel)}</code></td><td><code>{_e(wheel)}</code></td>'
-            f"<td>{'yes' if wheel in facts.manifest.wheels else 'no (pruned)'}</td></tr>"
+    rows = [_row("lock", rel, [_code(rel), _code(wheel), "yes" if wheel in facts.manifest.wheels else "no (pruned)"])
             for rel, wheel in sorted(facts.locks.items())]  # fmt: skip
     return _table("locks", ["lock", "pins", "wheel published"], rows)
 
@@ -249,17 +249,16 @@ def _coverage(facts: PageFacts) -> str:
     report = facts.coverage
     if report is None:
         return '<p class="note">No matrix run has published here (<code>build-wheel --matrix</code>).</p>'
-    rows = []
-    for r in report.rows:
-        cells = ""
-        for stage in STAGES:
-            s = report.stages[r.target][stage]
-            took = f" {s.seconds:.0f}s" if s.seconds >= 1 else ""
-            why = f'<br><span class="note">{_e(s.reason)}</span>' if s.reason else ""
-            cells += f"<td>{_status(s.status)}{_e(took)}{why}</td>"
-        rows.append(f'<tr data-target="{_e(r.target)}"><td>{_e(r.target)}</td><td>{_e(r.python)}</td>{cells}'
-                    f"<td><code>{_e(r.wheel or '-')}</code></td><td>{_e(r.job or '-')}</td><td>{_e(r.node or '-')}"
-                    f"</td><td>{_e(r.smoke_on or '-')}</td></tr>")  # fmt: skip
+
+    def stage_cell(s: StageResult) -> str:
+        took = f" {s.seconds:.0f}s" if s.seconds >= 1 else ""
+        return _status(s.status) + _e(took) + (f'<br><span class="note">{_e(s.reason)}</span>' if s.reason else "")
+
+    rows = [
+        _row("target", r.target, [_e(r.target), _e(r.python), *(stage_cell(report.stages[r.target][s]) for s in STAGES),
+             _code(r.wheel or "-"), *(_e(v or "-") for v in (r.job, r.node, r.smoke_on))])
+        for r in report.rows
+    ]  # fmt: skip
     passed = len(report.rows) - len(report.failed)
     head = (f"<p>Matrix <code>{_e(report.matrix or 'build-wheel')}</code>, finished {_e(report.finished_at)}: "
             f"{passed} of {len(report.rows)} targets passed every stage they ran.</p>")  # fmt: skip
@@ -270,9 +269,8 @@ def _variants(manifest: WheelhouseManifest) -> str:
     if not manifest.variants:
         return ('<p class="note">Not published (<code>publish --variants</code>). Wheel variants are experimental: '
                 f"the draft PEPs 817 and 825, read by {_e(UV_VARIANTS)}.</p>")  # fmt: skip
-    rows = [f'<tr data-variant="{_e(n)}"><td><code>{_e(n)}</code></td><td>{_e(v.label)}</td>'
-            f"<td>{_e('; '.join(v.properties) or 'none: the fallback where no other variant fits')}</td>"
-            f"<td><code>{_e(v.wheel)}</code></td></tr>" for n, v in sorted(manifest.variants.items())]  # fmt: skip
+    rows = [_row("variant", n, [_code(n), _e(v.label), _e("; ".join(v.properties) or "none: the fallback where no "
+                 "other variant fits"), _code(v.wheel)]) for n, v in sorted(manifest.variants.items())]  # fmt: skip
     return (
         f"<p><strong>Experimental.</strong> Each CUDA wheel is also published as a variant wheel labelled by its "
         f"GPU archs and CUDA version (the draft PEPs 817 and 825), with a null variant as the fallback and one "

@@ -7,17 +7,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from builder.errors import RecipeError, WheelhouseError
-from builder.wheelhouse.index import (
-    write_index,
-)
 from builder.wheelhouse.layout import (
     MANIFEST,
     _companions,
     load_manifest,
     locked,
-    write_manifest,
 )
-from builder.wheelhouse.publish import sync_variants
+from builder.wheelhouse.publish import commit, sync_variants
 
 
 def prune(
@@ -50,8 +46,7 @@ def prune(
         if manifest.variants:  # the variants of pruned wheels go; a new fallback is made if needed
             manifest, stale = sync_variants(wheelhouse, manifest)
         # Index and manifest first, files after: a wheel is never linked while it is missing.
-        write_index(wheelhouse, manifest)
-        write_manifest(wheelhouse, manifest)
+        commit(wheelhouse, manifest)
         for path in stale:
             path.unlink(missing_ok=True)
         for name in doomed:

@@ -32,6 +32,7 @@ from pathlib import Path
 from builder import node, output
 from builder.build.source import sha256_of
 from builder.contracts import BuildManifest, SmokeReport
+from builder.coverage import parse_report
 from builder.errors import PublishError, WheelhouseError
 from builder.files import copy_atomic, is_temp_name, make_dirs, write_atomic
 from builder.node import (
@@ -50,7 +51,7 @@ from builder.node import (
     split_variant_name,
 )
 from builder.smoke import load_report, report_path
-from builder.wheelhouse import closure
+from builder.wheelhouse import closure, variants
 from builder.wheelhouse.index import (
     write_index,
 )
@@ -68,6 +69,7 @@ from builder.wheelhouse.layout import (
     locked,
     write_manifest,
 )
+from builder.wheelhouse.page import write_page
 
 # Fetches DeepSpeed's runtime closure: (requirements, python tag, folder, log) -> wheel files.
 Fetcher = Callable[[Sequence[str], str, Path, Path | None], list[Path]]
@@ -300,20 +302,24 @@ def _publish_files(
     stale: list[Path] = []
     if variants or manifest.variants:
         manifest, stale = sync_variants(wheelhouse, manifest, journal)
-    write_index(wheelhouse, manifest)
-    write_manifest(wheelhouse, manifest)
+    commit(wheelhouse, manifest)
     _remove(stale)
     return published
+
+
+def commit(wheelhouse: Path, manifest: WheelhouseManifest) -> None:
+    """The index and the page, then the manifest: every publish step ends here, so a kill in
+    between leaves the previous manifest whole and the journal naming what is out of step."""
+    write_index(wheelhouse, manifest)
+    write_manifest(wheelhouse, manifest)
 
 
 def sync_variants(
     wheelhouse: Path, manifest: WheelhouseManifest, journal: dict[str, str] | None = None
 ) -> tuple[WheelhouseManifest, list[Path]]:
-    """Make the variant wheels and variants.json files the manifest's CUDA wheels call for (each
-    named in the journal before it is written), and return the manifest listing them with the
-    variant files it no longer lists (removed by the caller once the manifest is written)."""
-    from builder.wheelhouse import variants
-
+    """Make the variant wheels and variants.json files the manifest's CUDA wheels call for, and
+    return the manifest listing them with the variant files it no longer lists (removed by the
+    caller once the manifest is written)."""
     planned = variants.plan(manifest.wheels)
     docs = variants.indexes(planned)
     ours: dict[str, VariantEntry | FileEntry] = {**manifest.variants, **manifest.variant_indexes}
@@ -321,25 +327,23 @@ def sync_variants(
         path = wheelhouse / name
         if path.is_symlink() or (path.exists() and name not in ours):
             raise PublishError(f"{path} exists and is not a variant file a publish wrote", "move it away")
-    digests: dict[str, str] = {}
-    for name, p in planned.items():
-        data = variants.variant_bytes(wheelhouse / p.wheel, p)
-        digests[name] = hashlib.sha256(data).hexdigest()
-        if (wheelhouse / name).is_file() and name in ours and ours[name].sha256 == digests[name]:
-            if sha256_of(wheelhouse / name) == digests[name]:
-                continue
-        if journal is not None:
-            journal[name] = digests[name]
-            _journal(wheelhouse, journal)  # named before written
-        write_atomic(wheelhouse / name, data)
-        output.note(f"variant {p.label}: {name}")
-    index_files = {}
-    for name, text in docs.items():
-        index_files[name] = FileEntry(name, hashlib.sha256(text.encode()).hexdigest())
+
+    def write(name: str, data: bytes) -> str:
+        """A derived file, written unless the listed one already holds these bytes; a new name is
+        journaled first (a killed publish's new files are removed by the next one)."""
+        digest = hashlib.sha256(data).hexdigest()
+        path = wheelhouse / name
+        if name in ours and path.is_file() and sha256_of(path) == digest:
+            return digest
         if journal is not None and name not in ours:
-            journal[name] = index_files[name].sha256
+            journal[name] = digest
             _journal(wheelhouse, journal)
-        write_atomic(wheelhouse / name, text)
+        write_atomic(path, data)
+        output.note(f"wrote {name}")
+        return digest
+
+    digests = {name: write(name, variants.variant_bytes(wheelhouse / p.wheel, p)) for name, p in planned.items()}
+    index_files = {name: FileEntry(name, write(name, text.encode())) for name, text in docs.items()}
     stale = [wheelhouse / n for n in ours if n not in planned and n not in docs]
     new = dataclasses.replace(manifest, variants=variants.entries(planned, digests), variant_indexes=index_files)
     return new, stale
@@ -425,9 +429,7 @@ def add_files(wheelhouse: Path, files: Sequence[Path], why: str) -> list[str]:
             for name in new:
                 copy_atomic(fetched[name][0], wheelhouse / name)
             deps = {**manifest.dependencies, **{n: FileEntry(n, d) for n, d in new.items()}}
-            manifest = dataclasses.replace(manifest, dependencies=deps)
-            write_index(wheelhouse, manifest)
-            write_manifest(wheelhouse, manifest)
+            commit(wheelhouse, dataclasses.replace(manifest, dependencies=deps))
         except BaseException:
             _clean(wheelhouse, load_manifest(wheelhouse))
             raise
@@ -456,9 +458,7 @@ def publish_image(wheelhouse: Path, archive: Path, entry: ImageEntry) -> Path:
             make_dirs(target.parent)
             copy_atomic(archive, target)
             images = {**manifest.images, entry.name: dataclasses.replace(entry, published_at=_now())}
-            manifest = dataclasses.replace(manifest, images=images)
-            write_index(wheelhouse, manifest)  # the page lists the image
-            write_manifest(wheelhouse, manifest)
+            commit(wheelhouse, dataclasses.replace(manifest, images=images))  # the page lists the image
         except BaseException:
             _clean(wheelhouse, load_manifest(wheelhouse))
             raise
@@ -470,8 +470,6 @@ def publish_image(wheelhouse: Path, archive: Path, entry: ImageEntry) -> Path:
 def publish_coverage(wheelhouse: Path, report: Path) -> Path | None:
     """Put a matrix run's coverage.json into the wheelhouse (listed in the manifest, shown on the
     page), replacing the previous run's; None where nothing was ever published there."""
-    from builder.coverage import parse_report
-
     data = report.read_bytes()
     try:
         parse_report(json.loads(data), str(report))  # what the page will read back must load
@@ -486,18 +484,13 @@ def publish_coverage(wheelhouse: Path, report: Path) -> Path | None:
         if target.is_symlink() or (target.exists() and name not in manifest.reports):
             raise PublishError(f"{target} exists and is not the report a publish wrote", "move it away; it is not ours")
         write_atomic(target, data)
-        manifest = dataclasses.replace(
-            manifest, reports={**manifest.reports, name: FileEntry(name, hashlib.sha256(data).hexdigest())}
-        )
-        write_index(wheelhouse, manifest)
-        write_manifest(wheelhouse, manifest)
+        reports = {**manifest.reports, name: FileEntry(name, hashlib.sha256(data).hexdigest())}
+        commit(wheelhouse, dataclasses.replace(manifest, reports=reports))
     return target
 
 
 def refresh_page(wheelhouse: Path) -> None:
     """Rewrite index.html from the manifest, under the publish lock (after a lock file changed)."""
-    from builder.wheelhouse.page import write_page
-
     with locked(wheelhouse):
         write_page(wheelhouse, load_manifest(wheelhouse))
 
@@ -564,8 +557,8 @@ def repair(wheelhouse: Path) -> list[str]:
         stale: list[Path] = []
         if manifest.variants:  # derived files: made again from the wheels, whatever a kill left
             manifest, stale = sync_variants(wheelhouse, manifest)
-            write_manifest(wheelhouse, manifest)
-        if has_manifest or (wheelhouse / "simple").is_dir():
+            commit(wheelhouse, manifest)
+        elif has_manifest or (wheelhouse / "simple").is_dir():
             write_index(wheelhouse, manifest)
         _remove(stale)
         removed += [p.name for p in stale]
