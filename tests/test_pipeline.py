@@ -596,6 +596,57 @@ def test_the_wheelhouse_page_in_a_browser(
         assert evil in details.find_element(By.CSS_SELECTOR, 'tr[data-check="dist:nccl"]').text
 
 
+@pytest.mark.skipif(not shutil.which("curl"), reason="curl is not installed (apt-get install curl)")
+def test_the_pages_node_installer_command_installs_on_an_air_gapped_node(
+    pipeline: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path
+) -> None:
+    """The node installer's command exactly as the page shows it (read from the page, unescaped),
+    run by bash on a node with only Python, pip and its torch: no pip configuration, no index
+    reachable, WH the wheelhouse's file:// URL. It fetches tools/ds-node-install.py, checks its
+    sha256 and installs the wheel that fits."""
+    import html
+    import re
+
+    from builder import node
+    from builder.wheelhouse.page import node_installer_command
+
+    house, _ = pipeline
+    page = (house / "index.html").read_text()
+    (shown,) = re.findall(r'<pre class="cmd" data-kind="node-installer" data-wheel=""><code>(.*?)</code></pre>', page,
+                          re.S)  # fmt: skip
+    command = html.unescape(shown)
+    assert command == node_installer_command(node.parse_manifest((house / "manifest.json").read_text()))
+    python = node_venv(tmp_path / "node", "torch==2.13.0")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_", "PYTHON"))}
+    env.update(
+        PATH=f"{tmp_path / 'node' / 'bin'}{os.pathsep}{env['PATH']}",
+        PIP_CONFIG_FILE="/dev/null",
+        PIP_INDEX_URL="http://127.0.0.1:9/simple/",
+        PIP_NO_CACHE_DIR="1",
+        PIP_DISABLE_PIP_VERSION_CHECK="1",
+    )
+    (tmp_path / "run").mkdir()
+    done = subprocess.run(["bash", "-c", f'WH="{house.resolve().as_uri()}"\n{command}'], cwd=tmp_path / "run",
+                          env=env, capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "ds-node-install.py: OK" in done.stdout and f"==> chosen: {WHEEL}" in done.stderr
+    version = subprocess.run([python, "-c", "import deepspeed; print(deepspeed.__version__)"], capture_output=True,
+                             text=True, check=True).stdout.strip().splitlines()[-1]  # fmt: skip
+    assert version == VERSION
+    # A tampered installer in the wheelhouse is refused by the command's own check: nothing runs.
+    tool = house / "tools" / "ds-node-install.py"
+    original = tool.read_bytes()
+    try:
+        tool.write_bytes(original + b"\nraise SystemExit('tampered installer ran')\n")
+        (tmp_path / "run" / "ds-node-install.py").unlink()
+        refused = subprocess.run(["bash", "-c", f'WH="{house.resolve().as_uri()}"\n{command}'],
+                                 cwd=tmp_path / "run", env=env, capture_output=True, text=True)  # fmt: skip
+        assert refused.returncode != 0 and "FAILED" in refused.stdout + refused.stderr
+        assert "tampered installer ran" not in refused.stdout + refused.stderr
+    finally:
+        tool.write_bytes(original)
+
+
 @pytest.mark.skipif(not shutil.which("pdsh"), reason="pdsh is not installed (apt-get install pdsh)")
 def test_provision_installs_on_every_host_through_pdsh(
     pipeline: tuple[Path, subprocess.CompletedProcess[str]], workspace: Path, tmp_path: Path
