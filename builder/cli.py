@@ -253,6 +253,43 @@ def parser() -> argparse.ArgumentParser:
         "that the PEP 503 index links exactly the listed wheels with the right hashes.",
     )
     v.add_argument("--json", action="store_true", help="print the problems as JSON on stdout")
+    v.add_argument(
+        "--trust",
+        action="append",
+        metavar="KEY_OR_FILE",
+        help="check the signature against this key "
+        "line or allowed-signers file (repeat for several; default: this host's allowed_signers)",
+    )
+
+    sg = sub.add_parser(
+        "sign",
+        parents=[common],
+        help="re-sign a wheelhouse's manifest (extends its expiry)",
+        description="Sign WHEELHOUSE/manifest.json again with this host's key: a new serial and a new expiry "
+        "(DS_BUILDER_SIGN_DAYS, default 28 days). Every publish, lock, image, prune and repair signs by itself; run "
+        "this to keep an unchanged wheelhouse valid, after a key rotation, or with --adopt to sign a wheelhouse "
+        "an older toolkit published (its files are verified first).",
+    )
+    sg.add_argument("--days", type=int, help="days until the signature expires (default: DS_BUILDER_SIGN_DAYS or 28)")
+    sg.add_argument(
+        "--adopt",
+        action="store_true",
+        help="sign a manifest that is unsigned, signed by a key this "
+        "host no longer trusts, or older than this host's record, after every file checks out against it",
+    )
+
+    ky = sub.add_parser(
+        "key",
+        help="this build host's signing key: create, show, rotate, trust another, revoke",
+        description="The key that signs every wheelhouse manifest lives in DS_BUILDER_KEYS (default "
+        "~/.config/ds-wheel-builder, mode 0700), never in a wheelhouse. `show` prints its public line for nodes "
+        "(--trust) and the trusted keys; `create` makes it (the first publish does too); `rotate` makes a new one "
+        "and keeps the old trusted until `revoke FINGERPRINT`; `trust LINE` adds another host's key.",
+    )
+    ky.add_argument("action", choices=("show", "create", "rotate", "trust", "revoke"))
+    ky.add_argument("value", nargs="?", help="trust: the key line; revoke: the key's fingerprint (SHA256:...)")
+    ky.add_argument("-q", "--quiet", action="store_true", help="print only the public key line")
+    ky.add_argument("--debug", action="store_true", help="show a traceback on errors")
 
     lk = sub.add_parser(
         "lock",

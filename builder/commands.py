@@ -276,12 +276,26 @@ def toolchain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _trust_arg(args: argparse.Namespace) -> Any:
+    """--trust (key lines or allowed-signers files) as a Trust, or None for this host's own."""
+    from builder.errors import TrustError
+    from builder.node import InstallError, load_trust
+
+    if not getattr(args, "trust", None):
+        return None
+    try:
+        return load_trust(args.trust)
+    except InstallError as exc:
+        raise TrustError(exc.message, exc.fix) from exc
+
+
 def verify(args: argparse.Namespace) -> int:
-    from builder.wheelhouse import load_manifest
     from builder.wheelhouse import verify as verify_wheelhouse
+    from builder.wheelhouse.layout import check_signed, read_manifest
 
     house: Path = args.wheelhouse
-    problems = verify_wheelhouse(house)
+    trust = _trust_arg(args)
+    problems = verify_wheelhouse(house, trust)
     if args.json:
         output.result(json.dumps({"wheelhouse": str(house), "ok": not problems, "problems": problems}, indent=2))
     if problems:
@@ -290,14 +304,85 @@ def verify(args: argparse.Namespace) -> int:
         elif any("interrupted publish" in p or "builder repair" in p for p in problems):
             fix = ("run `python -m builder repair` for what interrupted publishes left; for anything else, "
                    "re-publish the affected wheels from their builds into a new wheelhouse")  # fmt: skip
+        elif any("publish is in progress" in p for p in problems):
+            fix = "wait for the publish to finish, then run verify again"
+        elif any("builder sign" in p or "signature" in p or "signed" in p for p in problems):
+            fix = ("do not install from it until it verifies: restore the wheelhouse from the build host, or "
+                   "re-sign it there (`python -m builder sign`) after checking what it lists")  # fmt: skip
         else:
             fix = "re-publish the affected wheels into a new wheelhouse; remove files you did not publish"
         raise WheelhouseError(f"{house} failed verification:\n    " + "\n    ".join(problems), fix)
-    manifest = load_manifest(house)
+    found = read_manifest(house)
+    assert found is not None
+    manifest = found[1]
+    sig = check_signed(house, *found, trust)
     extra = "".join(f", {len(table)} {what}" for table, what in ((manifest.images, "images"),
                     (manifest.variants, "variant wheels")) if table)  # fmt: skip
-    output.step(f"{house}: {len(manifest.wheels)} wheels{extra}; hashes, metadata, smoke reports, index, page and "
-                "manifest agree")  # fmt: skip
+    output.step(f"{house}: {len(manifest.wheels)} wheels{extra}; signature, hashes, metadata, smoke reports, index, "
+                "page and manifest agree")  # fmt: skip
+    output.step(f"signed by {sig.key.fingerprint()}{_whose(sig.key)}: serial {manifest.serial}, valid until "
+                f"{manifest.expires}")  # fmt: skip
+    return 0
+
+
+def _whose(key: Any) -> str:
+    from builder import signing
+
+    k = signing.keys()
+    return " (this host's key)" if k.exists() and k.key() == key else ""
+
+
+def sign(args: argparse.Namespace) -> int:
+    from builder import signing
+    from builder.errors import RecipeError
+    from builder.wheelhouse.publish import resign
+
+    days = args.days if args.days is not None else signing.sign_days()
+    if not 1 <= days <= 3660:
+        raise RecipeError(f"--days {days} is not from 1 to 3660", "give how many days the signature stays valid")
+    manifest = resign(args.wheelhouse, days, adopt=args.adopt)
+    output.step(f"{args.wheelhouse}: manifest signed by {signing.keys().key().fingerprint()}: serial "
+                f"{manifest.serial}, valid until {manifest.expires}")  # fmt: skip
+    return 0
+
+
+def key(args: argparse.Namespace) -> int:
+    from builder import signing
+
+    k = signing.keys()
+    if args.action == "create":
+        signing.create(k)
+    elif args.action == "rotate":
+        if not k.exists():
+            raise WheelhouseError(f"no signing key in {k.folder} to rotate", "`python -m builder key create`")
+        old = k.key()
+        new = signing.create(k, rotate=True)
+        output.note(
+            f"the old key {old.fingerprint()} stays trusted until you revoke it: give nodes the new "
+            f"allowed_signers ({k.trust_file}), re-sign every wheelhouse (`python -m builder sign`), then "
+            f"`python -m builder key revoke {old.fingerprint()}`; this host now signs with {new.fingerprint()}"
+        )
+    elif args.action == "trust":
+        if not args.value:
+            raise WheelhouseError("key trust needs the key line", "python -m builder key trust 'ssh-ed25519 AAAA...'")
+        added = signing.trust_key(k, args.value)
+        output.step(f"this host now trusts {added.fingerprint()} ({k.trust_file})")
+    elif args.action == "revoke":
+        if not args.value:
+            raise WheelhouseError("key revoke needs the key's fingerprint", "python -m builder key revoke SHA256:...")
+        gone = signing.revoke_key(k, args.value)
+        output.step(f"revoked {gone.fingerprint()}: give nodes the new {k.trust_file}; its signatures are refused")
+    if args.action == "show" or args.action in ("trust", "revoke"):
+        if not k.exists():
+            raise WheelhouseError(f"no signing key in {k.folder}", "make one: `python -m builder key create` (the "
+                                  "first publish makes one too)")  # fmt: skip
+        trust = k.trust()
+        output.step(f"signing key {k.private} ({k.key().fingerprint()}); trusted: {trust.describe()}")
+        if trust.revoked:
+            output.note(f"revoked: {', '.join(r.fingerprint() for r in trust.revoked)}")
+        output.note(f"nodes: --trust '{k.key().line()}', or --trust with a copy of {k.trust_file} (every trusted and "
+                    "revoked key), installed on nodes as /etc/ds-node-install/allowed_signers")  # fmt: skip
+        output.result(k.key().line())
     return 0
 
 
@@ -369,7 +454,8 @@ def provision(args: argparse.Namespace) -> int:
             f"cannot read the hostfile {args.hostfile}: {exc}", "pass --hostfile with a readable file"
         ) from exc
     hosts = prov.parse_hostfile(text, str(args.hostfile))
-    scripts = prov.write(hosts, url, args.out, prov.installer_sha256(args.wheelhouse))
+    prov.installer_sha256(args.wheelhouse)  # the wheelhouse verifies here before any node is asked to trust it
+    scripts = prov.write(hosts, url, args.out, _provision_trust())
     output.step(f"wrote {len(scripts)} host scripts in {args.out}/ for wheelhouse {url}")
     if args.run:
         said = prov.run(hosts, args.out, args.launcher, ws.logs / "provision.log")
@@ -383,6 +469,17 @@ def provision(args: argparse.Namespace) -> int:
     return 0
 
 
+def _provision_trust() -> Any:
+    """The keys provision scripts carry: this host's trusted keys (its own first) and revoked ones."""
+    from builder import signing
+
+    trust = signing.keys().trust()
+    if not trust.keys:
+        raise WheelhouseError("this host has no signing key to give the nodes", "publish first, or `python -m "
+                              "builder key create`")  # fmt: skip
+    return trust
+
+
 def _provision_slurm(args: argparse.Namespace, ws: Workspace, url: str) -> int:
     from builder.errors import RecipeError
     from builder.files import write_atomic
@@ -391,9 +488,10 @@ def _provision_slurm(args: argparse.Namespace, ws: Workspace, url: str) -> int:
     if args.hostfile is not None or not (args.partition or args.nodelist):
         raise RecipeError("--launcher slurm installs on a partition's or a nodelist's nodes, not a hostfile's",
                           "pass --partition NAME or --nodelist LIST (and no --hostfile)")  # fmt: skip
-    digest = prov.installer_sha256(args.wheelhouse)
+    prov.installer_sha256(args.wheelhouse)
     host = prov.Host("every node", python=args.python or "python3")
-    script = write_atomic(args.out / "node.sh", prov.host_script(host, url, digest, json_result=True), mode=0o755)
+    script = write_atomic(args.out / "node.sh", prov.host_script(host, url, _provision_trust(), json_result=True),
+                          mode=0o755)  # fmt: skip
     output.step(f"wrote {script} for wheelhouse {url}")
     if not args.run:
         return 0
@@ -476,6 +574,8 @@ HANDLERS = {
     "detect": detect,
     "toolchain": toolchain,
     "verify": verify,
+    "sign": sign,
+    "key": key,
     "repair": repair,
     "lock": lock,
     "image": image,

@@ -79,3 +79,9 @@ class ImageError(BuilderError):
     """A CI image cannot be built, proven or published (podman, base, lock, disk)."""
 
     exit_code = 12
+
+
+class TrustError(BuilderError):
+    """The signing key cannot be used (missing where it must exist, readable by others, unusable)."""
+
+    exit_code = 13

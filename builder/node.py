@@ -15,16 +15,20 @@ the wheel must agree with what the manifest says it was built for.
 from __future__ import annotations
 
 import argparse
+import base64
+import datetime
 import hashlib
 import html.parser
 import io
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -37,7 +41,7 @@ from typing import IO, Any
 MANIFEST_FILE = "manifest.json"
 INSTALLER = "tools/ds-node-install.py"
 BUILD_MANIFEST = "ds_builder.json"  # inside the wheel's *.dist-info/
-MANIFEST_SCHEMA = 3  # 3: each wheel lists the dependency files it installs with ("requires")
+MANIFEST_SCHEMA = 4  # 3: each wheel lists its dependency files ("requires"); 4: the signed statement
 ACCELERATORS = ("cpu", "cuda")
 CPU_TARGETS = ("x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4", "native")
 CHECK_STATUSES = ("passed", "failed", "skipped")
@@ -54,7 +58,15 @@ EXIT_BAD_WHEELHOUSE = 8
 # Everything read from a wheelhouse is read up to a limit far beyond any real one (a manifest of a
 # thousand wheels is about 5 MB), so a hostile or damaged file cannot make a node or the build host
 # use gigabytes of memory: past the limit it is refused, the limit named.
-LIMITS = {"manifest": 32 << 20, "index page": 8 << 20, "wheel": 4 << 30, "report": 8 << 20, "probe": 1 << 20}
+LIMITS = {
+    "manifest": 32 << 20,
+    "index page": 8 << 20,
+    "wheel": 4 << 30,
+    "report": 8 << 20,
+    "probe": 1 << 20,
+    "signature": 64 << 10,
+    "trust": 1 << 20,
+}
 
 # PEP 427 file name: name-version(-build)?-python-abi-platform.whl; no component holds '-'.
 _WHEEL_NAME = re.compile(
@@ -274,6 +286,12 @@ class WheelhouseManifest:
     reports: Mapping[str, FileEntry] = field(default_factory=dict)  # coverage.json of the last matrix run
     variants: Mapping[str, VariantEntry] = field(default_factory=dict)  # variant wheels (experimental)
     variant_indexes: Mapping[str, FileEntry] = field(default_factory=dict)  # <name>-<version>-variants.json
+    # The signed statement (schema 4): manifest.json.sig signs these bytes, so nodes trust the
+    # fields below only after the signature checks out (see "trust" below).
+    serial: int = 0  # grows by one with every signed write; a node refuses one older than it saw
+    expires: str = ""  # UTC, "2026-12-22T10:00:00Z": a node refuses the manifest after it
+    wheelhouse_id: str = ""  # made once, at the first signed write; copies keep it (the serial's scope)
+    signer: str = ""  # "ssh-ed25519 AAAA...": the key that signs this manifest (shown on the page)
 
     def to_json(self) -> str:
         optional: dict[str, Mapping[str, ImageEntry | FileEntry | VariantEntry]] = {
@@ -286,7 +304,9 @@ class WheelhouseManifest:
             "dependencies": {n: e.to_json() for n, e in sorted(self.dependencies.items())},
             "tools": {n: e.to_json() for n, e in sorted(self.tools.items())},
             **{key: {n: e.to_json() for n, e in sorted(table.items())} for key, table in optional.items() if table},
-        }
+            **({"serial": self.serial, "expires": self.expires, "wheelhouse_id": self.wheelhouse_id,
+                "signer": self.signer} if self.serial else {}),
+        }  # fmt: skip
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
     def projects(self) -> dict[str, list[str]]:
@@ -359,6 +379,9 @@ class Fields:
 
 
 VERSION_RE = re.compile(r"^[A-Za-z0-9.+!_-]{1,80}$")
+_ID_RE = re.compile(r"^[0-9a-f]{32}$")
+KEY_LINE_RE = re.compile(r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh\.com) "
+                         r"[A-Za-z0-9+/]{20,1400}={0,2}$")  # fmt: skip
 CUDA_RE = re.compile(r"^\d{1,2}\.\d{1,2}(\.\d+)?$")
 GLIBC_RE = re.compile(r"^\d{1,2}\.\d{1,3}$")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
@@ -651,7 +674,16 @@ def parse_manifest(text: str | bytes, where: str = MANIFEST_FILE) -> WheelhouseM
     clash = set(variants) & (set(wheels) | set(deps))
     if clash:
         raise ManifestError(f"{where}: {sorted(clash)[0]} is listed twice", "re-publish the wheelhouse")
-    return WheelhouseManifest(wheels, deps, tools, images, reports, variants, indexes)
+    serial = top.get("serial", int, optional=True) or 0
+    if serial < 0:
+        raise top.fail("serial", "is negative")
+    statement = (top.text("expires", STAMP_RE, optional=True) or "", top.text("wheelhouse_id", _ID_RE, optional=True)
+                 or "", top.text("signer", KEY_LINE_RE, optional=True) or "")  # fmt: skip
+    if serial and not all(statement):
+        raise top.fail("serial", "is set without expires, wheelhouse_id and signer")
+    if serial and parse_stamp(statement[0]) is None:
+        raise top.fail("expires", f"is not a UTC time: {statement[0]!r}")
+    return WheelhouseManifest(wheels, deps, tools, images, reports, variants, indexes, serial, *statement)
 
 
 # ---------------------------------------------------------------- the build manifest inside a wheel
@@ -955,6 +987,384 @@ def probe_node(python: str) -> Node:
     return parse_node_probe(done.stdout, cpu_flags())
 
 
+# ---------------------------------------------------------------- trust: the manifest's signature
+#
+# The build host signs manifest.json with `ssh-keygen -Y sign` (SSHSIG, the format git uses) in the
+# namespace below, into manifest.json.sig. A node given the build host's public key (--trust, an
+# allowed-signers file or line) checks that signature before it reads the manifest, then that the
+# manifest has not expired and that its serial is not older than the last one it accepted from that
+# wheelhouse (a replayed old wheelhouse). It checks with what nodes already have: OpenSSH's
+# ssh-keygen (8.1 or newer has -Y), else OpenSSL (1.1.1 or newer verifies Ed25519).
+
+SIGNATURE_FILE = MANIFEST_FILE + ".sig"
+NAMESPACE = "ds-wheelhouse"  # a signature made for anything else (git, file, ...) is refused
+DEFAULT_TRUST = "/etc/ds-node-install/allowed_signers"  # used when --trust is not given and it exists
+STATE_ENV = "DS_NODE_STATE_DIR"  # where a node keeps the serial it last accepted per wheelhouse
+SERIALS_FILE = "serials.json"
+KEY_TYPES = ("ssh-ed25519", "ssh-rsa", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521",
+             "sk-ssh-ed25519@openssh.com")  # fmt: skip
+_ARMOR = ("-----BEGIN SSH SIGNATURE-----", "-----END SSH SIGNATURE-----")
+_ED25519_SPKI = bytes.fromhex("302a300506032b6570032100")  # DER prefix of an Ed25519 public key for OpenSSL
+
+
+def _ssh_string(buf: bytes, pos: int) -> tuple[bytes, int]:
+    """One SSH wire-format string of `buf` at `pos`, and the position after it."""
+    if pos + 4 > len(buf):
+        raise ValueError("it ends inside a field")
+    size = int.from_bytes(buf[pos : pos + 4], "big")
+    if pos + 4 + size > len(buf):
+        raise ValueError("a field runs past its end")
+    return buf[pos + 4 : pos + 4 + size], pos + 4 + size
+
+
+def _string(data: bytes) -> bytes:
+    return len(data).to_bytes(4, "big") + data
+
+
+@dataclass(frozen=True)
+class PublicKey:
+    blob: bytes  # SSH wire format: the key type, then the key's own fields
+
+    @property
+    def kind(self) -> str:
+        return _ssh_string(self.blob, 0)[0].decode("ascii", errors="replace")
+
+    def line(self) -> str:
+        return f"{self.kind} {base64.b64encode(self.blob).decode('ascii')}"
+
+    def fingerprint(self) -> str:
+        """As `ssh-keygen -l` prints it: SHA256:<base64 without padding>."""
+        return "SHA256:" + base64.b64encode(hashlib.sha256(self.blob).digest()).decode("ascii").rstrip("=")
+
+
+def key_from_line(kind: str, encoded: str, where: str) -> PublicKey:
+    """A public key from its type and base64 text (a .pub file's first two fields)."""
+    try:
+        blob = base64.b64decode(encoded, validate=True)
+        inner = _ssh_string(blob, 0)[0].decode("ascii")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InstallError(f"{where}: {encoded[:40]!r} is not a public key ({exc})",
+                           "copy the line `python -m builder key show` prints on the build host") from exc  # fmt: skip
+    if inner != kind:
+        raise InstallError(f"{where}: the key says it is {inner[:40]!r}, the line says {kind!r}",
+                           "copy the line `python -m builder key show` prints on the build host")  # fmt: skip
+    return PublicKey(blob)
+
+
+def fingerprint_of(line: str) -> str:
+    """The fingerprint of a key line as the manifest names its signer (`ssh-ed25519 AAAA...`)."""
+    kind, _, encoded = line.partition(" ")
+    return key_from_line(kind, encoded.split(" ")[0], "signer").fingerprint()
+
+
+@dataclass(frozen=True)
+class Signature:
+    """An SSHSIG signature (OpenSSH's PROTOCOL.sshsig): who signed, for what purpose, and the bytes."""
+
+    key: PublicKey
+    namespace: str
+    hash_alg: str
+    blob: bytes  # string key type, string signature bytes
+
+    def signed_data(self, message: bytes) -> bytes:
+        """What the key really signed: the namespace and the message's hash, framed as SSHSIG does."""
+        digest = hashlib.new(self.hash_alg, message).digest()
+        return (b"SSHSIG" + _string(self.namespace.encode()) + _string(b"") + _string(self.hash_alg.encode())
+                + _string(digest))  # fmt: skip
+
+
+def parse_signature(text: bytes, where: str) -> Signature:
+    """An armored SSHSIG file, parsed (ManifestError for anything else); nothing is verified yet."""
+    lines = text.decode("ascii", errors="replace").strip().splitlines()
+    if len(lines) < 3 or lines[0].strip() != _ARMOR[0] or lines[-1].strip() != _ARMOR[1]:
+        raise ManifestError(f"{where} is not an SSH signature (no {_ARMOR[0]} ... {_ARMOR[1]} block)",
+                            "the signature was damaged or replaced: re-sign on the build host "
+                            "(`python -m builder sign`)")  # fmt: skip
+    try:
+        blob = base64.b64decode("".join(line.strip() for line in lines[1:-1]), validate=True)
+        if blob[:6] != b"SSHSIG" or int.from_bytes(blob[6:10], "big") != 1:
+            raise ValueError("not SSHSIG version 1")
+        key, pos = _ssh_string(blob, 10)
+        namespace, pos = _ssh_string(blob, pos)
+        _, pos = _ssh_string(blob, pos)  # reserved
+        hash_alg, pos = _ssh_string(blob, pos)
+        signature, pos = _ssh_string(blob, pos)
+        if pos != len(blob):
+            raise ValueError("bytes after the signature")
+        sig = Signature(PublicKey(key), namespace.decode("utf-8"), hash_alg.decode("ascii"), signature)
+        sig.key.kind  # noqa: B018  (a key blob that is not wire format fails here)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"{where} is not an SSH signature ({exc})",
+                            "the signature was damaged or replaced: re-sign on the build host "
+                            "(`python -m builder sign`)") from exc  # fmt: skip
+    if sig.hash_alg not in ("sha256", "sha512"):
+        raise ManifestError(f"{where} hashes with {sig.hash_alg[:20]!r}, not sha256 or sha512", "re-sign it")
+    return sig
+
+
+@dataclass(frozen=True)
+class Trust:
+    """The keys a node accepts signatures from, and keys it refuses even where listed (revoked)."""
+
+    keys: tuple[PublicKey, ...]
+    revoked: tuple[PublicKey, ...] = ()
+
+    def describe(self) -> str:
+        return ", ".join(k.fingerprint() for k in self.keys if k not in self.revoked) or "none"
+
+
+def parse_trust(text: str, where: str) -> Trust:
+    """OpenSSH allowed-signers lines (`principals [options] keytype base64`), bare public-key lines
+    (`keytype base64 [comment]`, a .pub file), and `@revoked keytype base64` lines. A line whose
+    namespaces= option leaves out this toolkit's namespace grants nothing here."""
+    keys: list[PublicKey] = []
+    revoked: list[PublicKey] = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            tokens = shlex.split(line)
+        except ValueError as exc:
+            raise InstallError(f"{where}:{number}: cannot read the line ({exc})", "one key a line") from exc
+        at = next((i for i, t in enumerate(tokens) if t in KEY_TYPES), None)
+        if at is None or at + 1 >= len(tokens):
+            raise InstallError(f"{where}:{number}: no public key on the line {line[:60]!r}",
+                               "give the line `python -m builder key show` prints (ssh-ed25519 AAAA...)")  # fmt: skip
+        key = key_from_line(tokens[at], tokens[at + 1], f"{where}:{number}")
+        options = [t for t in tokens[:at] if "=" in t]
+        scoped = [o.split("=", 1)[1].split(",") for o in options if o.lower().startswith("namespaces=")]
+        if tokens[0] == "@revoked":
+            revoked.append(key)
+        elif not scoped or NAMESPACE in scoped[0]:
+            keys.append(key)
+    return Trust(tuple(keys), tuple(revoked))
+
+
+def load_trust(values: Sequence[str]) -> Trust | None:
+    """The node's trust: each --trust value is a file or a key line; with none, DEFAULT_TRUST if
+    it exists; None when the node was given no key at all."""
+    if not values:
+        if not os.path.isfile(DEFAULT_TRUST):
+            return None
+        values = [DEFAULT_TRUST]
+    keys: list[PublicKey] = []
+    revoked: list[PublicKey] = []
+    for value in values:
+        if any(t in value.split() for t in (*KEY_TYPES, "@revoked")):
+            trust = parse_trust(value, "--trust")
+        else:
+            try:
+                with open(value, "rb") as f:
+                    text = read_limited(f, "trust", value).decode("utf-8", errors="replace")
+            except OSError as exc:
+                raise InstallError(
+                    f"--trust {value}: cannot read it ({exc.strerror})",
+                    "pass an allowed-signers file, or the key line itself (ssh-ed25519 AAAA...)",
+                ) from exc
+            trust = parse_trust(text, value)
+        keys += trust.keys
+        revoked += trust.revoked
+    if not [k for k in keys if k not in revoked]:
+        raise InstallError(f"--trust {' '.join(values)[:200]} holds no key that is not revoked",
+                           "give the build host's key: the line `python -m builder key show` prints")  # fmt: skip
+    return Trust(tuple(keys), tuple(revoked))
+
+
+def _run_verifier(args: Sequence[str], stdin: bytes | None = None) -> tuple[int, str] | None:
+    """(exit status, output) of a verifying tool; None where it is missing."""
+    if shutil.which(args[0]) is None:
+        return None
+    try:
+        done = subprocess.run(list(args), input=stdin, capture_output=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.returncode, (done.stdout + done.stderr).decode("utf-8", errors="replace")
+
+
+def _unsupported(said: str) -> bool:
+    return any(w in said.lower() for w in ("unknown option", "illegal option", "usage:", "unknown argument"))
+
+
+def _verify_ssh_keygen(message: bytes, text: bytes, trust: Trust, tmp: str, namespace: str) -> bool | None:
+    signers, sig, revoked = (os.path.join(tmp, n) for n in ("allowed_signers", "sig", "revoked"))
+    with open(signers, "w", encoding="ascii") as f:
+        f.writelines(f'{namespace} namespaces="{namespace}" {k.line()}\n' for k in trust.keys)
+    with open(sig, "wb") as f:
+        f.write(text)
+    args = ["ssh-keygen", "-Y", "verify", "-f", signers, "-I", namespace, "-n", namespace, "-s", sig]
+    if trust.revoked:
+        with open(revoked, "w", encoding="ascii") as f:
+            f.writelines(f"{k.line()}\n" for k in trust.revoked)
+        args += ["-r", revoked]
+    done = _run_verifier(args, message)
+    if done is None or (done[0] != 0 and _unsupported(done[1])):
+        return None  # no ssh-keygen, or one older than OpenSSH 8.1 (no -Y)
+    return done[0] == 0
+
+
+def _verify_openssl(message: bytes, signature: Signature, tmp: str) -> bool | None:
+    """Ed25519 through OpenSSL (for nodes whose OpenSSH predates -Y, RHEL 8's 8.0)."""
+    kind, pos = _ssh_string(signature.key.blob, 0)
+    raw_key = _ssh_string(signature.key.blob, pos)[0]
+    sig_kind, pos = _ssh_string(signature.blob, 0)
+    raw_sig = _ssh_string(signature.blob, pos)[0]
+    if kind != b"ssh-ed25519" or sig_kind != b"ssh-ed25519" or len(raw_key) != 32 or len(raw_sig) != 64:
+        return None
+    pem, data, sig = (os.path.join(tmp, n) for n in ("key.pem", "data", "sig.bin"))
+    with open(pem, "w", encoding="ascii") as f:
+        der = base64.b64encode(_ED25519_SPKI + raw_key).decode("ascii")
+        f.write(f"-----BEGIN PUBLIC KEY-----\n{der}\n-----END PUBLIC KEY-----\n")
+    with open(data, "wb") as f:
+        f.write(signature.signed_data(message))
+    with open(sig, "wb") as f:
+        f.write(raw_sig)
+    done = _run_verifier(["openssl", "pkeyutl", "-verify", "-pubin", "-inkey", pem, "-rawin", "-in", data,
+                          "-sigfile", sig])  # fmt: skip
+    if done is None or (done[0] != 0 and _unsupported(done[1])):
+        return None
+    return done[0] == 0 and "Verified Successfully" in done[1]
+
+
+def check_signature(message: bytes, text: bytes, trust: Trust, where: str, namespace: str = NAMESPACE) -> Signature:
+    """The signature of `message` (the exact bytes of manifest.json), checked: made for this
+    toolkit's namespace, by a trusted key that is not revoked, over these bytes. Anything else is a
+    ManifestError naming the problem (exit 8); no tool to check with is an InstallError (exit 9)."""
+    sig = parse_signature(text, where)
+    fix = ("do not install from it: whoever can write the wheelhouse may have changed it. On the build host run "
+           "`python -m builder verify` and re-publish or re-sign (`python -m builder sign`)")  # fmt: skip
+    if sig.namespace != namespace:
+        raise ManifestError(f"{where} is a signature made for another purpose (namespace {sig.namespace[:40]!r}, "
+                            f"not {namespace!r})", fix)  # fmt: skip
+    if sig.key in trust.revoked:
+        raise ManifestError(
+            f"{where} was made by key {sig.key.fingerprint()}, which is revoked",
+            "re-sign the wheelhouse on the build host with its current key (`python -m builder sign`)",
+        )
+    if sig.key not in trust.keys:
+        raise ManifestError(f"{where} was made by key {sig.key.fingerprint()}, which this node does not trust "
+                            f"(it trusts {trust.describe()})",
+                            "if the build host's key was rotated, give the node the new key (--trust, or "
+                            f"{DEFAULT_TRUST}); if not, the wheelhouse was forged: do not install from it")  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="ds-verify-") as tmp:
+        ok = _verify_ssh_keygen(message, text, trust, tmp, namespace)
+        if ok is None:
+            ok = _verify_openssl(message, sig, tmp)
+    if ok is None:
+        raise InstallError("this node cannot check the wheelhouse's signature: ssh-keygen is missing or older than "
+                           "OpenSSH 8.1 (no -Y), and openssl is missing or cannot verify Ed25519",
+                           "install OpenSSH 8.1 or newer (openssh-clients on RHEL, openssh-client on Debian) or "
+                           "OpenSSL 1.1.1 or newer")  # fmt: skip
+    if not ok:
+        raise ManifestError(f"{where} does not match what it signs: the file was changed after the build host "
+                            f"signed it (key {sig.key.fingerprint()})", fix)  # fmt: skip
+    return sig
+
+
+def parse_stamp(text: str) -> datetime.datetime | None:
+    """A UTC time as the manifest writes it (2026-12-22T10:00:00Z), or None."""
+    try:
+        when = datetime.datetime.strptime(text.replace("+00:00", "Z"), "%Y-%m-%dT%H:%M:%SZ")
+    except ValueError:
+        return None
+    return when.replace(tzinfo=datetime.timezone.utc)
+
+
+def stamp(when: datetime.datetime) -> str:
+    return when.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def check_statement(manifest: WheelhouseManifest, sig: Signature, where: str, now: datetime.datetime) -> None:
+    """The signed statement itself: a serial, the signer it names, an expiry not passed."""
+    check_signer(manifest, sig, where)
+    check_expiry(manifest, where, now)
+
+
+def check_signer(manifest: WheelhouseManifest, sig: Signature, where: str) -> None:
+    if not manifest.serial:
+        raise ManifestError(f"{where} is signed but carries no serial or expiry (an older toolkit wrote it)",
+                            "re-sign it on the build host: `python -m builder sign`")  # fmt: skip
+    if manifest.signer != sig.key.line():
+        raise ManifestError(f"{where} names signer {manifest.signer[:60]}..., but key {sig.key.fingerprint()} "
+                            "signed it", "re-sign it on the build host: `python -m builder sign`")  # fmt: skip
+
+
+def check_expiry(manifest: WheelhouseManifest, where: str, now: datetime.datetime) -> None:
+    expires = parse_stamp(manifest.expires)
+    if expires is None or expires <= now:
+        raise ManifestError(f"{where} expired at {manifest.expires} (serial {manifest.serial}; now {stamp(now)}): "
+                            "nobody has re-signed the wheelhouse since",
+                            "on the build host: `python -m builder sign --wheelhouse WH` (valid for weeks again); "
+                            "if it was re-signed, check this machine's clock")  # fmt: skip
+
+
+def state_dir(env: Mapping[str, str]) -> Path:
+    """Where this node keeps the serials it accepted: DS_NODE_STATE_DIR, /var/lib for root, else
+    the user's state folder."""
+    if env.get(STATE_ENV):
+        return Path(env[STATE_ENV])
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        return Path("/var/lib/ds-node-install")
+    return Path(env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")) / (
+        "ds-node-install"
+    )
+
+
+def read_serials(folder: Path) -> dict[str, Any]:
+    path = folder / SERIALS_FILE
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(read_limited(f, "report", str(path)))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, ManifestError) as exc:
+        raise InstallError(
+            f"this node's record of accepted wheelhouses {path} cannot be read ({exc})",
+            "remove it: the node then accepts each wheelhouse's current serial again",
+        ) from exc
+    if not isinstance(data, dict) or not all(isinstance(v, dict) and isinstance(v.get("serial"), int)
+                                             for v in data.values()):  # fmt: skip
+        raise InstallError(f"{path} is not this installer's record of accepted serials",
+                           "remove it: the node then accepts each wheelhouse's current serial again")  # fmt: skip
+    return data
+
+
+def check_serial(manifest: WheelhouseManifest, digest: str, serials: Mapping[str, Any], where: str) -> None:
+    """Refuse a manifest older than the one this node last accepted from the same wheelhouse."""
+    seen = serials.get(manifest.wheelhouse_id)
+    if not seen:
+        return
+    fix = ("do not install from it: restore the current wheelhouse from the build host. To go back on purpose, "
+           "re-sign the older wheelhouse there (`python -m builder sign --adopt`): it gets a new serial")  # fmt: skip
+    if manifest.serial < seen["serial"]:
+        raise ManifestError(f"{where} has serial {manifest.serial}, older than serial {seen['serial']} this node "
+                            f"accepted from the same wheelhouse on {str(seen.get('accepted_at'))[:40]}: an old "
+                            "manifest was put back (rollback)", fix)  # fmt: skip
+    if manifest.serial == seen["serial"] and seen.get("sha256") not in (None, digest):
+        raise ManifestError(f"{where} has serial {manifest.serial}, which this node accepted before with other "
+                            "contents: two different manifests carry one serial", fix)  # fmt: skip
+
+
+def remember_serial(folder: Path, manifest: WheelhouseManifest, digest: str, sig: Signature) -> None:
+    """Record the accepted serial (a temporary file renamed over the old record)."""
+    serials = read_serials(folder)
+    serials[manifest.wheelhouse_id] = {"serial": manifest.serial, "sha256": digest, "key": sig.key.fingerprint(),
+                                       "accepted_at": stamp(datetime.datetime.now(datetime.timezone.utc))}  # fmt: skip
+    try:
+        os.makedirs(folder, mode=0o755, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{SERIALS_FILE}.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(serials, f, indent=2, sort_keys=True)
+            f.write("\n")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, folder / SERIALS_FILE)
+    except OSError as exc:
+        raise InstallError(
+            f"cannot record the accepted serial in {folder}: {exc.strerror}",
+            f"make {folder} writable, or set {STATE_ENV} to a folder this user can write",
+        ) from exc
+
+
 # ---------------------------------------------------------------- reading a wheelhouse
 
 
@@ -1049,10 +1459,64 @@ def say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+@dataclass(frozen=True)
+class Verified:
+    """What the signature check found: who signed which manifest (None fields: not checked)."""
+
+    manifest: WheelhouseManifest
+    digest: str  # sha256 of manifest.json's bytes
+    signature: Signature | None = None
+
+
+def _signed_manifest(base: str, trust: Trust | None, where: str) -> tuple[bytes, Signature | None]:
+    """manifest.json's bytes, checked against manifest.json.sig when the node trusts a key. A publish
+    renames the manifest and then its signature: a check that fails is tried again (up to three
+    times, half a second apart) only while either file is changing."""
+    data = fetch(base, MANIFEST_FILE)
+    if trust is None:
+        return data, None
+    sig_where = f"{base.rstrip('/')}/{SIGNATURE_FILE}"
+    for attempt in range(3):
+        try:
+            text = fetch(base, SIGNATURE_FILE, "signature")
+        except InstallError as exc:
+            missing = "HTTP 404" in exc.message or "No such file" in exc.message
+            if isinstance(exc, ManifestError) or not missing:
+                raise
+            raise ManifestError(f"{where} is not signed: the wheelhouse has no {SIGNATURE_FILE}, and this node "
+                                "installs only from signed wheelhouses (it was given a key)",
+                                "publish with this toolkit (every write signs the manifest), or re-sign on the "
+                                "build host: `python -m builder sign`; an unsigned copy may have been put in its "
+                                "place") from exc  # fmt: skip
+        try:
+            return data, check_signature(data, text, trust, sig_where)
+        except ManifestError:
+            if attempt == 2:
+                raise
+            time.sleep(0.5)
+            again = fetch(base, MANIFEST_FILE)
+            if again == data and fetch(base, SIGNATURE_FILE, "signature") == text:
+                raise
+            data = again
+    raise AssertionError("unreachable")
+
+
 def load_wheelhouse(base: str) -> WheelhouseManifest:
-    """The validated manifest of a wheelhouse whose index lists nothing the manifest does not."""
+    """The validated manifest of a wheelhouse, its signature not checked (see load_verified)."""
+    return load_verified(base, None).manifest
+
+
+def load_verified(base: str, trust: Trust | None, now: datetime.datetime | None = None) -> Verified:
+    """The validated manifest of a wheelhouse whose index lists nothing the manifest does not; with
+    `trust`, only after its signature checks out, and only if it is signed, fresh and not older
+    than what this node accepted before (the caller records it once installed)."""
     where = f"{base.rstrip('/')}/{MANIFEST_FILE}"
-    manifest = parse_manifest(fetch(base, MANIFEST_FILE), where)
+    data, sig = _signed_manifest(base, trust, where)
+    manifest = parse_manifest(data, where)
+    digest = hashlib.sha256(data).hexdigest()
+    if sig is not None:
+        check_statement(manifest, sig, where, now or datetime.datetime.now(datetime.timezone.utc))
+        check_serial(manifest, digest, read_serials(state_dir(os.environ)), where)
     try:
         root = fetch(base, "simple/index.html", "index page").decode("utf-8")
     except (InstallError, UnicodeDecodeError) as exc:
@@ -1063,7 +1527,7 @@ def load_wheelhouse(base: str) -> WheelhouseManifest:
             f"simple/index.html of {base} links projects the manifest does not list: {', '.join(extra)[:300]}",
             "someone added them to the index: run `python -m builder verify` on the wheelhouse",
         )
-    return manifest
+    return Verified(manifest, digest, sig)
 
 
 def checked_wheel(base: str, entry: WheelEntry) -> bytes:
@@ -1125,11 +1589,23 @@ def images_of(manifest: WheelhouseManifest, wheel: str) -> list[ImageEntry]:
     return sorted(found, key=lambda i: (i.published_at, i.name), reverse=True)
 
 
-def install(wheelhouse: str, python: str, dry_run: bool = False, pip_args: Sequence[str] = ()) -> dict[str, Any]:
+def install(
+    wheelhouse: str, python: str, dry_run: bool = False, pip_args: Sequence[str] = (), trust: Trust | None = None
+) -> dict[str, Any]:
     """Pick, fetch, check and pip-install the wheel for this node, with its dependencies from the
-    wheelhouse alone (hash-checked; no index is asked); returns what was done."""
+    wheelhouse alone (hash-checked; no index is asked); returns what was done. With `trust`, the
+    manifest is read only after its signature, expiry and serial check out."""
     base = wheelhouse_base(wheelhouse)
-    manifest = load_wheelhouse(base)
+    verified = load_verified(base, trust)
+    manifest = verified.manifest
+    if verified.signature is None:
+        say(
+            "warning: no --trust given: the manifest's signature is not checked, so whoever can write the "
+            "wheelhouse decides what is installed (give the build host's key: `python -m builder key show`)"
+        )
+    else:
+        say(f"==> manifest signed by {verified.signature.key.fingerprint()}: serial {manifest.serial}, valid "
+            f"until {manifest.expires}")  # fmt: skip
     node = probe_node(python)
     say(f"==> node: {node.describe()}")
     entry = choose(manifest, node)
@@ -1154,8 +1630,14 @@ def install(wheelhouse: str, python: str, dry_run: bool = False, pip_args: Seque
               "missing_ops": dict(entry.missing_ops), "op_table": table,
               "images": [{"name": i.name, "ref": i.ref, "image_id": i.image_id, "digest": i.digest, "size": i.size}
                          for i in images]}  # fmt: skip
+    if verified.signature is not None:
+        result["signed_by"] = verified.signature.key.fingerprint()
+        result["serial"] = manifest.serial
     if dry_run:
         return result
+    if verified.signature is not None:  # accepted: an older manifest is refused from now on
+        remember_serial(state_dir(os.environ), manifest, verified.digest, verified.signature)
+    _check_pip(python)
     tmp = tempfile.mkdtemp(prefix="ds-install-")
     try:
         for name, content in {entry.name: data, **deps}.items():  # checked names: no separator, no '..'
@@ -1169,17 +1651,49 @@ def install(wheelhouse: str, python: str, dry_run: bool = False, pip_args: Seque
         cmd = [python, "-m", "pip", "install", "--no-index", "--find-links", tmp, "--require-hashes",
                *pip_args, "-r", requirements]  # fmt: skip
         say(f"+ {' '.join(cmd)}")
-        done = subprocess.run(cmd, check=False, stdout=sys.stderr)  # stdout is for --json
-        if done.returncode != 0:
-            raise InstallError(
-                f"pip could not install {entry.name} (exit {done.returncode})",
-                "read pip's output above (the node needs the wheel's torch installed: "
-                f"pip install torch=={_public(entry.torch)})",
-            )
+        code, said = _run_pip(cmd)
+        if code != 0:
+            raise InstallError(f"pip could not install {entry.name} (exit {code})", _pip_fix(said, python, entry))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     say(f"==> installed {entry.name}")
     return {**result, "installed": True}
+
+
+def _check_pip(python: str) -> None:
+    done = subprocess.run([python, "-m", "pip", "--version"], capture_output=True, check=False)
+    if done.returncode != 0:
+        raise InstallError(f"{python} has no pip: the installer installs the checked wheels with pip",
+                           f"install pip for it ({python} -m ensurepip, or the OS package python3-pip), or pass "
+                           "--python with an interpreter that has pip")  # fmt: skip
+
+
+def _run_pip(cmd: Sequence[str]) -> tuple[int, str]:
+    """pip's exit status and its output, shown as it comes (on stderr: stdout is for --json)."""
+    proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    tail: list[str] = []
+    for raw in proc.stdout:
+        line = raw.decode("utf-8", errors="replace")
+        sys.stderr.write(line)
+        tail = [*tail[-200:], line]
+    return proc.wait(), "".join(tail)
+
+
+def _pip_fix(said: str, python: str, entry: WheelEntry) -> str:
+    """The fix for the failure pip's output shows (read-only site-packages, no torch, ...)."""
+    if "Read-only file system" in said or "Permission denied" in said or "EACCES" in said:
+        return (
+            f"{python} cannot write its site-packages (read-only or another user's): run as the user who "
+            "owns that environment, or pass --python with a virtual environment this user can write"
+        )
+    if "torch" in said and any(
+        w in said for w in ("Could not find a version", "No matching distribution", "--require-hashes")
+    ):
+        return f"the node needs the wheel's torch installed first: pip install torch=={_public(entry.torch)}"
+    if "No space left" in said:
+        return "free disk space on the node and run the installer again"
+    return "read pip's output above; run the installer again with --debug for more"
 
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
@@ -1188,18 +1702,25 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         description="On a node: detect Python, torch, CUDA, GPU compute capabilities and CPU features, pick the "
         "wheel built for them from a wheelhouse's manifest, check its sha256 and build manifest, and pip-install "
         "it. Standard library and pip only.",
-        epilog=f"Exit codes: {EXIT_BAD_WHEELHOUSE} the wheelhouse failed a check; {EXIT_INSTALL} no wheel fits, "
-        "a download failed or pip failed.",
+        epilog=f"Exit codes: {EXIT_BAD_WHEELHOUSE} the wheelhouse failed a check (a file's sha256, the manifest's "
+        f"signature, expiry or serial); {EXIT_INSTALL} no wheel fits, a download failed, pip failed, or this node "
+        "has no tool to check signatures with (ssh-keygen -Y or openssl).",
     )
     p.add_argument("--wheelhouse", required=True, metavar="PATH_OR_URL", help="folder, file:// or http(s):// URL")
     p.add_argument("--python", default=sys.executable, help="the node's Python (default: this one)")
     p.add_argument("--dry-run", action="store_true", help="choose and check the wheel, install nothing")
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     p.add_argument("--pip-arg", dest="pip_args", action="append", default=[], metavar="ARG", help="extra pip argument")
+    p.add_argument("--trust", action="append", default=[], metavar="KEY_OR_FILE",
+                   help="the build host's public key (the line `python -m builder key show` prints) or an "
+                   "allowed-signers file; repeat for several. The manifest is then read only if its signature "
+                   f"(manifest.json.sig) is by one of them, it has not expired, and its serial is not older than "
+                   f"the last one this node accepted (kept in {STATE_ENV}, default /var/lib/ds-node-install for "
+                   f"root). Default: {DEFAULT_TRUST} where it exists")  # fmt: skip
     p.add_argument("--debug", action="store_true", help="show a traceback on errors")
     args = p.parse_args(argv)
     try:
-        result = install(args.wheelhouse, args.python, args.dry_run, args.pip_args)
+        result = install(args.wheelhouse, args.python, args.dry_run, args.pip_args, load_trust(args.trust))
     except InstallError as exc:
         if args.debug:
             raise

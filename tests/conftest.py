@@ -9,6 +9,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,11 @@ DATA = Path(__file__).with_name("data")
 # builder they start: sdists are verified by sha256 on every use, so sharing them is safe.
 SDIST_CACHE = Path(tempfile.gettempdir()) / f"ds-builder-test-sdists-{os.getuid()}"
 os.environ.setdefault("DS_BUILDER_SDIST_CACHE", str(SDIST_CACHE))
+# The signing key and the node's record of accepted serials: the test run's own (each pytest worker
+# makes one key on its first publish), never the user's ~/.config or a node's /var/lib.
+_TRUST_HOME = Path(tempfile.mkdtemp(prefix="ds-builder-test-trust-"))
+os.environ.setdefault("DS_BUILDER_KEYS", str(_TRUST_HOME / "keys"))
+os.environ.setdefault("DS_NODE_STATE_DIR", str(_TRUST_HOME / "node-state"))
 
 
 def pytest_report_header() -> list[str]:
@@ -42,8 +48,13 @@ def _no_accidental_processes(request: pytest.FixtureRequest, monkeypatch: pytest
     if request.node.get_closest_marker("integration") or request.node.get_closest_marker("spawns"):
         return
 
-    def refuse(*args: object, **kwargs: object) -> None:
-        raise AssertionError(f"unit test tried to start a process: {args[0] if args else kwargs}")
+    popen = subprocess.Popen
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        argv = args[0] if args else kwargs.get("args")
+        if isinstance(argv, (list, tuple)) and argv and os.path.basename(str(argv[0])) == "ssh-keygen":
+            return popen(*args, **kwargs)  # signing and verifying a manifest: every wheelhouse write does (ms)
+        raise AssertionError(f"unit test tried to start a process: {argv if argv is not None else kwargs}")
 
     monkeypatch.setattr(subprocess, "Popen", refuse)
 

@@ -31,8 +31,9 @@ from builder.errors import PublishError, RecipeError, SmokeError, WheelhouseErro
 from builder.node import INSTALLER, InstallError, ManifestError, Node
 from builder.recipe import load_recipe
 from builder.smoke import load_report
-from builder.wheelhouse import prune, publish, repair, verify
-from builder.wheelhouse.provision import _FETCH, installer_sha256
+from builder.wheelhouse import provision, prune, publish, repair, verify
+from builder.wheelhouse.provision import installer_sha256
+from builder.wheelhouse.publish import resign
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_RECIPE = (ROOT / "recipes" / "cpu.toml").read_text()
@@ -164,17 +165,22 @@ def test_verify_finds_a_tool_nobody_published(house: Path) -> None:
 
 @pytest.mark.spawns
 def test_a_host_never_runs_a_tampered_installer(house: Path, tmp_path: Path) -> None:
-    """The host script's fetch step, run for real: a changed installer is refused, not executed."""
-    digest = installer_sha256(house)
+    """The host script's fetch step, run for real: the installer is checked against the sha256 the
+    (signature-checked) manifest lists; a changed installer is refused, not executed."""
+    fetch = Path(provision.__file__).parents[1] / "resources" / "provision_fetch.py"
+    installer_sha256(house)
     tool = house / INSTALLER
-    ok = subprocess.run([sys.executable, "-c", _FETCH, str(tool), str(tmp_path / "a.py"), digest], capture_output=True)
-    assert ok.returncode == 0 and (tmp_path / "a.py").read_bytes() == tool.read_bytes()
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        got = subprocess.run([sys.executable, fetch, "manifest", str(house), str(tmp_path / folder)], check=True)
+        assert got.returncode == 0 and (tmp_path / folder / "manifest.json.sig").is_file()
+    ok = subprocess.run([sys.executable, fetch, "installer", str(house), str(tmp_path / "a")], capture_output=True)
+    assert ok.returncode == 0 and (tmp_path / "a" / "install.py").read_bytes() == tool.read_bytes()
     tool.write_bytes(tool.read_bytes() + b"\n# tampered\n")
-    bad = subprocess.run(
-        [sys.executable, "-c", _FETCH, str(tool), str(tmp_path / "b.py"), digest], capture_output=True, text=True
-    )
-    assert bad.returncode != 0 and "not the installer the wheelhouse published" in bad.stderr
-    assert not (tmp_path / "b.py").exists()
+    bad = subprocess.run([sys.executable, fetch, "installer", str(house), str(tmp_path / "b")], capture_output=True,
+                         text=True)  # fmt: skip
+    assert bad.returncode == 8 and "not the installer the signed manifest lists" in bad.stderr
+    assert not (tmp_path / "b" / "install.py").exists()
 
 
 # ---------------------------------------------------------------- manifest fields vs the wheel
@@ -758,6 +764,7 @@ def test_an_old_manifest_without_requires_is_refused_by_the_node_and_filled_by_t
     deps_house: Path, tmp_path: Path
 ) -> None:
     edit_manifest(deps_house, lambda d: d["wheels"][NAME].pop("requires"))
+    resign(deps_house, adopt=True)  # as an older toolkit's wheelhouse, adopted once its files check out
     manifest = node.load_wheelhouse(str(deps_house))
     with pytest.raises(ManifestError, match="does not say which dependency files"):
         node.checked_dependencies(str(deps_house), manifest, manifest.wheels[NAME])

@@ -241,7 +241,8 @@ def test_verify_reads_each_archive_back(image_house: tuple[Path, ImageEntry], tm
     data["images"][entry.name].update(sha256=hashlib.sha256(other.read_bytes()).hexdigest(), size=other.stat().st_size)
     (house / "manifest.json").write_text(json.dumps(data))
     archive_path.write_bytes(other.read_bytes())
-    (problem,) = verify(house)
+    signature, problem = verify(house)  # a consistent forgery: the signature fails first
+    assert "manifest.json.sig does not match what it signs" in signature
     assert problem.startswith(f"{entry.name}: holds image 999999999999") and entry.image_id[:12] in problem
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from builder.errors import BuilderError
+from builder.node import Trust, key_from_line
 from builder.wheelhouse.provision import Host, host_script, parse_hostfile, pdsh_command
 
 
@@ -32,12 +33,24 @@ def test_bad_hostfiles(text: str, expected: str) -> None:
         parse_hostfile(text, "hosts")
 
 
+KEY = key_from_line("ssh-ed25519", "AAAAC3NzaC1lZDI1NTE5AAAAILF4WHI7T5v/sYCfwHBDEp/UDmc1973dx9ZYD7xGdfok", "test")
+OLD = key_from_line("ssh-ed25519", "AAAAC3NzaC1lZDI1NTE5AAAAIGVUh3Xdxrv3hDqTRV4cd0gAAVCtHKsdxSeQRIq6CgxT", "test")
+
+
 def test_host_script_and_pdsh_command(tmp_path: Path) -> None:
-    script = host_script(Host("worker-1", 8, "/opt/py"), "http://10.0.0.1:8765", "ab" * 32)
+    script = host_script(Host("worker-1", 8, "/opt/py"), "http://10.0.0.1:8765", Trust((KEY,)))
     assert script.startswith("#!/bin/sh\n") and "worker-1" in script
-    assert "PY=/opt/py" in script and "http://10.0.0.1:8765/tools/ds-node-install.py" in script
-    assert f'"$tmp/install.py" {"ab" * 32}' in script  # the installer runs only with the published sha256
-    assert '"$PY" "$tmp/install.py" --wheelhouse http://10.0.0.1:8765' in script
+    assert "PY=/opt/py" in script and "WH=http://10.0.0.1:8765" in script
+    # The key is inline; the signature is checked before the installer is fetched, and the installer
+    # runs with the same key (nothing from the wheelhouse decides what is trusted).
+    assert f'ds-wheelhouse namespaces="ds-wheelhouse" {KEY.line()}' in script
+    verify_at = script.index("ssh-keygen -Y verify")
+    assert script.index('fetch.py" manifest') < verify_at < script.index('fetch.py" installer')
+    assert script.rstrip().endswith('"$PY" "$tmp/install.py" --wheelhouse "$WH" --trust "$tmp/allowed_signers"')
+    assert " -r " not in script
+    revoked = host_script(Host("w"), "/wh", Trust((KEY,), (OLD,)))
+    assert f"{OLD.line()}\nDS_REVOKED" in revoked and '-r "$tmp/revoked"' in revoked
+    assert revoked.rstrip().endswith('--trust "$tmp/allowed_signers" --trust "$tmp/revoked.trust"')
     hosts = [Host("a"), Host("b")]
     ssh = pdsh_command(hosts, tmp_path, "ssh")
     assert ssh[:7] == ["pdsh", "-S", "-R", "exec", "-f", "2", "-w"] and ssh[7] == "a,b"
@@ -52,8 +65,9 @@ def test_srun_runs_one_install_per_node_with_a_result_file_each(tmp_path: Path) 
     assert args[:4] == ["srun", "--job-name=ds-provision", "--nodes=2", "--ntasks-per-node=1"]
     assert "--nodelist=n1,n2" in args and f"--output={tmp_path}/results/%N.json" in args
     assert args[-3:] == ["--partition=gpu", "sh", str(tmp_path / "node.sh")]
-    script = host_script(Host("every node"), "/shared/wheelhouse", "ab" * 32, json_result=True)
-    assert script.endswith('"$PY" "$tmp/install.py" --wheelhouse /shared/wheelhouse --json\n')
+    script = host_script(Host("every node"), "/shared/wheelhouse", Trust((KEY,)), json_result=True)
+    assert "WH=/shared/wheelhouse" in script
+    assert script.endswith('"$PY" "$tmp/install.py" --wheelhouse "$WH" --trust "$tmp/allowed_signers" --json\n')
 
 
 def test_each_nodes_result_is_checked_before_it_is_believed(tmp_path: Path) -> None:

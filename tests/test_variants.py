@@ -25,6 +25,7 @@ from fakes import BUILD, fake_wheel
 from builder import node
 from builder.build.source import sha256_of
 from builder.envs import uv_binary
+from builder.errors import WheelhouseError
 from builder.node import ManifestError, WheelEntry, parse_manifest
 from builder.wheelhouse import publish, verify
 from builder.wheelhouse.layout import load_manifest
@@ -183,12 +184,17 @@ def test_verify_repair_and_prune_keep_variants_true_to_their_wheels(house: Path)
     evil = house / variant("cu130_sm90")
     with zipfile.ZipFile(evil, "a") as zf:
         zf.writestr("deepspeed/extra.py", "import os\n")
-    data = json.loads((house / "manifest.json").read_text())
+    signed = (house / "manifest.json").read_text()
+    data = json.loads(signed)
     data["variants"][evil.name]["sha256"] = sha256_of(evil)
     (house / "manifest.json").write_text(json.dumps(data))
     problems = verify(house)
     assert f"{evil.name}: not the variant of {cuda_name('sm90')} (its files or variant.json differ)" in problems
-    # Variant files are derived: repair makes them again from the published wheels.
+    assert any("manifest.json.sig does not match what it signs" in p for p in problems)
+    with pytest.raises(WheelhouseError, match="does not match what it signs"):
+        repair(house)  # repair never builds on a manifest its key did not sign
+    # Variant files are derived: with the signed manifest back, repair makes them again from the wheels.
+    (house / "manifest.json").write_text(signed)
     repair(house)
     assert verify(house) == [] and index.read_text() == good
     # Pruning the sm80 wheel removes its variant; the fallback becomes the sm90 build.

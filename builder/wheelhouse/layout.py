@@ -7,13 +7,14 @@ simple/ (PEP 503); tools/ds-node-install.py; locks/; manifest.json (builder.node
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
 from filelock import FileLock
 
-from builder import node
+from builder import node, output, signing
 from builder.errors import WheelhouseError
 from builder.files import write_atomic
 from builder.node import (
@@ -21,10 +22,15 @@ from builder.node import (
     LOCK_NAME_RE,
     MANIFEST_FILE,
     ManifestError,
+    Signature,
+    Trust,
     WheelhouseManifest,
 )
 
 MANIFEST = MANIFEST_FILE
+
+SIGNATURE = node.SIGNATURE_FILE  # manifest.json.sig: ssh-keygen -Y sign of manifest.json's bytes
+SIG_PENDING = f".{SIGNATURE}.pending.tmp"  # the next signature, staged before the manifest is renamed
 
 LOCK = ".publish.lock"
 
@@ -51,41 +57,119 @@ def is_deps_folder(name: str) -> bool:
 NOT_BUNDLED = ("torch",)
 
 
-def load_manifest(wheelhouse: Path) -> WheelhouseManifest:
-    """The wheelhouse's validated manifest (empty when there is none yet)."""
+def read_manifest(wheelhouse: Path) -> tuple[bytes, WheelhouseManifest] | None:
+    """manifest.json's bytes and what they say, validated field by field but not yet trusted (its
+    signature unchecked); None when there is none yet. `load_manifest` is what writers use."""
     path = wheelhouse / MANIFEST
     try:
         with open(path, "rb") as f:
-            text = node.read_limited(f, "manifest", str(path))
+            data = node.read_limited(f, "manifest", str(path))
     except FileNotFoundError:
-        return WheelhouseManifest()
+        return None
     except OSError as exc:
         raise WheelhouseError(f"cannot read {path}: {exc.strerror}", "check the wheelhouse's permissions") from exc
     except ManifestError as exc:
         raise WheelhouseError(exc.message, exc.fix) from exc
     try:
-        return node.parse_manifest(text, str(path))
+        return data, node.parse_manifest(data, str(path))
     except ManifestError as exc:
         raise WheelhouseError(
             exc.message, "restore manifest.json from a backup, or publish into a new wheelhouse"
         ) from exc
 
 
+def load_manifest(wheelhouse: Path, trust: Trust | None = None) -> WheelhouseManifest:
+    """The wheelhouse's manifest, validated and signed by a key this host trusts (or `trust`), not
+    older than what this host signed before; empty when there is none yet. Everything the toolkit
+    builds on a wheelhouse (publish, lock, image, prune, repair, provision) starts here."""
+    found = read_manifest(wheelhouse)
+    if found is None:
+        return WheelhouseManifest()
+    check_signed(wheelhouse, *found, trust)
+    return found[1]
+
+
+def check_signed(wheelhouse: Path, data: bytes, manifest: WheelhouseManifest, trust: Trust | None = None) -> Signature:
+    """manifest.json's signature by a trusted key (this host's allowed_signers, or `trust`), and a
+    serial not below the last one this host signed or accepted for that wheelhouse."""
+    k = signing.keys()
+    trust = trust if trust is not None else k.trust()
+    path = wheelhouse / SIGNATURE
+    if path.is_symlink() or not path.is_file():
+        raise WheelhouseError(f"{wheelhouse / MANIFEST} is not signed (no {SIGNATURE}): an older toolkit published "
+                              "it, or someone put an unsigned manifest in its place",
+                              "check it with `python -m builder verify`; if it is what you published, sign it: "
+                              f"`python -m builder sign --adopt --wheelhouse {wheelhouse}`")  # fmt: skip
+    if not trust.keys:
+        raise WheelhouseError(f"{wheelhouse} is signed, but this host trusts no key ({k.trust_file} lists none)",
+                              "trust the key that signs it: `python -m builder key trust 'ssh-ed25519 AAAA...'` "
+                              "(or pass --trust to verify)")  # fmt: skip
+    try:
+        sig = signing.check(data, node.read_bounded(path, "signature"), str(path), trust)
+        node.check_signer(manifest, sig, str(wheelhouse / MANIFEST))
+    except ManifestError as exc:
+        raise WheelhouseError(exc.message, exc.fix) from exc
+    except (OSError, node.TooLarge) as exc:
+        raise WheelhouseError(f"cannot read {path}: {exc}", "re-sign the wheelhouse: `python -m builder sign`") from exc
+    floor = signing.last_serial(k, manifest.wheelhouse_id)
+    if manifest.serial < floor:
+        raise WheelhouseError(f"{wheelhouse / MANIFEST} has serial {manifest.serial}, older than serial {floor} this "
+                              "host signed or accepted for the same wheelhouse: an old manifest was put back "
+                              "(rollback)", "restore the current wheelhouse from a backup; to go back on purpose, "
+                              f"`python -m builder sign --adopt --wheelhouse {wheelhouse}`")  # fmt: skip
+    return sig
+
+
 def _companions(wheelhouse: Path, name: str) -> list[Path]:
     return [wheelhouse / f"{name}.metadata", wheelhouse / f"{name}.smoke.json"]
 
 
+def stamped(wheelhouse: Path, manifest: WheelhouseManifest, days: int | None = None) -> WheelhouseManifest:
+    """The manifest with its next signed statement (serial, expiry, id, signer), before the index
+    and page that show it are written."""
+    k = signing.keys()
+    return signing.statement(manifest, manifest, k, days, signing.last_serial(k, manifest.wheelhouse_id))
+
+
 def write_manifest(wheelhouse: Path, manifest: WheelhouseManifest) -> None:
-    """The one writer of manifest.json; what it writes must pass the loader every reader uses."""
+    """The one writer of manifest.json, and its signature: what it writes must pass the loader
+    every reader uses. The signature is staged first (SIG_PENDING), the manifest renamed into
+    place, then the signature: a kill in between leaves a staged signature that `locked`
+    finishes, so a killed publish never leaves a manifest nobody can verify."""
+    if not manifest.serial:
+        raise AssertionError("write_manifest needs a stamped manifest (layout.stamped)")
     text = manifest.to_json()
     node.parse_manifest(text, "the manifest about to be written")
+    signature = signing.sign(text.encode("utf-8"), node.NAMESPACE)
+    write_atomic(wheelhouse / SIG_PENDING, signature)
     write_atomic(wheelhouse / MANIFEST, text)
+    os.replace(wheelhouse / SIG_PENDING, wheelhouse / SIGNATURE)
+    signing.remember(signing.keys(), manifest)
+
+
+def _finish_signature(wheelhouse: Path) -> None:
+    """A signature staged by a publish killed between its two renames: put in place if it signs the
+    manifest there (it is checked like any signature), else removed."""
+    pending = wheelhouse / SIG_PENDING
+    if pending.is_symlink() or not pending.is_file():
+        return
+    found = read_manifest(wheelhouse)
+    try:
+        if found is not None:
+            signing.check(found[0], node.read_bounded(pending, "signature"), str(pending), signing.keys().trust())
+            os.replace(pending, wheelhouse / SIGNATURE)
+            output.note(f"finished the signature an interrupted publish left ({SIGNATURE})")
+            return
+    except (ManifestError, OSError, node.TooLarge):
+        pass
+    pending.unlink(missing_ok=True)
 
 
 def symlinked_folders(wheelhouse: Path) -> list[str]:
     """Folders inside the wheelhouse that are symlinks: writing through them would write elsewhere."""
     found = []
-    for rel in ("simple", "tools", LOCKS, IMAGES, LOCK, JOURNAL, MANIFEST, "index.html", *node.REPORTS):
+    for rel in ("simple", "tools", LOCKS, IMAGES, LOCK, JOURNAL, MANIFEST, SIGNATURE, SIG_PENDING, "index.html",
+                *node.REPORTS):  # fmt: skip
         if (wheelhouse / rel).is_symlink():
             found.append(rel)
     simple = wheelhouse / "simple"
@@ -108,6 +192,7 @@ def locked(wheelhouse: Path) -> Iterator[None]:
             "replace them with real files and folders (the toolkit never writes through a link)",
         )
     with FileLock(str(wheelhouse / LOCK)):
+        _finish_signature(wheelhouse)
         yield
 
 

@@ -20,10 +20,14 @@ from builder.coverage import Report, parse_report
 from builder.files import write_atomic
 from builder.node import (
     INSTALLER,
+    MANIFEST_FILE,
+    NAMESPACE,
+    SIGNATURE_FILE,
     ManifestError,
     WheelEntry,
     WheelhouseManifest,
     check_wheel_name,
+    fingerprint_of,
     glibc_floor,
     op_table,
     read_bounded,
@@ -32,6 +36,7 @@ from builder.node import (
 from builder.pipeline import STAGES, StageResult
 
 PAGE = "index.html"
+WH_PLACEHOLDER = "file:///path/to/this/wheelhouse"  # the page names no folder: a copy elsewhere stays valid
 GENERATOR = '<meta name="generator" content="ds-wheel-builder">'  # how a page this toolkit wrote is told apart
 TORCH_INDEX = "https://download.pytorch.org/whl"  # where a node without torch in the wheelhouse gets it
 UV_VARIANTS = "uv 0.13.6 or newer, with --preview-features wheel-variants"
@@ -57,7 +62,6 @@ td.op-yes{background:#f0fff4}td.op-no{background:#fff5f5}td.op-narrowed{backgrou
 @dataclass(frozen=True)
 class PageFacts:
     manifest: WheelhouseManifest
-    url: str  # what nodes set WH to: this wheelhouse as a file:// URL
     locks: Mapping[str, str]  # locks/<name>.lock -> the wheel it pins
     coverage: Report | None = None
     coverage_problem: str = ""  # why a published coverage report is not shown
@@ -139,11 +143,23 @@ def install_commands(manifest: WheelhouseManifest, entry: WheelEntry) -> dict[st
     return out
 
 
+KEY_PLACEHOLDER = "ssh-ed25519 AAAA...(the line python -m builder key show prints on the build host)"
+
+
 def node_installer_command(manifest: WheelhouseManifest) -> str:
-    tool = manifest.tools.get(INSTALLER)
-    check = f'echo "{tool.sha256}  ds-node-install.py" | sha256sum -c - && ' if tool else ""
-    return (f'curl -fsSLO "$WH/{INSTALLER}" && {check}\\\n'
-            'python3 ds-node-install.py --wheelhouse "$WH"')  # fmt: skip
+    """A node's checked path by hand: the manifest's signature verified with the build host's key,
+    the installer checked against the sha256 that verified manifest lists, then run with the key
+    (it checks the signature, expiry and serial again, and every file)."""
+    key = manifest.signer or KEY_PLACEHOLDER
+    sha = f"json.load(open('{MANIFEST_FILE}'))['tools']['{INSTALLER}']['sha256']"
+    return (f"KEY='{key}'\n"
+            f'cd "$(mktemp -d)" && \\\n'
+            f'curl -fsSLO "$WH/{MANIFEST_FILE}" -O "$WH/{SIGNATURE_FILE}" -O "$WH/{INSTALLER}" && \\\n'
+            f'echo "{NAMESPACE} $KEY" > trusted && \\\n'
+            f"ssh-keygen -Y verify -f trusted -I {NAMESPACE} -n {NAMESPACE} -s {SIGNATURE_FILE} \\\n"
+            f"  < {MANIFEST_FILE} && \\\n"
+            f'python3 -c "import json; print({sha}, \' ds-node-install.py\')" | sha256sum -c - && \\\n'
+            'python3 ds-node-install.py --wheelhouse "$WH" --trust "$KEY"')  # fmt: skip
 
 
 def _targets(manifest: WheelhouseManifest) -> str:
@@ -206,12 +222,20 @@ def _checks(manifest: WheelhouseManifest) -> str:
 def _install(facts: PageFacts) -> str:
     m = facts.manifest
     parts = [
-        "<p>Set <code>WH</code> to where the node reaches this wheelhouse: this folder, or the address of "
-        "<code>python -m builder serve</code> on the build host.</p>",
-        _cmd("wh", "", f'WH="{facts.url}"    # or WH="http://BUILD-HOST:8000" while serve runs'),
-        "<h3>Any node: the node installer picks the wheel that fits it</h3>",
-        "<p>Python and pip only; it checks every sha256 and installs from the wheelhouse alone.</p>",
+        "<p>Set <code>WH</code> to where the node reaches this wheelhouse: this folder as a file:// URL, or the "
+        "address of <code>python -m builder serve</code> (or a web server serving this folder).</p>",
+        _cmd("wh", "", f'WH="{WH_PLACEHOLDER}"    # or WH="http://BUILD-HOST:8000" while serve runs'),
+        "<h3>Any node: the node installer picks the wheel that fits it (the checked path)</h3>",
+        f"<p>{_signed(m)} Python, pip and ssh-keygen (OpenSSH 8.1+) only: the command checks the manifest's "
+        "signature with the build host's key, the installer against the sha256 the signed manifest lists, and the "
+        "installer checks every file, the expiry and that the serial never goes back. <strong>Take the key from the "
+        "build host</strong> (<code>python -m builder key show</code>), not from this page: whoever can write this "
+        "folder can edit the page. <code>python -m builder provision</code> writes scripts that do the same on "
+        "every node with the key inside.</p>",
         _cmd("node-installer", "", node_installer_command(m)),
+        '<p class="note">The pip and uv commands below check each file only against the sha256 in the index they '
+        "are served, which lies in the same folder: use them where the folder itself is trusted, or install from a "
+        "lock the node installer checked.</p>",
     ]
     for name, e in sorted(m.wheels.items()):
         gpu = f"GPUs {', '.join(e.archs)}" if e.archs else "no GPU needed"
@@ -221,6 +245,15 @@ def _install(facts: PageFacts) -> str:
                      "(experimental)"}[kind]  # fmt: skip
             parts.append(f'<p class="note">{_e(label)}</p>{_cmd(kind, name, text)}')
     return "\n".join(parts)
+
+
+def _signed(m: WheelhouseManifest) -> str:
+    if not m.signer:
+        return '<span class="failed">This manifest is not signed.</span>'
+    return (
+        f"The manifest is signed by key <code>{_e(fingerprint_of(m.signer))}</code> (serial {m.serial}, valid "
+        f"until {_e(m.expires)})."
+    )
 
 
 def _images(manifest: WheelhouseManifest) -> str:
@@ -324,7 +357,7 @@ def gather(wheelhouse: Path, manifest: WheelhouseManifest) -> PageFacts:
             report = parse_report(json.loads(read_bounded(path, "report")), name)
         except (OSError, ValueError, ManifestError) as exc:
             problem = f"{name}: {getattr(exc, 'message', exc)}"
-    return PageFacts(manifest, wheelhouse.resolve().as_uri(), lock_headers(wheelhouse), report, problem)
+    return PageFacts(manifest, lock_headers(wheelhouse), report, problem)
 
 
 def write_page(wheelhouse: Path, manifest: WheelhouseManifest) -> Path:

@@ -1,10 +1,12 @@
 """provision: install the right wheel on many hosts, driven by pdsh (as DeepSpeed's own launcher
 does) or by Slurm's srun (one task on every node of a partition or a nodelist).
 
-Each host gets a generated install script; the script fetches the node installer the wheelhouse
-publishes (`tools/ds-node-install.py`, builder/node.py byte for byte, standard library only),
-runs it only if its sha256 is the one manifest.json records, so hosts need nothing but Python
-and pip, and a tampered installer is never executed. `plan_*` functions are pure; `write` and `run` act.
+Each host gets a generated install script holding the build host's trusted keys: it fetches the
+manifest and its signature, verifies the signature with the node's own ssh-keygen, then fetches
+the node installer the wheelhouse publishes (`tools/ds-node-install.py`, builder/node.py byte for
+byte, standard library only) and runs it only if its sha256 is the one the verified manifest
+records. Hosts need Python, pip and OpenSSH 8.1+; a forged wheelhouse or installer never runs.
+`plan_*` functions are pure; `write` and `run` act.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from builder import cmd, output
 from builder.build.source import sha256_of
 from builder.errors import BuilderError, ToolError, WheelhouseError
 from builder.files import make_dirs, write_atomic
-from builder.node import INSTALLER, ManifestError, check_wheel_name, read_bounded
+from builder.node import INSTALLER, NAMESPACE, ManifestError, Trust, check_wheel_name, read_bounded
 
 _HOST_LINE = re.compile(r"^\s*([A-Za-z0-9._-]+)((?:\s+\w+=\S+)*)\s*$")
 
@@ -60,39 +62,65 @@ def parse_hostfile(text: str, where: str = "hostfile") -> list[Host]:
     return hosts
 
 
-# Run by each host's Python: fetch the installer, and keep it only if it has the published sha256.
-_FETCH = (
-    "import hashlib, sys, urllib.request\n"
-    "src, dst, want = sys.argv[1:]\n"
-    "if src.startswith(('http://', 'https://')):\n"
-    "    data = urllib.request.urlopen(src, timeout=120).read()\n"
-    "else:\n"
-    "    data = open(src, 'rb').read()\n"
-    "if hashlib.sha256(data).hexdigest() != want:\n"
-    "    sys.exit(f'error: {src} is not the installer the wheelhouse published (sha256 differs); "
-    "run python -m builder verify on the wheelhouse')\n"
-    "open(dst, 'wb').write(data)\n"
-)
+def fetch_script() -> str:
+    """The node-side fetcher (builder/resources/provision_fetch.py), carried inside each script."""
+    return (Path(__file__).parents[1] / "resources" / "provision_fetch.py").read_text(encoding="utf-8")
 
 
-def host_script(host: Host, wheelhouse: str, installer_sha256: str, json_result: bool = False) -> str:
-    """The install script for one host: fetch the installer, check its sha256, run it (with
-    json_result, the installer's result goes to stdout as JSON: srun keeps one file per node)."""
-    source = wheelhouse.rstrip("/") + "/" + INSTALLER
-    return (
-        "#!/bin/sh\n"
-        f"# ds-wheel-builder: install the DeepSpeed wheel built for {host.name} from {wheelhouse}\n"
-        "set -eu\n"
-        f"PY={shlex.quote(host.python)}\n"
-        'tmp="$(mktemp -d)"\n'
-        "trap 'rm -rf \"$tmp\"' EXIT\n"
-        f'"$PY" -c {shlex.quote(_FETCH)} {shlex.quote(source)} "$tmp/install.py" {installer_sha256}\n'
-        f'"$PY" "$tmp/install.py" --wheelhouse {shlex.quote(wheelhouse)}{" --json" if json_result else ""}\n'
-    )
+def host_script(host: Host, wheelhouse: str, trust: Trust, json_result: bool = False) -> str:
+    """The install script for one host, with the trusted keys inline: fetch the manifest and its
+    signature, verify the signature with ssh-keygen (nothing else runs if it fails), fetch the
+    installer and check it against the sha256 the verified manifest lists, then run it with the
+    same keys (it checks the signature again, the expiry, the serial and every file). With
+    json_result the installer's result goes to stdout as JSON: srun keeps one file per node."""
+    allowed = "".join(f'{NAMESPACE} namespaces="{NAMESPACE}" {k.line()}\n' for k in trust.keys)
+    revoked = "".join(f"{k.line()}\n" for k in trust.revoked)
+    q = shlex.quote
+    lines = [
+        "#!/bin/sh",
+        f"# ds-wheel-builder: install the DeepSpeed wheel built for {host.name} from {wheelhouse},",
+        f"# only once its manifest is signed by a key trusted here ({trust.describe()})",
+        "set -eu",
+        f"PY={q(host.python)}",
+        f"WH={q(wheelhouse)}",
+        'tmp="$(mktemp -d)"',
+        "trap 'rm -rf \"$tmp\"' EXIT",
+        "cat > \"$tmp/allowed_signers\" <<'DS_TRUST'",
+        allowed.rstrip("\n"),
+        "DS_TRUST",
+        "cat > \"$tmp/fetch.py\" <<'DS_FETCH'",
+        fetch_script().rstrip("\n"),
+        "DS_FETCH",
+        '"$PY" "$tmp/fetch.py" manifest "$WH" "$tmp"',
+        "if ! command -v ssh-keygen >/dev/null 2>&1; then",
+        "  echo 'error: ssh-keygen is missing: the wheelhouse signature cannot be checked, nothing is installed' >&2",
+        "  echo '  fix: install OpenSSH 8.1 or newer (openssh-clients on RHEL, openssh-client on Debian)' >&2",
+        "  exit 9",
+        "fi",
+    ]
+    check = f'ssh-keygen -Y verify -f "$tmp/allowed_signers" -I {NAMESPACE} -n {NAMESPACE} -s "$tmp/manifest.json.sig"'
+    trust_args = '--trust "$tmp/allowed_signers"'
+    if revoked:
+        lines += ["cat > \"$tmp/revoked\" <<'DS_REVOKED'", revoked.rstrip("\n"), "DS_REVOKED",
+                  "sed 's/^/@revoked /' \"$tmp/revoked\" > \"$tmp/revoked.trust\""]  # fmt: skip
+        check += ' -r "$tmp/revoked"'
+        trust_args += ' --trust "$tmp/revoked.trust"'
+    lines += [
+        f'if ! {check} < "$tmp/manifest.json" > "$tmp/verify.log" 2>&1; then',
+        '  echo "error: the manifest of $WH is not signed by a key trusted here: $(cat "$tmp/verify.log")" >&2',
+        "  echo '  fix: the wheelhouse was changed after the build host signed it (or signed by another key): do not "
+        "install from it; run python -m builder verify on the build host' >&2",
+        "  exit 8",
+        "fi",
+        '"$PY" "$tmp/fetch.py" installer "$WH" "$tmp"',
+        f'"$PY" "$tmp/install.py" --wheelhouse "$WH" {trust_args}{" --json" if json_result else ""}',
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def installer_sha256(wheelhouse_dir: Path) -> str:
-    """The sha256 of the installer the wheelhouse publishes, after checking the file against it."""
+    """The sha256 of the installer the wheelhouse publishes, after checking the manifest's signature
+    (load_manifest) and the file against it: provisioning a wheelhouse that fails here is refused."""
     from builder.wheelhouse.layout import load_manifest
 
     manifest = load_manifest(wheelhouse_dir)
@@ -109,9 +137,9 @@ def installer_sha256(wheelhouse_dir: Path) -> str:
     return entry.sha256
 
 
-def write(hosts: list[Host], wheelhouse: str, out: Path, digest: str) -> list[Path]:
+def write(hosts: list[Host], wheelhouse: str, out: Path, trust: Trust) -> list[Path]:
     """Write provision/<host>.sh for every host (mode 0755)."""
-    return [write_atomic(out / f"{h.name}.sh", host_script(h, wheelhouse, digest), mode=0o755) for h in hosts]
+    return [write_atomic(out / f"{h.name}.sh", host_script(h, wheelhouse, trust), mode=0o755) for h in hosts]
 
 
 def pdsh_command(hosts: list[Host], out: Path, launcher: str) -> list[str]:

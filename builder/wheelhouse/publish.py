@@ -67,6 +67,8 @@ from builder.wheelhouse.layout import (
     is_deps_folder,
     load_manifest,
     locked,
+    read_manifest,
+    stamped,
     write_manifest,
 )
 from builder.wheelhouse.page import write_page
@@ -307,11 +309,14 @@ def _publish_files(
     return published
 
 
-def commit(wheelhouse: Path, manifest: WheelhouseManifest) -> None:
-    """The index and the page, then the manifest: every publish step ends here, so a kill in
-    between leaves the previous manifest whole and the journal naming what is out of step."""
+def commit(wheelhouse: Path, manifest: WheelhouseManifest, days: int | None = None) -> WheelhouseManifest:
+    """The next signed statement, the index and the page, then the signed manifest: every write
+    of a wheelhouse ends here, so a kill in between leaves the previous manifest whole (and
+    signed) and the journal naming what is out of step."""
+    manifest = stamped(wheelhouse, manifest, days)
     write_index(wheelhouse, manifest)
     write_manifest(wheelhouse, manifest)
+    return manifest
 
 
 def sync_variants(
@@ -542,12 +547,14 @@ def repair(wheelhouse: Path) -> list[str]:
 
     A wheelhouse whose first publish was killed has no manifest yet, only what that publish left
     (its journal, lock, temporary files): it is cleaned the same way, against an empty manifest.
+    Everything is decided under the publish lock: a publish still running is waited for, never
+    taken for a killed one.
     """
-    has_manifest = (wheelhouse / MANIFEST).is_file()
-    if not has_manifest and not _publish_traces(wheelhouse):
+    if not wheelhouse.is_dir() or not (_publish_traces(wheelhouse) or (wheelhouse / MANIFEST).is_file()):
         raise WheelhouseError(f"{wheelhouse} has no {MANIFEST} and nothing a publish left",
                               "pass --wheelhouse with a published wheelhouse")  # fmt: skip
     with locked(wheelhouse):
+        has_manifest = (wheelhouse / MANIFEST).is_file()
         manifest = load_manifest(wheelhouse)
         removed = _clean(wheelhouse, manifest)
         tool = wheelhouse / INSTALLER
@@ -563,6 +570,28 @@ def repair(wheelhouse: Path) -> list[str]:
         _remove(stale)
         removed += [p.name for p in stale]
     return removed
+
+
+def resign(wheelhouse: Path, days: int | None = None, adopt: bool = False) -> WheelhouseManifest:
+    """Sign the manifest again, unchanged but for its statement (next serial, new expiry). With
+    `adopt`, a manifest this host cannot verify (unsigned, another key, older than its record) is
+    signed once every file checks out against it."""
+    from builder.wheelhouse.verify import verify
+
+    if not (wheelhouse / MANIFEST).is_file():
+        raise WheelhouseError(f"{wheelhouse} has no {MANIFEST}", "pass --wheelhouse with a published wheelhouse")
+    with locked(wheelhouse):
+        if not adopt:
+            return commit(wheelhouse, load_manifest(wheelhouse), days)
+        found = read_manifest(wheelhouse)
+        assert found is not None
+        _clean(wheelhouse, found[1])
+        problems = verify(wheelhouse, signature=False)
+        if problems:
+            raise WheelhouseError(f"{wheelhouse} does not check out against its manifest, so it is not signed:\n    "
+                                  + "\n    ".join(problems), "re-publish the wheels into a new wheelhouse")  # fmt: skip
+        output.note(f"adopting {MANIFEST} as it is: {len(found[1].wheels)} wheels, every file checked against it")
+        return commit(wheelhouse, found[1], days)
 
 
 def _publish_traces(wheelhouse: Path) -> bool:

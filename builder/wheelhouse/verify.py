@@ -8,6 +8,7 @@ is reported.
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 from pathlib import Path
 from urllib.parse import quote, unquote
@@ -19,8 +20,10 @@ from builder.files import is_temp_name
 from builder.node import (
     IMAGES,
     ManifestError,
+    Trust,
     WheelEntry,
     WheelhouseManifest,
+    check_expiry,
     entry_differences,
     read_bounded,
 )
@@ -34,7 +37,10 @@ from builder.wheelhouse.layout import (
     LOCK,
     LOCKS,
     MANIFEST,
-    load_manifest,
+    SIG_PENDING,
+    SIGNATURE,
+    check_signed,
+    read_manifest,
     symlinked_folders,
 )
 
@@ -46,7 +52,35 @@ def _read_text(path: Path) -> str | None:
         return None
 
 
-def verify(wheelhouse: Path) -> list[str]:
+def signature_problems(wheelhouse: Path, data: bytes, manifest: WheelhouseManifest, trust: Trust | None) -> list[str]:
+    """The manifest's signature by a trusted key, its serial against this host's record, its expiry."""
+    try:
+        check_signed(wheelhouse, data, manifest, trust)
+    except WheelhouseError as exc:
+        if (wheelhouse / SIG_PENDING).is_file() or (wheelhouse / JOURNAL).is_file():
+            return [f"{SIGNATURE}: {exc.message} ({INTERRUPTED})"]
+        return [exc.message]
+    try:
+        check_expiry(manifest, str(wheelhouse / MANIFEST), datetime.datetime.now(datetime.UTC))
+    except ManifestError as exc:
+        return [f"{exc.message}: re-sign it with `python -m builder sign`"]
+    return []
+
+
+def _in_progress(wheelhouse: Path) -> str:
+    """What a journal means now: a publish holding the lock is still running; otherwise one was killed."""
+    from filelock import FileLock, Timeout
+
+    try:
+        with FileLock(str(wheelhouse / LOCK), timeout=0):
+            return INTERRUPTED
+    except Timeout:
+        return "a publish is in progress (it holds the wheelhouse's lock): run verify again when it is done"
+    except OSError:
+        return INTERRUPTED
+
+
+def verify(wheelhouse: Path, trust: Trust | None = None, signature: bool = True) -> list[str]:
     """Everything wrong with a wheelhouse; empty only when every file is listed, linked and hash-checked.
 
     Every manifest field that can be recomputed is: a wheel's facts from its embedded build
@@ -57,10 +91,14 @@ def verify(wheelhouse: Path) -> list[str]:
     if not (wheelhouse / MANIFEST).is_file():
         return [f"{wheelhouse} has no {MANIFEST}: nothing was published there"]
     try:
-        manifest = load_manifest(wheelhouse)
+        found = read_manifest(wheelhouse)
     except WheelhouseError as exc:
         return [exc.message]
+    assert found is not None
+    manifest = found[1]
     problems: list[str] = [f"{rel}: a symlink where the toolkit writes" for rel in symlinked_folders(wheelhouse)]
+    if signature:
+        problems += signature_problems(wheelhouse, *found, trust)
     if not manifest.wheels:
         problems.append(f"{MANIFEST} lists no DeepSpeed wheel: the wheelhouse is empty")
     for name, entry in sorted(manifest.wheels.items()):
@@ -72,6 +110,9 @@ def verify(wheelhouse: Path) -> list[str]:
     problems += _verify_index(wheelhouse, manifest)
     problems += _verify_variants(wheelhouse, manifest)
     problems += _verify_page(wheelhouse, manifest)
+    if any(INTERRUPTED in p for p in problems):  # a journal while a publish holds the lock: still running
+        state = _in_progress(wheelhouse)
+        problems = [p.replace(INTERRUPTED, state) for p in problems]
     return problems
 
 
@@ -205,7 +246,7 @@ def _verify_report(path: Path, name: str, entry: WheelEntry) -> list[str]:
 
 def _verify_tree(wheelhouse: Path, manifest: WheelhouseManifest) -> list[str]:
     """Files nobody listed: leftovers of a killed publish, and anything put there by hand."""
-    known = {MANIFEST, LOCK, "simple", "tools", LOCKS, IMAGES, "index.html", *manifest.reports, *DOCS,
+    known = {MANIFEST, SIGNATURE, LOCK, "simple", "tools", LOCKS, IMAGES, "index.html", *manifest.reports, *DOCS,
              *manifest.variants, *manifest.variant_indexes}  # fmt: skip
     for name in manifest.wheels:
         known |= {name, f"{name}.metadata", f"{name}.smoke.json"}

@@ -1,0 +1,274 @@
+"""The build host's signing key, what it trusts, and the signed statement every manifest carries.
+
+Nodes must not trust the wheelhouse folder (whoever can write it can make every hash agree), so
+every write of manifest.json is signed with a key kept on the build host, never in the wheelhouse:
+OpenSSH's `ssh-keygen -Y sign` (SSHSIG, the format git uses), which nodes verify with the
+ssh-keygen they already have (builder.node). The statement signed is the manifest itself, which
+carries a serial that grows with every write, an expiry (DS_BUILDER_SIGN_DAYS, default 28 days),
+the wheelhouse's id and the signer's public key.
+
+The key folder (DS_BUILDER_KEYS, else ~/.config/ds-wheel-builder, mode 0700) holds:
+    wheelhouse-signing-key(.pub)   the Ed25519 key pair (private half 0600; signing refuses a
+                                   key others can read)
+    allowed_signers                the keys this host trusts (its own first), `@revoked` lines for
+                                   revoked ones: what provision scripts and nodes are given
+    signed-serials.json            the last serial this host signed or accepted per wheelhouse id,
+                                   so an old manifest put back in place is refused here too
+The same key signs op-unit records in a shared unit cache (its own namespace).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import tempfile
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from filelock import FileLock
+
+from builder import cmd, node, output
+from builder.errors import ToolError, TrustError
+from builder.files import make_dirs, write_atomic
+from builder.node import InstallError, ManifestError, PublicKey, Signature, Trust, WheelhouseManifest
+
+KEYS_ENV = "DS_BUILDER_KEYS"
+DAYS_ENV = "DS_BUILDER_SIGN_DAYS"
+DEFAULT_DAYS = 28
+KEY_FILE = "wheelhouse-signing-key"
+TRUST_FILE = "allowed_signers"
+SERIALS_FILE = "signed-serials.json"
+UNIT_NAMESPACE = "ds-wheel-builder-unit"  # op-unit records; a manifest signature is not one
+_SSH_KEYGEN_FIX = "install OpenSSH's client (Debian: apt-get install openssh-client), version 8.1 or newer"
+
+
+def key_dir(env: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if env is None else env
+    if env.get(KEYS_ENV):
+        return Path(env[KEYS_ENV])
+    config = env.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(config) / "ds-wheel-builder"
+
+
+def sign_days(env: Mapping[str, str] | None = None) -> int:
+    text = (os.environ if env is None else env).get(DAYS_ENV, "")
+    if not text:
+        return DEFAULT_DAYS
+    if not text.isdigit() or not 1 <= int(text) <= 3660:
+        raise TrustError(
+            f"{DAYS_ENV}={text[:20]!r} is not a number of days from 1 to 3660",
+            f"set {DAYS_ENV} to how many days a signed manifest stays valid (default {DEFAULT_DAYS})",
+        )
+    return int(text)
+
+
+@dataclass(frozen=True)
+class Keys:
+    """The key folder of this build host."""
+
+    folder: Path
+
+    @property
+    def private(self) -> Path:
+        return self.folder / KEY_FILE
+
+    @property
+    def public(self) -> Path:
+        return self.folder / f"{KEY_FILE}.pub"
+
+    @property
+    def trust_file(self) -> Path:
+        return self.folder / TRUST_FILE
+
+    def exists(self) -> bool:
+        return self.private.is_file() and self.public.is_file()
+
+    def key(self) -> PublicKey:
+        """This host's public key (TrustError when there is none)."""
+        try:
+            kind, encoded = self.public.read_text(encoding="ascii").split()[:2]
+            return node.key_from_line(kind, encoded, str(self.public))
+        except (OSError, ValueError, UnicodeDecodeError, InstallError) as exc:
+            raise TrustError(f"no usable signing key in {self.folder} ({exc})",
+                             "make one: `python -m builder key create`") from exc  # fmt: skip
+
+    def trust(self) -> Trust:
+        """The keys this host accepts signatures from (its own, and those added), less revoked ones."""
+        own = (self.key(),) if self.exists() else ()
+        try:
+            text = self.trust_file.read_text(encoding="utf-8") if self.trust_file.is_file() else ""
+            listed = node.parse_trust(text, str(self.trust_file))
+        except (OSError, InstallError) as exc:
+            raise TrustError(
+                f"cannot read {self.trust_file}: {exc}",
+                "fix or remove the line it names (`python -m builder key show` lists the keys)",
+            ) from exc
+        keys = tuple(dict.fromkeys((*own, *listed.keys)))
+        return Trust(tuple(k for k in keys if k not in listed.revoked), listed.revoked)
+
+
+def keys(env: Mapping[str, str] | None = None) -> Keys:
+    return Keys(key_dir(env))
+
+
+def check_private(path: Path) -> None:
+    """A private key others can read (or another user owns) signs for them too: refused."""
+    st = path.stat()
+    if st.st_mode & 0o077:
+        raise TrustError(f"the signing key {path} can be read or changed by others (mode {st.st_mode & 0o777:o})",
+                         f"chmod 600 {path}; if others could read it, make a new key (`python -m builder key "
+                         "rotate`) and revoke this one")  # fmt: skip
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        raise TrustError(
+            f"the signing key {path} belongs to another user (uid {st.st_uid})",
+            "sign as the user who owns the key, or make your own (`python -m builder key create`)",
+        )
+
+
+def _lock(k: Keys) -> FileLock:
+    make_dirs(k.folder, mode=0o700)
+    return FileLock(str(k.folder / ".lock"))
+
+
+def create(k: Keys, rotate: bool = False) -> PublicKey:
+    """Make the signing key (with rotate, a new one in place of the old, which stays trusted until
+    revoked). Its public line is added to allowed_signers."""
+    with _lock(k):
+        if k.exists() and not rotate:
+            raise TrustError(f"{k.private} exists", "`python -m builder key show` prints it; `key rotate` replaces it")
+        key = _make(k)
+    output.step(f"signing key {k.private} ({key.fingerprint()}); nodes trust it with this line (--trust):")
+    output.result(key.line())
+    return key
+
+
+def _make(k: Keys) -> PublicKey:
+    """A new key pair in the folder (the lock held), trusted with any old one."""
+    old = k.key() if k.exists() else None
+    with tempfile.TemporaryDirectory(dir=k.folder, prefix=".new-key.") as tmp:
+        new = Path(tmp) / KEY_FILE
+        cmd.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"ds-wheel-builder@{os.uname().nodename}",
+                 "-f", new], fix=_SSH_KEYGEN_FIX)  # fmt: skip
+        os.chmod(new, 0o600)
+        os.replace(f"{new}.pub", k.public)
+        os.replace(new, k.private)
+    key = k.key()
+    _add_trust(k, [key] if old is None else [key, old])
+    return key
+
+
+def _add_trust(k: Keys, add: Sequence[PublicKey] = (), revoke: Sequence[PublicKey] = ()) -> None:
+    """Rewrite allowed_signers with `add` trusted (first) and `revoke` revoked."""
+    listed = (
+        node.parse_trust(k.trust_file.read_text("utf-8"), str(k.trust_file)) if k.trust_file.is_file() else Trust(())
+    )
+    revoked = tuple(dict.fromkeys((*listed.revoked, *revoke)))
+    trusted = [key for key in dict.fromkeys((*add, *listed.keys)) if key not in revoked]
+    lines = ["# Keys whose signatures this build host and its nodes accept (ds-wheel-builder)."]
+    lines += [f'{node.NAMESPACE} namespaces="{node.NAMESPACE},{UNIT_NAMESPACE}" {key.line()}' for key in trusted]
+    lines += [f"@revoked {key.line()}" for key in revoked]
+    write_atomic(k.trust_file, "\n".join(lines) + "\n", mode=0o644)
+
+
+def ensure_key(k: Keys) -> PublicKey:
+    """This host's key, made on first use (a new user's first publish), after the permission check."""
+    if not k.exists():
+        with _lock(k):
+            if not k.exists():
+                key = _make(k)
+                output.note(f"made this build host's signing key {k.private} ({key.fingerprint()}); nodes trust "
+                            "it with the line `python -m builder key show` prints")  # fmt: skip
+    check_private(k.private)
+    return k.key()
+
+
+def trust_key(k: Keys, line: str) -> PublicKey:
+    """Trust another key (a second build host's, or the next one during a rotation)."""
+    found = node.parse_trust(line, "key line").keys
+    if len(found) != 1:
+        raise TrustError("give exactly one public key line (ssh-ed25519 AAAA...)", "copy it from `key show`")
+    with _lock(k):
+        _add_trust(k, add=found)
+    return found[0]
+
+
+def revoke_key(k: Keys, fingerprint: str) -> PublicKey:
+    """Revoke a trusted key by its fingerprint: its signatures are refused from now on."""
+    with _lock(k):
+        trust = k.trust()
+        match = [key for key in trust.keys if key.fingerprint() == fingerprint]
+        if not match:
+            raise TrustError(f"no trusted key has fingerprint {fingerprint[:60]}",
+                             "`python -m builder key show` lists the trusted keys")  # fmt: skip
+        if k.exists() and match[0] == k.key():
+            raise TrustError("that is this host's own signing key", "`key rotate` first, then revoke the old key")
+        _add_trust(k, revoke=match)
+    return match[0]
+
+
+def sign(data: bytes, namespace: str, k: Keys | None = None) -> bytes:
+    """An SSHSIG signature of `data` by this host's key (made on first use)."""
+    k = k or keys()
+    ensure_key(k)
+    with tempfile.TemporaryDirectory(prefix="ds-sign-") as tmp:
+        message = Path(tmp) / "message"
+        message.write_bytes(data)
+        try:
+            cmd.run(["ssh-keygen", "-q", "-Y", "sign", "-f", k.private, "-n", namespace, message],
+                    fix=_SSH_KEYGEN_FIX)  # fmt: skip
+        except ToolError as exc:
+            raise TrustError(f"cannot sign with {k.private}: {exc.message}", exc.fix or _SSH_KEYGEN_FIX) from exc
+        return (Path(tmp) / "message.sig").read_bytes()
+
+
+def check(data: bytes, signature: bytes, where: str, trust: Trust, namespace: str = node.NAMESPACE) -> Signature:
+    """`signature` of `data` checked against `trust` with the nodes' own check (ssh-keygen -Y verify)."""
+    try:
+        return node.check_signature(data, signature, trust, where, namespace)
+    except ManifestError:
+        raise
+    except InstallError as exc:  # no ssh-keygen or openssl that can verify
+        raise ToolError(exc.message, exc.fix) from exc
+
+
+# ---------------------------------------------------------------- the signed statement
+
+
+def statement(manifest: WheelhouseManifest, previous: WheelhouseManifest, k: Keys, days: int | None = None,
+              serial_floor: int = 0) -> WheelhouseManifest:  # fmt: skip
+    """`manifest` with the next serial, a new expiry and this host's key as signer."""
+    key = ensure_key(k)
+    now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+    expires = now + datetime.timedelta(days=days if days is not None else sign_days())
+    return replace(manifest, serial=max(previous.serial, serial_floor) + 1, expires=node.stamp(expires),
+                   wheelhouse_id=previous.wheelhouse_id or uuid.uuid4().hex, signer=key.line())  # fmt: skip
+
+
+def _serials(k: Keys) -> dict[str, int]:
+    path = k.folder / SERIALS_FILE
+    try:
+        data = json.loads(node.read_bounded(path, "report"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise TrustError(
+            f"{path} cannot be read ({exc})", "remove it: this host then accepts each wheelhouse's current serial again"
+        ) from exc
+    if not isinstance(data, dict):
+        raise TrustError(f"{path} is not a record of serials", "remove it")
+    return {i: s for i, s in data.items() if isinstance(s, int)}
+
+
+def last_serial(k: Keys, wheelhouse_id: str) -> int:
+    return _serials(k).get(wheelhouse_id, 0) if wheelhouse_id else 0
+
+
+def remember(k: Keys, manifest: WheelhouseManifest) -> None:
+    """Record the serial this host signed or accepted (never lowering it)."""
+    with _lock(k):
+        serials = _serials(k)
+        serials[manifest.wheelhouse_id] = max(serials.get(manifest.wheelhouse_id, 0), manifest.serial)
+        write_atomic(k.folder / SERIALS_FILE, json.dumps(serials, indent=2, sort_keys=True) + "\n", mode=0o600)
