@@ -1630,13 +1630,12 @@ def install(
               "missing_ops": dict(entry.missing_ops), "op_table": table,
               "images": [{"name": i.name, "ref": i.ref, "image_id": i.image_id, "digest": i.digest, "size": i.size}
                          for i in images]}  # fmt: skip
-    if verified.signature is not None:
+    if verified.signature is not None:  # accepted (a dry run too): an older manifest is refused from now on
+        remember_serial(state_dir(os.environ), manifest, verified.digest, verified.signature)
         result["signed_by"] = verified.signature.key.fingerprint()
         result["serial"] = manifest.serial
     if dry_run:
         return result
-    if verified.signature is not None:  # accepted: an older manifest is refused from now on
-        remember_serial(state_dir(os.environ), manifest, verified.digest, verified.signature)
     _check_pip(python)
     tmp = tempfile.mkdtemp(prefix="ds-install-")
     try:

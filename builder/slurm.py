@@ -452,9 +452,9 @@ def _job_env() -> tuple[str, str]:
 
 def unit_cache_of(work: Path) -> Path:
     """The unit cache every job of a run shares (and builds in the submitter's work folder reuse)."""
-    from builder.units.cache import UNIT_CACHE_ENV
+    from builder.units.cache import cache_folder
 
-    return Path(os.environ[UNIT_CACHE_ENV]) if os.environ.get(UNIT_CACHE_ENV) else work / "cache" / "units"
+    return cache_folder(work / "cache", os.environ)
 
 
 def _task_target(run: Path, name: str) -> tuple[dict[str, Any], dict[str, Any], Target]:

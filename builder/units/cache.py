@@ -2,8 +2,9 @@
 
 Layout: CACHE/<key>/unit.json and CACHE/<key>/<unit wheel>. A unit enters the cache through a
 temporary folder renamed into place, so a reader sees a whole unit or none; one is reused only
-after its record passes the loader and the wheel still has the sha256 the record gives. The
-cache may be shared by several builders (DS_BUILDER_UNIT_CACHE: a cluster's shared folder): a
+after its record's signature (unit.json.sig, by the build host's key or one it trusts) and its
+loader pass and the wheel still has the sha256 the record gives. The cache may be shared by several
+builders (DS_BUILDER_UNIT_CACHE: a cluster's shared folder, which others may be able to write): a
 file lock per key makes the second builder of a unit wait and reuse the first one's.
 """
 
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from builder import output, signing
 from builder.build.source import sha256_of
 from builder.errors import FolderError
 from builder.files import make_dirs, write_atomic
@@ -27,11 +29,65 @@ from builder.units.plan import UNIT_SCHEMA, Unit
 
 UNIT_CACHE_ENV = "DS_BUILDER_UNIT_CACHE"
 RECORD = "unit.json"
+SIGNATURE = "unit.json.sig"  # the record signed by the build host's key (builder.signing): a cache
+# others can write cannot hand this build a unit no trusted host built
+
+
+# Folders a unit cache must never be (or, for the trees, be inside): the toolkit would write its
+# lock files and unit folders there, as root into the system.
+_SYSTEM = (
+    "/",
+    "/bin",
+    "/boot",
+    "/dev",
+    "/etc",
+    "/home",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/media",
+    "/mnt",
+    "/opt",
+    "/proc",
+    "/root",
+    "/run",
+    "/sbin",
+    "/srv",
+    "/sys",
+    "/tmp",
+    "/usr",
+    "/var",
+    "/var/tmp",
+    "/var/lib",
+)
+_SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/run", "/sbin", "/sys", "/usr")
 
 
 def cache_folder(work_cache: Path, env: Mapping[str, str]) -> Path:
     """DS_BUILDER_UNIT_CACHE (shared by several work folders or nodes), else the work folder's cache."""
-    return Path(env[UNIT_CACHE_ENV]) if env.get(UNIT_CACHE_ENV) else work_cache / "units"
+    if not env.get(UNIT_CACHE_ENV):
+        return work_cache / "units"
+    return check_cache_path(Path(env[UNIT_CACHE_ENV]))
+
+
+def check_cache_path(path: Path) -> Path:
+    """A shared unit cache the user named, refused (exit 10) where it resolves to a system folder or
+    its path passes through a link that neither this user nor root made."""
+    absolute = Path(os.path.abspath(path))
+    resolved = absolute.resolve()
+    home = Path(os.path.expanduser("~")).resolve()
+    if str(resolved) in _SYSTEM or resolved == home or any(resolved.is_relative_to(t) for t in _SYSTEM_TREES):
+        raise FolderError(f"{UNIT_CACHE_ENV}={path} is the system folder {resolved}: the unit cache writes lock "
+                          "files and unit folders there", f"point {UNIT_CACHE_ENV} at a folder of its own, e.g. "
+                          "/shared/ds-unit-cache")  # fmt: skip
+    probe = Path(absolute.anchor)
+    for part in absolute.parts[1:]:
+        probe = probe / part
+        if probe.is_symlink() and probe.lstat().st_uid not in (os.getuid(), 0):
+            raise FolderError(f"{UNIT_CACHE_ENV}={path} passes through {probe}, a link made by another user "
+                              f"(uid {probe.lstat().st_uid}): it decides where the cache writes",
+                              f"point {UNIT_CACHE_ENV} at the real folder ({resolved}) if you trust it")  # fmt: skip
+    return resolved
 
 
 @dataclass(frozen=True)
@@ -67,13 +123,18 @@ def load_record(folder: Path) -> UnitRecord:
 
 
 def lookup(cache: Path, unit: Unit) -> tuple[UnitRecord, Path] | None:
-    """The cached unit for `unit.key` whose record and wheel check out; None otherwise."""
+    """The cached unit for `unit.key` whose record is signed by a key this host trusts and whose wheel
+    has the sha256 it gives; None otherwise (it is built again, and the stale entry replaced)."""
     folder = cache / unit.key
     if not (folder / RECORD).is_file():
         return None
     try:
+        signing.check(read_bounded(folder / RECORD, "report"), read_bounded(folder / SIGNATURE, "signature"),
+                      str(folder / SIGNATURE), signing.keys().trust(), signing.UNIT_NAMESPACE)  # fmt: skip
         record = load_record(folder)
-    except ManifestError:
+    except (OSError, ValueError, ManifestError) as exc:
+        output.warn(f"unit {unit.op.name}: the cached record in {folder} is not one this host trusts "
+                    f"({getattr(exc, 'message', exc)}): building it again")  # fmt: skip
         return None
     wheel = folder / record.wheel
     if record.key != unit.key or record.op != unit.op.name or not wheel.is_file() or sha256_of(wheel) != record.sha256:
@@ -100,7 +161,9 @@ def _store(cache: Path, unit: Unit, wheel: Path, seconds: float) -> tuple[UnitRe
     try:
         shutil.copyfile(wheel, tmp / wheel.name)
         os.chmod(tmp / wheel.name, 0o644)
-        write_atomic(tmp / RECORD, record.to_json(unit.inputs))
+        text = record.to_json(unit.inputs)
+        write_atomic(tmp / RECORD, text)
+        write_atomic(tmp / SIGNATURE, signing.sign(text.encode("utf-8"), signing.UNIT_NAMESPACE))
         os.chmod(tmp, 0o755)
         final = cache / unit.key
         if final.exists():  # a stale or damaged entry lookup refused: replaced whole

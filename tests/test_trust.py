@@ -1,0 +1,454 @@
+"""A wheelhouse nodes can trust (issue 28): the signed manifest, attacked as a co-tenant of a shared
+wheelhouse would. Every case is refused by verify, repair, the node installer and the provision
+script with its exit code, and nothing is installed or run.
+
+The wheels are FAKE (tests/fakes.py: zips holding what publish and the installer read, pip-installable
+where a node installs them); the signatures, ssh-keygen, OpenSSL, pip and the node venvs are real.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import http.server
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+from fakes import METADATA, NAME, dep_wheel, fake_wheel, write_wheel
+
+from builder import node, signing
+from builder.build.source import sha256_of
+from builder.errors import FolderError, TrustError, WheelhouseError
+from builder.node import INSTALLER, InstallError, ManifestError
+from builder.wheelhouse import publish, verify
+from builder.wheelhouse.layout import load_manifest, read_manifest, write_manifest
+from builder.wheelhouse.provision import Host, host_script
+from builder.wheelhouse.publish import resign
+
+ROOT = Path(__file__).resolve().parents[1]
+NO_TORCH = METADATA.replace("Requires-Dist: torch==2.13.0\n", "Requires-Dist: fakedep-a>=1\n")
+PLANTED = "import pathlib; pathlib.Path(__import__('os').environ['PLANTED']).write_text('planted line ran')\n"
+
+pytestmark = pytest.mark.spawns
+
+
+def no_deps(reqs: object, tag: str, dest: Path, log: object) -> list[Path]:
+    """A FAKE `pip download`: the closure as one tiny real wheel."""
+    return [dep_wheel(dest, "fakedep-a", "1.0")]
+
+
+@pytest.fixture
+def keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> signing.Keys:
+    """This test's own build-host key folder and node state (never the session's)."""
+    monkeypatch.setenv(signing.KEYS_ENV, str(tmp_path / "keys"))
+    monkeypatch.setenv(node.STATE_ENV, str(tmp_path / "node-state"))
+    return signing.keys()
+
+
+@pytest.fixture
+def house(tmp_path: Path, keys: signing.Keys) -> Path:
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    target = tmp_path / "house"
+    publish([fake_wheel(dist, metadata=NO_TORCH, cpu_target="x86-64")], target, fetch_closure=no_deps)
+    assert verify(target) == []
+    return target
+
+
+def builder(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "builder", *args], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})  # fmt: skip
+
+
+def installer(house: Path | str, *args: str, python: str = sys.executable, env: dict[str, str] | None = None,
+              tool: Path | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    """The published node installer, run as a node runs it."""
+    tool = tool or Path(str(house)) / INSTALLER
+    run_env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
+    run_env.update(PIP_CONFIG_FILE="/dev/null", PIP_INDEX_URL="http://127.0.0.1:9/simple/", PIP_NO_CACHE_DIR="1",
+                   PIP_DISABLE_PIP_VERSION_CHECK="1", **(env or {}))  # fmt: skip
+    return subprocess.run([python, str(tool), "--wheelhouse", str(house), "--python", python, *args],
+                          capture_output=True, text=True, env=run_env)  # fmt: skip
+
+
+def forge(house: Path) -> None:
+    """The co-tenant's forgery of issue 28: a line planted in the published wheel, and the new sha256
+    put into its smoke report and the manifest (wheel and report), so every hash agrees again."""
+    wheel = house / NAME
+    with zipfile.ZipFile(wheel) as zf:
+        files = {n: zf.read(n) for n in zf.namelist() if not n.endswith("RECORD")}
+    files["deepspeed/__init__.py"] = PLANTED.encode()
+    write_wheel(wheel, files)
+    report = json.loads((house / f"{NAME}.smoke.json").read_text())
+    report["sha256"] = sha256_of(wheel)
+    (house / f"{NAME}.smoke.json").write_text(json.dumps(report, indent=2) + "\n")
+    data = json.loads((house / "manifest.json").read_text())
+    data["wheels"][NAME]["sha256"] = sha256_of(wheel)
+    data["wheels"][NAME]["report_sha256"] = sha256_of(house / f"{NAME}.smoke.json")
+    (house / "manifest.json").write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def node_python(path: Path) -> str:
+    from nodes import node_venv
+
+    return node_venv(path)
+
+
+def installed(python: str) -> str:
+    return subprocess.run([python, "-m", "pip", "list"], capture_output=True, text=True).stdout
+
+
+# ---------------------------------------------------------------- the forgery of the issue
+
+
+def test_the_consistent_forgery_is_refused_by_verify_repair_the_node_and_provisioning(
+    house: Path, keys: signing.Keys, tmp_path: Path
+) -> None:
+    key = keys.key().line()
+    python = node_python(tmp_path / "node")
+    forge(house)
+    # Without a key the node has only the hashes the folder itself holds: the forgery installs (the
+    # gap issue 28 found, still what a node given no key gets, with a warning saying so).
+    planted = tmp_path / "planted"
+    blind = installer(house, python=python)
+    assert blind.returncode == 0 and "no --trust given" in blind.stderr
+    subprocess.run([python, "-c", "import deepspeed"], env={**os.environ, "PLANTED": str(planted)}, check=True)
+    assert planted.read_text() == "planted line ran"
+    subprocess.run([python, "-m", "pip", "uninstall", "-y", "-q", "deepspeed"], check=True)
+    planted.unlink()
+
+    done = builder("verify", "--wheelhouse", str(house))
+    assert done.returncode == 8 and "manifest.json.sig does not match what it signs" in done.stderr
+    assert "builder repair" not in done.stderr.split("fix:")[-1]  # the fix is not "repair" for a forgery
+    done = builder("repair", "--wheelhouse", str(house))
+    assert done.returncode == 8 and "does not match what it signs" in done.stderr
+    done = installer(house, "--trust", key, python=python)
+    assert done.returncode == 8 and "does not match what it signs" in done.stderr and "Traceback" not in done.stderr
+    assert "deepspeed" not in installed(python)
+    # The provision script: the signature fails before the installer is even fetched.
+    script = tmp_path / "host.sh"
+    script.write_text(host_script(Host("n1", python=python), str(house), keys.trust()))
+    (house / INSTALLER).write_bytes((house / INSTALLER).read_bytes() + f"\n{PLANTED}".encode())
+    done = subprocess.run(["sh", str(script)], capture_output=True, text=True, env={**os.environ,
+                          "PLANTED": str(planted)})  # fmt: skip
+    assert done.returncode == 8 and "is not signed by a key trusted here" in done.stderr
+    assert not planted.exists() and "deepspeed" not in installed(python)
+
+
+def test_a_node_given_the_key_installs_and_records_the_serial(house: Path, keys: signing.Keys, tmp_path: Path) -> None:
+    python = node_python(tmp_path / "node")
+    done = installer(house, "--trust", str(keys.trust_file), "--json", python=python)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    manifest = load_manifest(house)
+    assert result["installed"] and result["serial"] == manifest.serial == 1
+    assert result["signed_by"] == keys.key().fingerprint()
+    assert f"manifest signed by {keys.key().fingerprint()}: serial 1, valid until {manifest.expires}" in done.stderr
+    assert "deepspeed" in installed(python)
+    state = json.loads((tmp_path / "node-state" / "serials.json").read_text())
+    assert state[manifest.wheelhouse_id]["serial"] == 1
+
+
+# ---------------------------------------------------------------- freshness: rollback and expiry
+
+
+def test_an_older_signed_manifest_replayed_is_refused(house: Path, keys: signing.Keys, tmp_path: Path) -> None:
+    old = {n: (house / n).read_bytes() for n in ("manifest.json", "manifest.json.sig", "index.html")}
+    assert resign(house).serial == 2
+    key = keys.key().line()
+    assert installer(house, "--trust", key, "--dry-run").returncode == 0  # the node accepts serial 2
+    for name, data in old.items():  # the co-tenant puts serial 1 back: validly signed, but older
+        (house / name).write_bytes(data)
+    done = installer(house, "--trust", key, "--dry-run")
+    assert done.returncode == 8 and "has serial 1, older than serial 2 this node accepted" in done.stderr
+    assert "(rollback)" in done.stderr
+    problems = verify(house)
+    assert any("older than serial 2 this host signed" in p for p in problems)
+    with pytest.raises(WheelhouseError, match="rollback"):
+        publish([], house)
+    # Going back on purpose: adopt re-signs what is there with a serial above every one seen.
+    assert resign(house, adopt=True).serial == 3 and verify(house) == []
+    assert installer(house, "--trust", key, "--dry-run").returncode == 0
+
+
+def test_an_expired_manifest_is_refused_until_it_is_re_signed(house: Path, keys: signing.Keys) -> None:
+    key = keys.key().line()
+    found = read_manifest(house)
+    assert found is not None
+    past = node.stamp(datetime.datetime.now(datetime.UTC) - datetime.timedelta(hours=1))
+    write_manifest(house, dataclasses.replace(found[1], serial=found[1].serial + 1, expires=past))
+    done = installer(house, "--trust", key, "--dry-run")
+    assert done.returncode == 8 and f"expired at {past}" in done.stderr and "builder sign" in done.stderr
+    assert any(f"expired at {past}" in p for p in verify(house))
+    done = builder("sign", "--wheelhouse", str(house), "--days", "7")
+    assert done.returncode == 0, done.stderr
+    manifest = load_manifest(house)
+    assert f"serial {manifest.serial}, valid until {manifest.expires}" in done.stderr
+    expires = node.parse_stamp(manifest.expires)
+    assert expires is not None and 6 <= (expires - datetime.datetime.now(datetime.UTC)).days <= 7
+    assert installer(house, "--trust", key, "--dry-run").returncode == 0 and verify(house) == []
+    # The node's own clock decides: a node living after the expiry refuses what a node now accepts.
+    later = expires + datetime.timedelta(seconds=1)
+    with pytest.raises(ManifestError, match="expired"):
+        node.load_verified(str(house), keys.trust(), now=later)
+
+
+# ---------------------------------------------------------------- who signed, and for what
+
+
+def test_a_manifest_signed_by_another_key_is_refused(house: Path, keys: signing.Keys, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    ours = keys.key().line()
+    monkeypatch.setenv(signing.KEYS_ENV, str(tmp_path / "intruder-keys"))
+    resign(house, adopt=True)  # the intruder's own key (its first use made it), over the same files
+    intruder = signing.keys().key()
+    monkeypatch.setenv(signing.KEYS_ENV, str(tmp_path / "keys"))
+    done = installer(house, "--trust", ours, "--dry-run")
+    assert done.returncode == 8 and f"made by key {intruder.fingerprint()}, which this node does not trust" in (
+        done.stderr
+    )
+    assert any("which this node does not trust" in p for p in verify(house))
+    done = builder("verify", "--wheelhouse", str(house), "--trust", intruder.line())  # a person choosing that key
+    assert done.returncode == 0 and f"signed by {intruder.fingerprint()}" in done.stderr
+
+
+def test_a_removed_signature_is_refused_by_a_node_given_a_key(house: Path, keys: signing.Keys) -> None:
+    (house / "manifest.json.sig").unlink()
+    done = installer(house, "--trust", keys.key().line(), "--dry-run")
+    assert done.returncode == 8 and "is not signed" in done.stderr
+    assert any("is not signed (no manifest.json.sig)" in p for p in verify(house))
+    with pytest.raises(WheelhouseError, match="sign --adopt"):
+        load_manifest(house)
+
+
+def test_a_signature_made_for_another_purpose_is_refused(house: Path, keys: signing.Keys, tmp_path: Path) -> None:
+    """The build host's own key, signing manifest.json's bytes, but in git's namespace (as a commit
+    signature would be): the purpose is part of what was signed."""
+    message = tmp_path / "m"
+    message.write_bytes((house / "manifest.json").read_bytes())
+    subprocess.run(["ssh-keygen", "-q", "-Y", "sign", "-f", str(keys.private), "-n", "git", str(message)], check=True)
+    shutil.copy(f"{message}.sig", house / "manifest.json.sig")
+    done = installer(house, "--trust", keys.key().line(), "--dry-run")
+    assert done.returncode == 8 and "signature made for another purpose (namespace 'git'" in done.stderr
+    assert any("namespace 'git'" in p for p in verify(house))
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (b"garbage\n", "is not an SSH signature"),
+        (b"-----BEGIN SSH SIGNATURE-----\nU1NIU0lH\n-----END SSH SIGNATURE-----\n", "is not an SSH signature"),
+        (b"-----BEGIN SSH SIGNATURE-----\n" + b"QUFB" * 40000 + b"\n-----END SSH SIGNATURE-----\n", "limit"),
+    ],
+    ids=["garbage", "truncated", "huge"],
+)
+def test_a_garbage_or_huge_signature_is_refused(house: Path, keys: signing.Keys, content: bytes, expected: str) -> None:
+    (house / "manifest.json.sig").write_bytes(content)
+    done = installer(house, "--trust", keys.key().line(), "--dry-run")
+    assert done.returncode == 8 and expected in done.stderr and "Traceback" not in done.stderr
+    assert verify(house) != []
+
+
+# ---------------------------------------------------------------- the key on the build host
+
+
+def test_a_signing_key_others_can_read_is_refused_and_nothing_is_written(house: Path, keys: signing.Keys,
+                                                                          tmp_path: Path) -> None:  # fmt: skip
+    before = {p.name: p.read_bytes() for p in house.iterdir() if p.is_file()}
+    keys.private.chmod(0o644)
+    dist = tmp_path / "dist2"
+    dist.mkdir()
+    wheel = fake_wheel(dist, name=NAME.replace("0.19.8", "0.19.9"), metadata=NO_TORCH, cpu_target="x86-64")
+    done = builder("publish", "--wheelhouse", str(house), str(wheel))
+    assert done.returncode == TrustError.exit_code == 13
+    assert "can be read or changed by others (mode 644)" in done.stderr and "chmod 600" in done.stderr
+    after = {p.name: p.read_bytes() for p in house.iterdir() if p.is_file()}
+    assert after.keys() - {".publish.lock"} == before.keys() - {".publish.lock"}
+    assert {n: after[n] for n in before if n != ".publish.lock"} == {n: b for n, b in before.items()
+                                                                     if n != ".publish.lock"}  # fmt: skip
+    keys.private.chmod(0o600)
+    assert builder("publish", "--wheelhouse", str(house), str(wheel)).returncode == 0 and verify(house) == []
+
+
+def test_key_commands_show_rotate_revoke(house: Path, keys: signing.Keys, tmp_path: Path) -> None:
+    """Rotation: the new key signs, both are trusted until the old one is revoked; then a manifest
+    the old key signed is refused by the host and by a node given the new allowed_signers."""
+    old = keys.key()
+    shown = builder("key", "show")
+    assert shown.returncode == 0 and shown.stdout.strip() == old.line()
+    old_signed = {n: (house / n).read_bytes() for n in ("manifest.json", "manifest.json.sig", "index.html")}
+    rotated = builder("key", "rotate")
+    assert rotated.returncode == 0, rotated.stderr
+    new = keys.key()
+    assert new != old and set(keys.trust().keys) == {old, new}
+    assert verify(house) == []  # the old key's signature is still good during the rotation
+    assert resign(house).serial == 2 and node.fingerprint_of(load_manifest(house).signer) == new.fingerprint()
+    assert installer(house, "--trust", new.line(), "--dry-run").returncode == 0
+    revoked = builder("key", "revoke", old.fingerprint())
+    assert revoked.returncode == 0 and old not in keys.trust().keys and old in keys.trust().revoked
+    assert f"@revoked {old.line()}" in keys.trust_file.read_text()
+    # The old key's (older) manifest put back: the host refuses it, and a node with the new trust file too.
+    for name, data in old_signed.items():
+        (house / name).write_bytes(data)
+    assert any("which this node does not trust" in p or "revoked" in p for p in verify(house))
+    node_state = {node.STATE_ENV: str(tmp_path / "fresh-node")}  # a node that never saw serial 2
+    done = installer(house, "--trust", str(keys.trust_file), "--dry-run", env=node_state)
+    assert done.returncode == 8 and f"made by key {old.fingerprint()}, which is revoked" in done.stderr
+    assert builder("key", "revoke", new.fingerprint()).returncode == 13  # never this host's own key
+
+
+# ---------------------------------------------------------------- the node's tools
+
+
+def test_a_node_without_ssh_keygen_verifies_with_openssl_or_says_what_to_install(house: Path, keys: signing.Keys,
+                                                                                  tmp_path: Path) -> None:  # fmt: skip
+    """RHEL 8's OpenSSH 8.0 has no -Y: OpenSSL's Ed25519 check stands in; with neither, exit 9."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "openssl").symlink_to(shutil.which("openssl") or "/usr/bin/openssl")
+    no_ssh = {"PATH": str(bin_dir)}
+    key = keys.key().line()
+    done = installer(house, "--trust", key, "--dry-run", env=no_ssh)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "manifest signed by" in done.stderr
+    signed = (house / "manifest.json").read_bytes()
+    (house / "manifest.json").write_bytes(signed.replace(b'"recipe": "cpu"', b'"recipe": "cpv"'))
+    done = installer(house, "--trust", key, "--dry-run", env=no_ssh)
+    assert done.returncode == 8 and "does not match what it signs" in done.stderr
+    (house / "manifest.json").write_bytes(signed)
+    (bin_dir / "openssl").unlink()
+    done = installer(house, "--trust", key, "--dry-run", env=no_ssh)
+    assert done.returncode == 9 and "cannot check the wheelhouse's signature" in done.stderr
+    assert "install OpenSSH 8.1 or newer" in done.stderr
+    script = tmp_path / "host.sh"
+    script.write_text(host_script(Host("n1"), str(house), keys.trust()))
+    (bin_dir / "mktemp").symlink_to(shutil.which("mktemp") or "/bin/mktemp")
+    (bin_dir / "rm").symlink_to(shutil.which("rm") or "/bin/rm")
+    (bin_dir / "cat").symlink_to(shutil.which("cat") or "/bin/cat")
+    (bin_dir / "python3").symlink_to(sys.executable)
+    done = subprocess.run([shutil.which("sh") or "/bin/sh", str(script)], capture_output=True, text=True,
+                          env={"PATH": str(bin_dir)})  # fmt: skip
+    assert done.returncode == 9 and "ssh-keygen is missing" in done.stderr
+
+
+def test_the_trust_given_to_a_node_is_checked() -> None:
+    with pytest.raises(InstallError, match="no public key on the line"):
+        node.parse_trust("ds-wheelhouse not-a-key\n", "trusted")
+    with pytest.raises(InstallError, match="is not a public key"):
+        node.parse_trust("ssh-ed25519 !!!!\n", "trusted")
+    with pytest.raises(InstallError, match="holds no key that is not revoked"):
+        node.load_trust(["@revoked ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAILF4WHI7T5v/sYCfwHBDEp/UDmc1973dx9ZYD7xGdfok"])
+    scoped = node.parse_trust('x namespaces="git" ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAILF4WHI7T5v/sYCfwHBDEp/'
+                              "UDmc1973dx9ZYD7xGdfok\n", "t")  # fmt: skip
+    assert scoped.keys == ()  # a key trusted for git signs no wheelhouse
+
+
+# ---------------------------------------------------------------- over HTTP, and copies
+
+
+class Swapping(http.server.SimpleHTTPRequestHandler):
+    """A proxy on the path to the wheelhouse that hands out a forged wheel and manifest (its own
+    consistent forgery) and passes everything else through."""
+
+    forged: ClassVar[dict[str, bytes]] = {}
+
+    def do_GET(self) -> None:
+        name = self.path.lstrip("/").replace("%2B", "+")
+        if name in self.forged:
+            body = self.forged[name]
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        super().do_GET()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def swapping_proxy(house: Path, tmp_path: Path) -> Iterator[str]:
+    copy = tmp_path / "forged"
+    shutil.copytree(house, copy)
+    forge(copy)
+    Swapping.forged = {n: (copy / n).read_bytes() for n in (NAME, f"{NAME}.smoke.json", "manifest.json")}
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: Swapping(*a, directory=str(house)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_proxy_swapping_the_wheel_and_manifest_is_refused(swapping_proxy: str, keys: signing.Keys,
+                                                            tmp_path: Path) -> None:  # fmt: skip
+    tool = tmp_path / "ds-node-install.py"
+    tool.write_bytes(Path(node.__file__).read_bytes())
+    done = installer(swapping_proxy, "--trust", keys.key().line(), "--dry-run", tool=tool)
+    assert done.returncode == 8 and "does not match what it signs" in done.stderr
+    assert f"==> chosen: {NAME}" not in done.stderr
+
+
+def test_a_copied_wheelhouse_verifies_and_installs_unchanged(house: Path, keys: signing.Keys, tmp_path: Path) -> None:
+    """Sites rsync a wheelhouse to each cluster's share: the copy, signature included, is valid as is."""
+    copy = tmp_path / "elsewhere" / "mirror"
+    shutil.copytree(house, copy)
+    assert verify(copy) == []
+    done = builder("verify", "--wheelhouse", str(copy), "--trust", keys.key().line())
+    assert done.returncode == 0, done.stderr
+    assert installer(copy, "--trust", keys.key().line(), "--dry-run").returncode == 0
+
+
+# ---------------------------------------------------------------- the shared unit cache
+
+
+def test_a_unit_cache_entry_no_trusted_key_signed_is_built_again(tmp_path: Path, keys: signing.Keys) -> None:
+    """A co-tenant rewrites a cached unit's wheel and recomputes its record's sha256: the record's
+    signature no longer holds, so the unit is not taken from the cache."""
+    from test_units import plan_for, unit_wheel
+
+    from builder.units import cache
+    from builder.units.plan import plan_units
+
+    (unit,), _ = plan_units(plan_for("cpu_lion"), {}, 2, None)
+    store = tmp_path / "units"
+    record, cached = cache.store(store, unit, unit_wheel(tmp_path / "built", "cpu_lion"), 12.0)
+    assert cache.lookup(store, unit) == (record, cached)
+    with zipfile.ZipFile(cached, "a") as zf:  # other shared-object bytes in the cached unit wheel
+        zf.writestr("deepspeed/ops/adam/planted.so", b"\x7fELF planted")
+    data = json.loads((store / unit.key / "unit.json").read_text())
+    data["sha256"] = hashlib.sha256(cached.read_bytes()).hexdigest()
+    (store / unit.key / "unit.json").write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    assert cache.lookup(store, unit) is None
+    (store / unit.key / "unit.json.sig").unlink()
+    assert cache.lookup(store, unit) is None  # unsigned: the same
+
+
+def test_a_unit_cache_in_a_system_folder_or_behind_another_users_link_is_refused(tmp_path: Path) -> None:
+    from builder.units.cache import UNIT_CACHE_ENV, cache_folder
+
+    link = tmp_path / "cache-link"
+    link.symlink_to("/")
+    for path in (link, Path("/"), Path("/usr/lib"), Path("/etc"), Path.home()):
+        with pytest.raises(FolderError, match="is the system folder"):
+            cache_folder(tmp_path, {UNIT_CACHE_ENV: str(path)})
+    assert FolderError.exit_code == 10
+    mine = tmp_path / "shared" / "units"
+    assert cache_folder(tmp_path, {UNIT_CACHE_ENV: str(mine)}) == mine
+    if os.getuid() == 0:  # a link another user made (chown of the link itself needs root)
+        other = tmp_path / "their-link"
+        other.symlink_to(tmp_path / "shared")
+        os.lchown(other, 65534, 65534)
+        with pytest.raises(FolderError, match="a link made by another user"):
+            cache_folder(tmp_path, {UNIT_CACHE_ENV: str(other / "units")})
