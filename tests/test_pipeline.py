@@ -5,6 +5,7 @@ Slow (a real DeepSpeed build, about 2 minutes on 2 cores, plus fresh venvs with 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
@@ -562,7 +563,7 @@ def test_the_wheelhouse_page_in_a_browser(
                     for pre in driver.find_elements(By.CSS_SELECTOR, "pre.cmd")}  # fmt: skip
         for kind, text in install_commands(manifest, entry).items():
             assert commands[(kind, WHEEL)] == text
-        assert commands[("wh", "")].startswith(f'WH="{house.resolve().as_uri()}"')
+        assert commands[("wh", "")].startswith('WH="file:///path/to/this/wheelhouse"')  # a copy stays valid
         printed = next(line for line in result.stderr.splitlines() if line.startswith("==> install it with: "))
         wh = house.resolve().as_uri()
         pip_line = commands[("pip", WHEEL)].splitlines()[-1].replace("$WH", wh)
@@ -615,7 +616,8 @@ def test_the_pages_node_installer_command_installs_on_an_air_gapped_node(
     (shown,) = re.findall(r'<pre class="cmd" data-kind="node-installer" data-wheel=""><code>(.*?)</code></pre>', page,
                           re.S)  # fmt: skip
     command = html.unescape(shown)
-    assert command == node_installer_command(node.parse_manifest((house / "manifest.json").read_text()))
+    manifest = node.parse_manifest((house / "manifest.json").read_text())
+    assert command == node_installer_command(manifest)
     python = node_venv(tmp_path / "node", "torch==2.13.0")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_", "PYTHON"))}
     env.update(
@@ -633,18 +635,36 @@ def test_the_pages_node_installer_command_installs_on_an_air_gapped_node(
     version = subprocess.run([python, "-c", "import deepspeed; print(deepspeed.__version__)"], capture_output=True,
                              text=True, check=True).stdout.strip().splitlines()[-1]  # fmt: skip
     assert version == VERSION
+    assert f"manifest signed by {node.fingerprint_of(manifest.signer)}" in done.stderr
     # A tampered installer in the wheelhouse is refused by the command's own check: nothing runs.
     tool = house / "tools" / "ds-node-install.py"
     original = tool.read_bytes()
     try:
         tool.write_bytes(original + b"\nraise SystemExit('tampered installer ran')\n")
-        (tmp_path / "run" / "ds-node-install.py").unlink()
         refused = subprocess.run(["bash", "-c", f'WH="{house.resolve().as_uri()}"\n{command}'],
                                  cwd=tmp_path / "run", env=env, capture_output=True, text=True)  # fmt: skip
         assert refused.returncode != 0 and "FAILED" in refused.stdout + refused.stderr
         assert "tampered installer ran" not in refused.stdout + refused.stderr
     finally:
         tool.write_bytes(original)
+    # Issue 28's forgery on the real wheel, on a copy of the wheelhouse: a line planted in DeepSpeed's
+    # __init__.py, the new sha256 put into the smoke report and the manifest. The page's command
+    # stops at the signature: neither the installer nor pip runs.
+    forged = tmp_path / "forged"
+    shutil.copytree(house, forged)
+    wheel = forged / WHEEL
+    with zipfile.ZipFile(house / WHEEL) as src, zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as dst:
+        for info in src.infolist():
+            data = src.read(info)
+            dst.writestr(info, data + b"\nraise SystemExit('planted line ran')\n" if info.filename ==
+                         "deepspeed/__init__.py" else data)  # fmt: skip
+    data = json.loads((forged / "manifest.json").read_text())
+    data["wheels"][WHEEL]["sha256"] = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    (forged / "manifest.json").write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    refused = subprocess.run(["bash", "-c", f'WH="{forged.as_uri()}"\n{command}'], cwd=tmp_path / "run", env=env,
+                             capture_output=True, text=True)  # fmt: skip
+    assert refused.returncode != 0 and "Could not verify signature" in refused.stderr, refused.stderr[-2000:]
+    assert "==> chosen" not in refused.stderr and "pip install" not in refused.stderr
 
 
 @pytest.mark.skipif(not shutil.which("pdsh"), reason="pdsh is not installed (apt-get install pdsh)")
