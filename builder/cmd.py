@@ -11,7 +11,9 @@ import collections
 import os
 import shlex
 import shutil
+import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -41,12 +43,15 @@ def run(
     verbose: bool = False,
     progress: Callable[[str], str | None] | None = None,
     fix: str = "",
+    group: bool = False,
 ) -> str:
     """Run a command to completion and return its combined stdout and stderr.
 
     `progress` sees every output line and returns a short text to print (or None), so a long
     step shows it is alive without flooding the terminal. Raises ToolError when the program is
-    missing or exits non-zero.
+    missing or exits non-zero. With `group`, the command and everything it starts (setup.py, ninja,
+    the compilers) run in a process group of their own that dies with this process, however it
+    ends (kill -9 included): a watchdog holding a pipe from us kills the group when the pipe closes.
     """
     argv = [str(a) for a in args]
     program = argv[0]
@@ -74,7 +79,9 @@ def run(
             text=True,
             errors="replace",
             bufsize=1,
+            start_new_session=group,
         )
+        dog = _watchdog(proc.pid) if group else None
         assert proc.stdout is not None
         try:
             for line in proc.stdout:
@@ -85,10 +92,15 @@ def run(
                     output.raw(line)
                 elif progress is not None and (shown := progress(line.rstrip("\n"))):
                     output.note(f"[{time.monotonic() - start:5.0f}s] {shown}")
+            code = proc.wait()
         except BaseException:  # Ctrl-C (the child had it too) or a failing reader: the child is gone before we go on
+            if group:  # its own group does not get the terminal's Ctrl-C: pass it on
+                _signal_group(proc.pid, signal.SIGINT)
             _stop(proc)
             raise
-        code = proc.wait()
+        finally:
+            if dog is not None:
+                _call_off(dog, proc)
         log_file.write(f"# exit status {code} after {time.monotonic() - start:.1f}s\n")
     if code != 0:
         shown_tail = "" if verbose else "".join(tail)
@@ -98,6 +110,42 @@ def run(
             fix or "read the output above; rerun with --verbose to stream it",
         )
     return "".join(lines)
+
+
+# The watchdog: a tiny Python that reads its stdin (a pipe only we hold the other end of) until it
+# closes, that is until we exit or are killed, then kills the command's process group.
+_WATCHDOG = (
+    "import os, signal, sys\n"
+    "sys.stdin.buffer.read()\n"
+    "try:\n    os.killpg(int(sys.argv[1]), signal.SIGKILL)\nexcept OSError:\n    pass\n"
+)
+
+
+def _watchdog(pgid: int) -> tuple[subprocess.Popen[bytes], int]:
+    read_end, write_end = os.pipe()  # not inherited by any other child (os.pipe is non-inheritable)
+    try:
+        dog = subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(pgid)], stdin=read_end, start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    finally:
+        os.close(read_end)
+    return dog, write_end
+
+
+def _call_off(dog: tuple[subprocess.Popen[bytes], int], proc: subprocess.Popen[str]) -> None:
+    """The command is over (or stopped): what is left of its group goes, then the watchdog."""
+    watchdog, write_end = dog
+    if proc.poll() is not None:
+        _signal_group(proc.pid, signal.SIGKILL)  # stragglers a finished command left in its group
+    watchdog.kill()
+    watchdog.wait()
+    os.close(write_end)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except OSError:
+        pass
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:

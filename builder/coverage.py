@@ -69,7 +69,7 @@ def wheel_ops(wheel: Path) -> list[dict[str, str]]:
     from builder.build.source import sha256_of
     from builder.contracts import BuildManifest
     from builder.errors import SmokeError
-    from builder.node import op_rows
+    from builder.node import host_ops_of, op_rows
     from builder.smoke import load_report
 
     try:
@@ -81,7 +81,8 @@ def wheel_ops(wheel: Path) -> list[dict[str, str]]:
     except SmokeError:
         report = None
     checks = report.summary_checks() if report and report.sha256 == sha256_of(wheel) else {}
-    return op_rows(manifest.ops, manifest.missing_ops, manifest.archs, manifest.narrowed_ops, checks)
+    return op_rows(manifest.ops, manifest.missing_ops, manifest.archs, manifest.narrowed_ops, checks,
+                   host_ops_of(manifest.data) or ())  # fmt: skip
 
 
 def table(results: Sequence[TargetResult]) -> list[str]:

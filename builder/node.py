@@ -174,10 +174,14 @@ class WheelEntry:
     # The dependency files (manifest "dependencies") this wheel installs with, its whole runtime
     # closure but torch; None where an older toolkit published it without the list.
     requires: tuple[str, ...] | None = None
+    # Ops of a GPU wheel with no device code (cpu_adam, async_io...): host code, whatever the archs.
+    # None where an older toolkit published it without the list.
+    host_ops: tuple[str, ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
             **({"requires": list(self.requires)} if self.requires is not None else {}),
+            **({"host_ops": list(self.host_ops)} if self.host_ops is not None else {}),
             "sha256": self.sha256,
             "version": self.version,
             "recipe": self.recipe,
@@ -415,6 +419,7 @@ def op_rows(
     archs: Sequence[str],
     narrowed: Mapping[str, Sequence[str]],
     checks: Mapping[str, tuple[str, str]],
+    host_ops: Sequence[str] = (),
 ) -> list[dict[str, str]]:
     """One row per op the recipe asked for: built or why not, the archs its code holds, and what
     the smoke found when loading it and checking what it computes (`checks`: name -> (status, detail))."""
@@ -423,7 +428,7 @@ def op_rows(
         if op in missing:
             rows.append({"op": op, "built": "no", "archs": "-", "loaded": "-", "checked": "-", "why": missing[op]})
             continue
-        held = narrowed.get(op, archs)
+        held = () if op in host_ops else narrowed.get(op, archs)
         load = checks.get(f"load:{op}", ("not run", ""))
         check = checks.get(f"numerics:{op}", ("not run", "no check of what it computes"))
         why = check[1] if check[0] != "passed" else ""
@@ -436,17 +441,34 @@ def op_rows(
 
 def op_table(entry: WheelEntry) -> list[dict[str, str]]:
     """The op rows of a published wheel, from its manifest entry and its smoke summary."""
-    return op_rows(entry.ops, entry.missing_ops, entry.archs, entry.narrowed_ops, entry.smoke.checks)
+    return op_rows(entry.ops, entry.missing_ops, entry.archs, entry.narrowed_ops, entry.smoke.checks,
+                   entry.host_ops or ())  # fmt: skip
 
 
 def format_op_rows(rows: Sequence[Mapping[str, str]]) -> list[str]:
     """The op table as aligned text lines (install --dry-run, build-wheel)."""
     lines = []
     for row in rows:
-        why = f"  ({row['why'][:160]})" if row["why"] else ""
+        why = f"  ({shorten(row['why'], 300)})" if row["why"] else ""
         lines.append(f"op {row['op']:24} built {row['built']:3} archs {row['archs']:10} loaded {row['loaded']:8} "
                      f"checked {row['checked']}{why}")  # fmt: skip
     return lines
+
+
+def shorten(text: str, width: int) -> str:
+    """`text` on one line, cut at a word (never mid-word) with " ..." where it is longer than `width`."""
+    flat = " ".join(text.split())
+    if len(flat) <= width:
+        return flat
+    return flat[: width - 4].rsplit(" ", 1)[0] + " ..."
+
+
+def host_ops_of(build: Mapping[str, Any]) -> list[str] | None:
+    """The ops of a GPU build with no device code in their .so (the build manifest's op_archs)."""
+    op_archs = build.get("op_archs")
+    if not isinstance(op_archs, dict) or not build.get("archs"):
+        return None if not isinstance(op_archs, dict) else []
+    return sorted(op for op in build.get("ops") or [] if op in op_archs and not op_archs[op])
 
 
 def parse_wheel_entry(name: str, data: object, where: str) -> WheelEntry:
@@ -472,6 +494,7 @@ def parse_wheel_entry(name: str, data: object, where: str) -> WheelEntry:
         report_sha256=f.text("report_sha256", SHA256_RE, optional=True),
         published_at=f.text("published_at", STAMP_RE, optional=True) or "",
         requires=_requires(f),
+        host_ops=f.texts("host_ops", OP_RE) if "host_ops" in f.data else None,
     )
     if wheel.version != entry.version:
         raise f.fail("version", f"is {entry.version!r} but the file name says {wheel.version!r}")
@@ -730,6 +753,7 @@ def facts_of_build(build: Mapping[str, Any]) -> dict[str, Any]:
         "ops": list(build.get("ops") or []),
         "narrowed_ops": dict(build.get("narrowed_ops") or {}),
         "missing_ops": dict(build.get("missing_ops") or {}),
+        "host_ops": host_ops_of(build),
     }
 
 

@@ -18,8 +18,18 @@ def set_quiet(quiet: bool) -> None:
     _quiet = quiet
 
 
+# Control characters (ESC, NUL, ...) a hostile recipe name, path or file can carry are shown as
+# escapes, never sent to the terminal: they could rewrite what the person reads.
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F] if chr(c) not in "\n\t"}
+
+
+def shown(text: str) -> str:
+    """`text` with its control characters (but newlines and tabs) written as \\xNN."""
+    return text.translate(_CONTROL)
+
+
 def _emit(text: str, stream: TextIO | None = None) -> None:
-    print(text, file=stream or sys.stderr, flush=True)
+    print(shown(text), file=stream or sys.stderr, flush=True)
 
 
 def step(message: str) -> None:

@@ -7,10 +7,12 @@ later, against DeepSpeed's own op list for the chosen accelerator (see `ops.chec
 
 from __future__ import annotations
 
+import collections
 import difflib
 import re
+import stat
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -162,22 +164,45 @@ def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
     return f' (did you mean "{close[0]}"?)' if close else ""
 
 
-def load_recipe(path: Path) -> Recipe:
-    """Read and validate a recipe file."""
+MAX_TOML = 1 << 20  # a recipe or matrix file is a few hundred bytes; past 1 MiB it is not one
+MAX_OPS = 1000
+
+
+def read_toml(path: Path, what: str, option: str) -> dict[str, Any]:
+    """A recipe or matrix file, parsed: a regular file (not /dev/zero, a pipe or a folder) of at most
+    MAX_TOML bytes, UTF-8, TOML, nested no deeper than the parser can follow."""
     try:
-        text = path.read_text(encoding="utf-8")
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            raise RecipeError(f"{what} {path} is not a regular file", f"pass a TOML file with {option}")
+        if st.st_size > MAX_TOML:
+            raise RecipeError(f"{what} {path} is {st.st_size} bytes, past the {MAX_TOML >> 20} MiB a {what} can be",
+                              f"pass the {what}'s TOML file with {option}")  # fmt: skip
+        with open(path, "rb") as f:
+            raw = f.read(MAX_TOML + 1)
     except OSError as exc:
-        raise RecipeError(f"cannot read recipe {path}: {exc.strerror}", "pass an existing file with --recipe") from exc
+        raise RecipeError(f"cannot read {what} {path}: {exc.strerror}", f"pass an existing file with {option}") from exc
+    if len(raw) > MAX_TOML:
+        raise RecipeError(f"{what} {path} grew past {MAX_TOML >> 20} MiB while read", f"pass a TOML file with {option}")
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise RecipeError(
-            f"recipe {path} is not UTF-8 text (byte {exc.start} is {exc.object[exc.start : exc.start + 1]!r})",
-            "save the recipe as UTF-8 (TOML files must be UTF-8)",
+            f"{what} {path} is not UTF-8 text (byte {exc.start} is {exc.object[exc.start : exc.start + 1]!r})",
+            f"save the {what} as UTF-8 (TOML files must be UTF-8)",
         ) from exc
     try:
-        data = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise RecipeError(f"recipe {path} is not valid TOML: {exc}", "fix the TOML syntax at that line") from exc
-    return parse_recipe(data, path)
+        raise RecipeError(f"{what} {path} is not valid TOML: {exc}", "fix the TOML syntax at that line") from exc
+    except RecursionError as exc:
+        raise RecipeError(f"{what} {path} nests arrays or tables too deeply to read", f"a {what} is a flat table: "
+                          "fix the file") from exc  # fmt: skip
+
+
+def load_recipe(path: Path) -> Recipe:
+    """Read and validate a recipe file."""
+    return parse_recipe(read_toml(path, "recipe", "--recipe"), path)
 
 
 def parse_recipe(data: Mapping[str, Any], path: Path | None = None) -> Recipe:
@@ -278,7 +303,7 @@ def _ops(data: Mapping[str, Any], where: str) -> tuple[list[str], bool, list[str
             raise RecipeError(
                 f'{where}: ops = "{ops}" is not a list of ops or "all"', 'e.g. ops = ["cpu_adam"], or ops = "all"'
             )
-        dupes = sorted({op for op in excluded if excluded.count(op) > 1})
+        dupes = _repeated(excluded)
         if dupes:
             raise RecipeError(f"{where}: ops_except lists {', '.join(dupes)} more than once", "list each op once")
         return [], True, list(excluded)
@@ -286,10 +311,18 @@ def _ops(data: Mapping[str, Any], where: str) -> tuple[list[str], bool, list[str
         raise RecipeError(f'{where}: ops_except is only for ops = "all"', "remove the op from ops instead")
     if not ops or not all(isinstance(op, str) and op for op in ops):
         raise RecipeError(f"{where}: ops must be a non-empty list of op names", 'e.g. ops = ["cpu_adam"], or "all"')
-    dupes = sorted({op for op in ops if ops.count(op) > 1})
+    if len(ops) > MAX_OPS:
+        raise RecipeError(f"{where}: ops lists {len(ops)} names; DeepSpeed has a few dozen ops",
+                          f'list the ops to build (at most {MAX_OPS}), or ops = "all"')  # fmt: skip
+    dupes = _repeated(ops)
     if dupes:
         raise RecipeError(f"{where}: ops lists {', '.join(dupes)} more than once", "list each op once")
     return list(ops), False, []
+
+
+def _repeated(names: Sequence[str]) -> list[str]:
+    """Names listed more than once (one pass: a list of 100,000 names is refused at once)."""
+    return sorted(name for name, n in collections.Counter(names).items() if n > 1)[:20]
 
 
 def _archs(value: str | list[str] | None, accelerator: str, where: str) -> tuple[tuple[str, ...], bool]:

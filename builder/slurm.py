@@ -317,7 +317,7 @@ def load_run(run: Path) -> dict[str, Any]:
     try:
         data = json.loads(read_bounded(run / RUN_FILE, "report"))
     except (OSError, ValueError) as exc:
-        raise MatrixError(f"{where}: cannot be read as JSON ({exc})",
+        raise RecipeError(f"{where}: cannot be read as JSON ({exc})",
                           "pass the run folder build-wheel --slurm printed")  from exc  # fmt: skip
     try:
         f = Fields(data, where)
@@ -363,7 +363,7 @@ def load_run(run: Path) -> dict[str, Any]:
                 s.text("time", SLURM_WORD)
                 s.text("job", _JOB_ID, optional=True)
     except ManifestError as exc:
-        raise MatrixError(exc.message, "the run folder was edited: submit the matrix again") from exc
+        raise RecipeError(exc.message, "the run folder was edited: submit the matrix again") from exc
     return f.data
 
 

@@ -13,7 +13,6 @@ import dataclasses
 import os
 import re
 import sys
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,13 +185,9 @@ _GPU_KEYS = {"partition": str, "gres": str, "require_gpu": bool, "time": str}
 
 def load_matrix(path: Path) -> Matrix:
     """Read and check a matrix file; recipe paths are relative to it."""
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise RecipeError(f"cannot read matrix {path}: {exc.strerror}", "pass an existing file with --matrix") from exc
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise RecipeError(f"matrix {path} is not valid TOML: {exc}", "fix the file at that line") from exc
-    return parse_matrix(data, path)
+    from builder.recipe import read_toml
+
+    return parse_matrix(read_toml(path, "matrix", "--matrix"), path)
 
 
 def parse_matrix(data: Mapping[str, Any], path: Path) -> Matrix:

@@ -1254,3 +1254,195 @@ def test_a_project_page_a_killed_publish_began_is_removed(house: Path, left: str
     repair(house)
     assert (foreign / "notes.txt").read_text() == "mine"  # not what publish writes: reported, never removed
     assert verify(house) == ["simple/theirs: not a project manifest.json lists"]
+
+
+# ---------------------------------------------------------------- the third round (issue 28)
+
+
+@pytest.mark.parametrize("what", ["/dev/zero", "a pipe", "a folder", "2 MiB"])
+def test_a_recipe_or_matrix_that_is_not_a_small_regular_file_is_refused_unread(tmp_path: Path, what: str) -> None:
+    """`build-wheel --matrix /dev/zero` read until the kernel killed it at 9.4 GB: only a regular
+    file of at most 1 MiB is read, and never past that."""
+    from builder.targets import load_matrix
+
+    path = Path("/dev/zero")
+    if what == "a pipe":
+        path = tmp_path / "fifo"
+        os.mkfifo(path)
+    elif what == "a folder":
+        path = tmp_path
+    elif what == "2 MiB":
+        path = tmp_path / "big.toml"
+        path.write_text("# " + "x" * (2 << 20) + "\n")
+    expected = "past the 1 MiB" if what == "2 MiB" else "is not a regular file"
+    with pytest.raises(RecipeError, match=expected):
+        load_recipe(path)
+    with pytest.raises(RecipeError, match=expected):
+        load_matrix(path)
+
+
+@pytest.mark.spawns
+def test_build_wheel_with_matrix_dev_zero_exits_2(tmp_path: Path) -> None:
+    done = builder("build-wheel", "--matrix", "/dev/zero", "--work-dir", str(tmp_path / "w"))
+    assert done.returncode == 2 and "matrix /dev/zero is not a regular file" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_deeply_nested_or_huge_op_list_is_one_message(tmp_path: Path) -> None:
+    """A 5000-deep nested array was a RecursionError traceback; 100,000 op names took 182 s to refuse
+    (a quadratic duplicate check): both are one message, at once."""
+    deep = tmp_path / "deep.toml"
+    deep.write_text(DEFAULT_RECIPE + "\nextra = " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(RecipeError, match="nests arrays or tables too deeply"):
+        load_recipe(deep)
+    import tomllib
+
+    from builder.recipe import parse_recipe
+
+    data = tomllib.loads(DEFAULT_RECIPE)
+    with pytest.raises(RecipeError, match="ops lists 100000 names"):
+        parse_recipe({**data, "ops": [f"op{i}" for i in range(100_000)]})
+    dupes = tmp_path / "dupes.toml"
+    dupes.write_text(re.sub(r"(?m)^ops = .*$", 'ops = ["cpu_adam", "cpu_lion", "cpu_adam"]', DEFAULT_RECIPE))
+    with pytest.raises(RecipeError, match="ops lists cpu_adam more than once"):
+        load_recipe(dupes)
+
+
+@pytest.mark.spawns
+def test_control_characters_in_a_recipe_are_shown_escaped_never_sent_to_the_terminal(tmp_path: Path) -> None:
+    path = tmp_path / "r.toml"
+    path.write_text(re.sub(r'(?m)^name = ".*"$', r'name = "evil\\u001b[2J\\u0000name"', DEFAULT_RECIPE))
+    done = builder("build-wheel", "--recipe", str(path), "--work-dir", str(tmp_path / "w"))
+    assert done.returncode == 2 and "evil\\x1b[2J\\x00name" in done.stderr
+    assert "\x1b" not in done.stderr and "\x00" not in done.stderr
+
+
+def test_a_client_that_drops_a_download_is_one_line_not_a_traceback(
+    house: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    import struct
+    import threading
+    import time
+
+    from builder.wheelhouse.serve import WheelhouseServer, handler_for
+
+    (house / "big.whl").write_bytes(os.urandom(32 << 20))
+    server = WheelhouseServer(("127.0.0.1", 0), handler_for(house))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        for _ in range(3):
+            client = socket.create_connection(("127.0.0.1", int(server.server_address[1])))
+            client.sendall(b"GET /big.whl HTTP/1.1\r\nHost: x\r\n\r\n")
+            client.recv(4096)
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # a reset, as a killed pip
+            client.close()
+        time.sleep(1.0)
+    finally:
+        server.shutdown()
+        server.server_close()
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "went away mid-transfer" in err
+
+
+@pytest.mark.spawns
+def test_publish_into_a_wheelhouse_path_that_is_a_file_exits_10(tmp_path: Path) -> None:
+    wheel = fake_wheel(tmp_path)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    done = builder("publish", "--wheelhouse", str(blocker), "--work-dir", str(tmp_path / "w"), str(wheel))
+    assert done.returncode == 10 and "cannot write to the wheelhouse" in done.stderr and "--wheelhouse" in done.stderr
+
+
+@pytest.mark.spawns
+def test_slurm_status_on_a_missing_or_corrupt_run_folder_exits_2(tmp_path: Path) -> None:
+    done = builder("slurm-status", str(tmp_path / "no-such-run"))
+    assert done.returncode == 2 and "run.json: cannot be read" in done.stderr and "run folder" in done.stderr
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "run.json").write_text("{not json")
+    done = builder("slurm-status", str(tmp_path / "run"))
+    assert done.returncode == 2 and "cannot be read as JSON" in done.stderr
+
+
+@pytest.mark.spawns
+def test_a_wheel_name_with_a_cyrillic_letter_is_a_publish_error(tmp_path: Path) -> None:
+    wheel = fake_wheel(tmp_path, name=NAME.replace("deepspeed", "deepsp\u0435ed"))  # Cyrillic e
+    done = builder("publish", "--wheelhouse", str(tmp_path / "house"), "--work-dir", str(tmp_path / "w"), str(wheel))
+    assert done.returncode == 7 and "is not a wheel file name" in done.stderr and "smoke it again" not in done.stderr
+    assert not (tmp_path / "house").exists()
+
+
+def test_verify_tells_a_running_publish_from_a_killed_one(house: Path) -> None:
+    from filelock import FileLock
+
+    (house / ".publish-journal.json").write_text('{"files": {}}\n')
+    with FileLock(str(house / ".publish.lock")):  # a publish holding the lock: still at work
+        import multiprocessing
+
+        with multiprocessing.get_context("fork").Pool(1) as pool:  # another process, as verify would be
+            problems = pool.apply(verify, (house,))
+    assert any("a publish is in progress" in p for p in problems) and not any("interrupted" in p for p in problems)
+    assert any("left by an interrupted publish" in p for p in verify(house))  # the lock is free: it was killed
+
+
+def test_repair_during_a_live_first_publish_waits_and_removes_nothing(tmp_path: Path) -> None:
+    """repair 1-4 s into a first publish removed the published installer (4 of 4 tries): it now
+    decides everything under the publish lock, so it waits for the publish and finds nothing to do."""
+    import threading
+    import time
+
+    started = threading.Event()
+
+    def slow_closure(reqs: Any, tag: str, dest: Path, log: Any) -> list[Path]:
+        started.set()
+        time.sleep(2.0)  # pip download, while the lock is held and the journal names the new files
+        return [dep_wheel(dest, "fakedep-a", "1.0", requires=("fakedep-b>=2",)), dep_wheel(dest, "fakedep-b", "2.1")]
+
+    house = tmp_path / "house"
+    (tmp_path / "dist").mkdir()
+    wheel = fake_wheel(tmp_path / "dist", metadata=NEEDS_DEPS, cpu_target="x86-64")
+    worker = threading.Thread(target=publish, args=([wheel], house), kwargs={"fetch_closure": slow_closure})
+    worker.start()
+    assert started.wait(30)
+    removed = repair(house)  # waits for the lock
+    worker.join()
+    assert removed == [] and (house / INSTALLER).is_file() and verify(house) == []
+
+
+def test_dry_run_shows_host_ops_of_a_gpu_wheel_as_cpu_and_never_cuts_a_reason_mid_word() -> None:
+    reason = "needs libaio " + "and a very long explanation of why " * 10 + "endword"
+    rows = node.op_rows(["cpu_adam", "fused_adam"], {"async_io": reason}, ["9.0"], {}, {}, host_ops=["cpu_adam"])
+    lines = {row["op"]: line for row, line in zip(rows, node.format_op_rows(rows), strict=True)}
+    assert "archs cpu " in lines["cpu_adam"] and "archs 9.0 " in lines["fused_adam"]
+    shown = lines["async_io"].split("(", 1)[1]
+    assert shown.endswith(" ...)") and all(w in reason.split() for w in shown[:-5].split())
+    build = {"archs": ["9.0"], "ops": ["cpu_adam", "fused_adam"], "op_archs": {"cpu_adam": [], "fused_adam": ["sm_90"]}}
+    assert node.host_ops_of(build) == ["cpu_adam"]
+    assert node.host_ops_of({**build, "archs": []}) == [] and node.host_ops_of({"ops": ["x"]}) is None
+
+
+@pytest.mark.spawns
+def test_a_killed_builder_takes_its_compilers_with_it(tmp_path: Path) -> None:
+    """After kill -9 of build-wheel, setup.py and the compilers ran on as orphans for a minute: a unit
+    build runs in a process group a watchdog kills when the builder is gone."""
+    import time
+
+    marker = f"sleep 3{os.getpid() % 1000:03d}"
+    script = tmp_path / "builder.py"
+    script.write_text(f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom builder import cmd\n"
+                      f"cmd.run(['sh', '-c', '{marker} & {marker}; wait'], group=True)\n")  # fmt: skip
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and _count(marker) < 2:
+        time.sleep(0.1)
+    assert _count(marker) >= 2
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _count(marker):
+        time.sleep(0.1)
+    assert _count(marker) == 0
+
+
+def _count(pattern: str) -> int:
+    found = subprocess.run(["pgrep", "-f", f"^{pattern}$"], capture_output=True, text=True).stdout.split()
+    return len(found)

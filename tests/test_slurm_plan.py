@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from builder import cmd, slurm
-from builder.errors import MatrixError, RecipeError, ToolError
+from builder.errors import RecipeError, ToolError
 from builder.recipe import load_recipe
 from builder.targets import GpuSmoke, parse_matrix, targets_for
 
@@ -152,13 +152,13 @@ def test_a_tampered_run_record_is_refused(tmp_path: Path) -> None:
         evil = json.loads(json.dumps(record))
         evil["targets"][0].update(change)
         (run / "run.json").write_text(json.dumps(evil))
-        with pytest.raises(MatrixError, match=message):
+        with pytest.raises(RecipeError, match=message):
             slurm.load_run(run)
     (run / "run.json").write_text(json.dumps({**record, "schema": 1}))
-    with pytest.raises(MatrixError, match="is not 2"):
+    with pytest.raises(RecipeError, match="is not 2"):
         slurm.load_run(run)
     (run / "run.json").write_text("{")
-    with pytest.raises(MatrixError, match="cannot be read as JSON"):
+    with pytest.raises(RecipeError, match="cannot be read as JSON"):
         slurm.load_run(run)
 
 
@@ -358,5 +358,5 @@ def test_a_tampered_unit_array_is_refused(tmp_path: Path) -> None:
     ]
     for change, message in changes:
         (run / "run.json").write_text(json.dumps({**record, **change}))
-        with pytest.raises(MatrixError, match=message):
+        with pytest.raises(RecipeError, match=message):
             slurm.load_run(run)

@@ -153,6 +153,7 @@ def _build(unit: Unit, job: UnitJob, folder: Path, log: Path) -> UnitResult:
             verbose=job.verbose,
             progress=lambda line: f"{name}: {shown}" if (shown := build_progress(line)) else None,
             fix=f"read the log {log}",
+            group=True,  # setup.py and its compilers die with the builder, kill -9 included
         )
         raw = single_wheel(raw_dir)
         artifacts.verify(raw, (unit.op,), job.version)

@@ -33,7 +33,7 @@ from builder import node, output
 from builder.build.source import sha256_of
 from builder.contracts import BuildManifest, SmokeReport
 from builder.coverage import parse_report
-from builder.errors import PublishError, WheelhouseError
+from builder.errors import FolderError, PublishError, WheelhouseError
 from builder.files import copy_atomic, is_temp_name, make_dirs, write_atomic
 from builder.node import (
     IMAGES,
@@ -96,6 +96,7 @@ def manifest_entry(
         ops=build.ops,
         narrowed_ops=build.narrowed_ops,
         missing_ops=build.missing_ops,
+        host_ops=None if (host := node.host_ops_of(build.data)) is None else tuple(host),
         smoke=SmokeSummary(report.passed, report.finished_at, report.summary_checks()),
         metadata_sha256=metadata_sha256,
         report_sha256=report_sha256,
@@ -105,6 +106,11 @@ def manifest_entry(
 
 def passing_report(wheel: Path) -> SmokeReport:
     """The wheel's smoke report if it passed for exactly these bytes; otherwise PublishError."""
+    try:
+        check_wheel_name(wheel.name, "wheel")
+    except ManifestError as exc:  # a Cyrillic letter, a space, no tags: not a name a wheelhouse can serve
+        raise PublishError(exc.message + " (PEP 427: ASCII letters, digits, '.', '_' and '+', five parts)",
+                           "publish the wheel build-wheel made, under the name it gave it") from exc  # fmt: skip
     if not wheel.is_file():
         raise PublishError(f"no such wheel: {wheel}", "pass the path of a built wheel, e.g. build/dist/*.whl")
     report = load_report(wheel)
@@ -536,7 +542,7 @@ def _writable(wheelhouse: Path) -> None:
         probe = tempfile.TemporaryFile(dir=wheelhouse)
         probe.close()
     except OSError as exc:
-        raise PublishError(
+        raise FolderError(
             f"cannot write to the wheelhouse {wheelhouse}: {exc.strerror}",
             "pass --wheelhouse with a folder you can write (and --work-dir, if the checkout is read-only)",
         ) from exc

@@ -18,6 +18,7 @@ import errno
 import http.server
 import os
 import stat
+import sys
 import urllib.parse
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,20 @@ class WheelhouseHandler(http.server.SimpleHTTPRequestHandler):
         output.note(f"serve: {self.address_string()} {format % args}")
 
 
+class WheelhouseServer(http.server.ThreadingHTTPServer):
+    """One thread a client; a client that goes away mid-download (a node killed, pip interrupted) is
+    one line in the log, not a traceback."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (BrokenPipeError, ConnectionResetError, TimeoutError)):
+            output.note(f"serve: {client_address[0]} went away mid-transfer ({type(exc).__name__})")
+            return
+        super().handle_error(request, client_address)
+
+
 def handler_for(wheelhouse: Path) -> type[WheelhouseHandler]:
     return type("Handler", (WheelhouseHandler,), {"root": wheelhouse.resolve()})
 
@@ -92,7 +107,7 @@ def serve(wheelhouse: Path, bind: str, port: int) -> None:
     if not (wheelhouse / "simple" / "index.html").is_file():
         raise BuilderError(f"{wheelhouse} has no simple/index.html", "publish a wheel into it first")
     try:
-        server = http.server.ThreadingHTTPServer((bind, port), handler_for(wheelhouse))
+        server = WheelhouseServer((bind, port), handler_for(wheelhouse))
     except (OSError, OverflowError) as exc:
         raise ToolError(
             f"cannot listen on {bind}:{port}: {getattr(exc, 'strerror', None) or exc}",
@@ -104,5 +119,8 @@ def serve(wheelhouse: Path, bind: str, port: int) -> None:
         host, real_port = str(server.server_address[0]), int(server.server_address[1])
         output.step(f"serving {wheelhouse.resolve()} at http://{host}:{real_port}/ (regular files inside it only)")
         output.note(f"  pip install --index-url http://{host}:{real_port}/simple/ deepspeed==<version>")
-        output.note(f"  python -m builder install --wheelhouse http://{host}:{real_port}/")
+        output.note(
+            f"  python -m builder install --wheelhouse http://{host}:{real_port}/ "
+            '--trust "$(python -m builder key show)"  (the checked path: the signature, then every file)'
+        )
         server.serve_forever()
