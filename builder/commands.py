@@ -409,7 +409,8 @@ def image(args: argparse.Namespace) -> int:
     result = build_image(args.wheelhouse, ws, lock=args.lock, wheel=args.wheel, base=args.base,
                          publish=not args.no_publish, verbose=args.verbose, smoke=not args.no_smoke)  # fmt: skip
     where = result.archive or "(not published: --no-publish)"
-    output.step(f"image {result.ref}: ID {result.image_id[:12]}, {result.size / 1e6:.0f} MB archive {where}")
+    output.step(f"image {result.ref}: ID {result.image_id[:12]}, {result.size / 1e6:.0f} MB archive (sha256 "
+                f"{result.sha256[:16]}...) {where}")  # fmt: skip
     if result.archive is not None:
         output.result(f"load it with: podman load -i {result.archive}  (or docker load -i ...)")
     return 0

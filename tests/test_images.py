@@ -151,6 +151,25 @@ def _oci(path: Path, manifest_bytes: bytes | None = None, index_digest: str | No
     return f"sha256:{digest}", config_digest
 
 
+def test_two_saves_of_one_image_become_the_same_bytes(tmp_path: Path) -> None:
+    """podman stamps the save time into the archive: two saves of one image had one ID and digest
+    but two sha256s. Rewritten (sorted, SOURCE_DATE_EPOCH times, root owners), they are one file."""
+    first, second = tmp_path / "a.oci.tar", tmp_path / "b.oci.tar"
+    _oci(first)
+    with tarfile.open(first) as src, tarfile.open(second, "w", format=tarfile.PAX_FORMAT) as dst:
+        for info in reversed(src.getmembers()):  # another order, times, owner and mode
+            data = src.extractfile(info)
+            info.mtime, info.uid, info.uname, info.mode = 1_800_000_000, 1000, "builder", 0o600
+            dst.addfile(info, data)
+    assert hashlib.sha256(first.read_bytes()).digest() != hashlib.sha256(second.read_bytes()).digest()
+    for path in (first, second):
+        archive.make_reproducible(path, 0)
+    assert first.read_bytes() == second.read_bytes()
+    assert archive.read_facts(first) == archive.read_facts(second)
+    with tarfile.open(first) as tar:
+        assert {(m.mtime, m.uid, m.uname, m.mode) for m in tar.getmembers()} == {(0, 0, "", 0o644)}
+
+
 def test_an_archive_is_read_back_and_a_tampered_one_refused(tmp_path: Path) -> None:
     good = tmp_path / "good.oci.tar"
     digest, config = _oci(good)

@@ -404,6 +404,7 @@ def test_the_ci_image_is_built_from_the_wheelhouse_proven_inside_and_reproducibl
                     "--no-publish", "--no-smoke")  # fmt: skip
     assert again.returncode == 0, again.stderr[-5000:]
     assert f"ID {entry['image_id'][:12]}" in again.stderr, again.stderr[-3000:]
+    assert f"archive (sha256 {entry['sha256'][:16]}...)" in again.stderr  # the archive's bytes too (issue 28)
     assert "STEP 2/3: RUN" in again.stderr and "Using cache" not in again.stderr
     refused = builder("image", "--wheelhouse", str(house), "--work-dir", str(workspace), "--no-smoke")
     assert refused.returncode == 12 and "published only after its smoke checks" in refused.stderr

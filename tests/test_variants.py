@@ -1,4 +1,4 @@
-"""Wheel variants (issue 23, experimental): labels, the shared version, the null fallback, the
+"""Wheel variants (issue 23, experimental): labels, the shared version, no null fallback (issue 28), the
 variants.json file, verify/repair/prune, and the uv the toolkit pins choosing among them.
 
 The two CUDA wheels here are FAKES (zips with the files publish reads and a payload naming the
@@ -80,9 +80,10 @@ def test_labels_properties_and_the_shared_version() -> None:
         ),
     }
     planned = plan(wheels)
-    assert sorted(planned) == [variant("cu130_sm80"), variant("cu130_sm90"), variant("null")]
-    # The fallback holds the build that runs on the most GPUs: the lowest arch (no PTX here).
-    assert planned[variant("null")].wheel == cuda_name("sm80") and planned[variant("null")].properties == ()
+    # No null fallback: uv takes it exactly where no other variant fits, and no CUDA build runs there
+    # (an sm_90-only fallback went to sm_86, sm_70, no-GPU and CUDA 12.8-driver nodes).
+    assert sorted(planned) == [variant("cu130_sm80"), variant("cu130_sm90")]
+    assert plan({cuda_name("sm90"): wheels[cuda_name("sm90")]}).keys() == {variant("cu130_sm90")}
 
 
 @pytest.fixture
@@ -100,14 +101,13 @@ def house(tmp_path: Path) -> Path:
 
 def test_publish_variants_makes_wheels_an_index_file_and_links_them(house: Path) -> None:
     manifest = load_manifest(house)
-    assert sorted(manifest.variants) == [variant("cu130_sm80"), variant("cu130_sm90"), variant("null")]
+    assert sorted(manifest.variants) == [variant("cu130_sm80"), variant("cu130_sm90")]
     assert list(manifest.variant_indexes) == [f"deepspeed-{SHARED}-variants.json"]
     doc = json.loads((house / f"deepspeed-{SHARED}-variants.json").read_text())
     assert doc["$schema"] == "https://variants-schema.wheelnext.dev/peps/825/v0.1.1.json"
     assert doc["variants"] == {
         "cu130_sm80": {"nvidia": {"cuda_version_lower_bound": ["13.0"], "sm_arch": ["80_real"]}},
         "cu130_sm90": {"nvidia": {"cuda_version_lower_bound": ["13.0"], "sm_arch": ["90_real"]}},
-        "null": {},
     }
     with zipfile.ZipFile(house / variant("cu130_sm90")) as zf:
         names = zf.namelist()
@@ -119,7 +119,7 @@ def test_publish_variants_makes_wheels_an_index_file_and_links_them(house: Path)
     for name in [*manifest.variants, *manifest.variant_indexes]:
         assert f"{name.replace('+', '%2B')}#sha256={manifest.file_sha256(name)}" in page
     assert verify(house) == []
-    assert (house / variant("null")).stat().st_mode & 0o777 == 0o644
+    assert (house / variant("cu130_sm90")).stat().st_mode & 0o777 == 0o644
     # The page says it is experimental and gives the uv command for the shared version.
     text = (house / PAGE).read_text()
     assert "<strong>Experimental.</strong>" in text and "uv 0.13.6 or newer" in text
@@ -160,9 +160,13 @@ def test_uv_picks_the_build_for_the_nodes_gpu_and_pip_keeps_the_plain_wheels(hou
     assert _uv_install(house, venv, {**driver, "NV_VARIANT_PROVIDER_FORCE_SM_ARCH": "9.0"}, spec) == "cu130_sm90:sm90"
     assert _uv_install(house, venv, {**driver, "NV_VARIANT_PROVIDER_FORCE_SM_ARCH": "8.0"}, spec) == "cu130_sm80:sm80"
     assert _uv_install(house, venv, {**driver, "NV_VARIANT_PROVIDER_FORCE_SM_ARCH": "8.6"}, spec) == "cu130_sm80:sm80"
-    assert _uv_install(house, venv, {}, spec) == "null:sm80"  # no GPU: the fallback
+    # Where no variant fits (no GPU, an older GPU, a driver older than CUDA 13.0), uv installs nothing
+    # and says so, instead of a build that cannot run there.
     old_driver = {"NV_VARIANT_PROVIDER_FORCE_CUDA_DRIVER_VERSION": "12.8", "NV_VARIANT_PROVIDER_FORCE_SM_ARCH": "9.0"}
-    assert _uv_install(house, venv, old_driver, spec) == "null:sm80"  # a driver older than CUDA 13.0
+    volta = {**driver, "NV_VARIANT_PROVIDER_FORCE_SM_ARCH": "7.0"}
+    for env in ({}, old_driver, volta):
+        with pytest.raises(AssertionError, match=f"{SHARED.replace('+', '.')}"):
+            _uv_install(house, venv, env, spec)
     # Without the preview flag, uv and pip see only the plain wheels, exactly as before.
     plain = "deepspeed==0.19.8+cu130.torch2.14.sm90"
     assert _uv_install(house, venv, {}, plain, variants=False) == "plain:sm90"
@@ -197,12 +201,11 @@ def test_verify_repair_and_prune_keep_variants_true_to_their_wheels(house: Path)
     (house / "manifest.json").write_text(signed)
     repair(house)
     assert verify(house) == [] and index.read_text() == good
-    # Pruning the sm80 wheel removes its variant; the fallback becomes the sm90 build.
+    # Pruning the sm80 wheel removes its variant.
     removed = prune(house, ["cu130-hopper", "cpu"], [])
     assert cuda_name("sm80") in removed and variant("cu130_sm80") in removed
     manifest = load_manifest(house)
-    assert sorted(manifest.variants) == [variant("cu130_sm90"), variant("null")]
-    assert manifest.variants[variant("null")].wheel == cuda_name("sm90")
+    assert sorted(manifest.variants) == [variant("cu130_sm90")]
     assert not (house / variant("cu130_sm80")).exists() and verify(house) == []
     assert "cu130_sm80" not in index.read_text()
 
@@ -238,8 +241,7 @@ def test_a_hostile_variant_entry_is_refused(house: Path) -> None:
     cases = [
         ({"../x-1-py3-none-any-a.whl": good}, "is not a wheel file name"),
         ({variant("cu130_sm90"): {**good, "label": "cu130_sm80"}}, "but the file name says"),
-        ({variant("null"): {**data["variants"][variant("null")], "properties": ["nvidia :: sm_arch :: 90_real"]}},
-         "must be empty for the null variant"),
+        ({variant("null"): {**good, "label": "null"}}, "must be empty for the null variant"),
         ({variant("cu130_sm90"): {**good, "wheel": CPU_NAME.replace("cpu.torch2.13", "x")}}, "which no wheel entry"),
         ({variant("cu130_sm90"): {**good, "properties": ["<script>"]}}, "holds an invalid item"),
         ({variant("cu130_sm90").replace("cu130_sm90", "CU130<b>"): good}, "no valid variant label"),

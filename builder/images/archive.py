@@ -77,3 +77,26 @@ def read_facts(path: Path) -> ArchiveFacts:
             return ArchiveFacts(digest, config_digest[7:], ref if isinstance(ref, str) else None)
     except (OSError, tarfile.TarError) as exc:
         raise ArchiveError(f"it is not a readable tar ({exc})") from exc
+
+
+def make_reproducible(path: Path, mtime: int) -> None:
+    """Rewrite the archive podman saved so that the same image gives the same bytes: its members
+    sorted, every time `mtime` (SOURCE_DATE_EPOCH), owners root and unnamed, modes 0644/0755. podman
+    stamps the save time into the tar, so two saves of one image differed in sha256 while their
+    image ID and digest agreed; the manifest lists the archive's sha256, which must be reproducible too."""
+    tmp = path.with_name(f".{path.name}.repack.tmp")
+    try:
+        with tarfile.open(path, "r:") as src, tarfile.open(tmp, "w:", format=tarfile.USTAR_FORMAT) as dst:
+            for info in sorted(src.getmembers(), key=lambda m: m.name):
+                if not (info.isfile() or info.isdir()):
+                    raise ArchiveError(f"it holds {info.name}, neither a file nor a folder")
+                clean = tarfile.TarInfo(info.name)
+                clean.type, clean.size, clean.mtime = info.type, info.size, mtime
+                clean.mode = 0o755 if info.isdir() else 0o644
+                clean.uid = clean.gid = 0
+                clean.uname = clean.gname = ""
+                dst.addfile(clean, src.extractfile(info) if info.isfile() else None)
+        tmp.replace(path)
+    except (OSError, tarfile.TarError) as exc:
+        tmp.unlink(missing_ok=True)
+        raise ArchiveError(f"it cannot be rewritten reproducibly ({exc})") from exc

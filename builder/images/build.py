@@ -26,7 +26,7 @@ from builder.errors import BuilderError, ImageError, ToolError
 from builder.images import base as bases
 from builder.images import plan as plans
 from builder.images import podman
-from builder.images.archive import ArchiveError, read_facts
+from builder.images.archive import ArchiveError, make_reproducible, read_facts
 from builder.node import LOCK_NAME_RE, ImageEntry, SmokeSummary, WheelhouseManifest
 from builder.resources import RESOURCES
 from builder.smoke import parse_checks
@@ -43,6 +43,7 @@ class ImageResult:
     digest: str
     archive: Path | None  # in the wheelhouse, when published
     size: int
+    sha256: str  # of the archive: the same for the same image (archive.make_reproducible)
     base: str
     checks: tuple[Check, ...]
     seconds: dict[str, float]
@@ -281,8 +282,9 @@ def build_image(
         archive = ctx / "image.oci.tar"
         podman.run(["save", "--format", "oci-archive", "--output", archive, plan.ref], log,
                    fix=f"check the free space of {ws.scratch} (df -h); read {log}")  # fmt: skip
-        seconds["save"] = time.monotonic() - start
         try:
+            make_reproducible(archive, plan.epoch)
+            seconds["save"] = time.monotonic() - start
             facts = read_facts(archive)
         except ArchiveError as exc:
             raise ImageError(f"the archive podman saved is unusable: {exc}", f"read {log}") from exc
@@ -316,4 +318,4 @@ def build_image(
             shutil.rmtree(ctx, ignore_errors=True)
     if prior and prior != built:
         podman.ask(["rmi", prior])  # the image this tag named before, now untagged: removed if nothing uses it
-    return ImageResult(plan.ref, built, facts.digest, published, entry.size, base_ref, checks, seconds)
+    return ImageResult(plan.ref, built, facts.digest, published, entry.size, entry.sha256, base_ref, checks, seconds)

@@ -306,8 +306,10 @@ def _variants(manifest: WheelhouseManifest) -> str:
                  "other variant fits"), _code(v.wheel)]) for n, v in sorted(manifest.variants.items())]  # fmt: skip
     return (
         f"<p><strong>Experimental.</strong> Each CUDA wheel is also published as a variant wheel labelled by its "
-        f"GPU archs and CUDA version (the draft PEPs 817 and 825), with a null variant as the fallback and one "
-        f"<code>&lt;name&gt;-&lt;version&gt;-variants.json</code> per version. Installers that support them: "
+        f"GPU archs and CUDA version (the draft PEPs 817 and 825), and one "
+        f"<code>&lt;name&gt;-&lt;version&gt;-variants.json</code> per version. There is no fallback variant: a node "
+        f"no variant fits (no GPU, an older GPU or driver) is told so instead of getting a build that cannot run "
+        f"there. Installers that support them: "
         f"{_e(UV_VARIANTS)}. pip does not: it ignores variant files and installs the plain wheels as before.</p>"
         + _table("variants", ["variant wheel", "label", "properties", "built from"], rows)
     )

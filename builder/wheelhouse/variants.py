@@ -9,9 +9,11 @@ links `<name>-<version>-variants.json`, whose `$schema` is uv's PEP 825 draft UR
 
 Variants of one version must share it, and build-wheel's versions name their archs
 (`+cu130.torch2.14.sm80.sm90`): a variant carries the version without the arch part
-(`+cu130.torch2.14`), so `deepspeed==0.19.8+cu130.torch2.14` selects among the arch builds. The
-null variant, taken where no other fits (no GPU, an older one), holds the wheel that covers the
-most (PTX first, then the lowest arch, then the most archs).
+(`+cu130.torch2.14`), so `deepspeed==0.19.8+cu130.torch2.14` selects among the arch builds. There
+is no null variant: uv takes the null variant exactly where no other fits (no GPU, a GPU older than
+every arch, a driver older than the CUDA), and no CUDA build runs there (measured: an sm_90-only
+fallback was handed to sm_86, sm_70, no-GPU and CUDA 12.8-driver nodes without a word). Without
+one, uv says no variant fits, and the node installer (or a plain wheel) says why.
 
 Planning is pure (`plan`); a variant's bytes are a pure function of its source wheel's bytes
 (`variant_bytes`: the same zip entries and times, the dist-info and .data renamed, METADATA's
@@ -30,7 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.node import (
-    NULL_VARIANT,
     VariantEntry,
     WheelEntry,
     check_wheel_name,
@@ -103,14 +104,9 @@ def index_name(project: str, version: str) -> str:
     return f"{normalize(project).replace('-', '_')}-{version}-variants.json"
 
 
-def _coverage_key(entry: WheelEntry) -> tuple[bool, int, int]:
-    sms = [int(_sm(a).rstrip("af")) for a in entry.archs] or [999]
-    return (any(a.endswith("+PTX") for a in entry.archs), -min(sms), len(entry.archs))
-
-
 def plan(wheels: Mapping[str, WheelEntry]) -> dict[str, Planned]:
-    """Every variant wheel the published CUDA wheels make: one per wheel with a provider value,
-    and one null variant per shared version and platform."""
+    """Every variant wheel the published CUDA wheels make: one per wheel with a provider value
+    (no null fallback: see the module's docstring)."""
     groups: dict[tuple[str, str, str, str, str], list[WheelEntry]] = {}
     for name, entry in sorted(wheels.items()):
         if entry.accelerator != "cuda" or not entry.smoke.passed or not properties_of(entry):
@@ -123,9 +119,6 @@ def plan(wheels: Mapping[str, WheelEntry]) -> dict[str, Planned]:
             label = label_of(entry)
             name = variant_name(entry.name, version, label)
             out[name] = Planned(name, entry.name, version, label, properties_of(entry))
-        fallback = max(entries, key=lambda e: (_coverage_key(e), e.name))
-        null = variant_name(fallback.name, version, NULL_VARIANT)
-        out[null] = Planned(null, fallback.name, version, NULL_VARIANT, ())
     return out
 
 
