@@ -1446,3 +1446,33 @@ def test_a_killed_builder_takes_its_compilers_with_it(tmp_path: Path) -> None:
 def _count(pattern: str) -> int:
     found = subprocess.run(["pgrep", "-f", f"^{pattern}$"], capture_output=True, text=True).stdout.split()
     return len(found)
+
+
+@pytest.mark.spawns
+def test_a_node_python_without_pip_is_named_as_such(deps_house: Path, tmp_path: Path) -> None:
+    """It said "the node needs the wheel's torch installed"; the fix is pip for that Python."""
+    import venv
+
+    venv.create(tmp_path / "bare", with_pip=False)
+    python = str(tmp_path / "bare" / "bin" / "python")
+    done = subprocess.run([sys.executable, str(deps_house / INSTALLER), "--wheelhouse", str(deps_house), "--python",
+                           python], capture_output=True, text=True, env=air_gapped_env())  # fmt: skip
+    assert done.returncode == 9 and "has no pip" in done.stderr and "ensurepip" in done.stderr
+    assert "torch" not in done.stderr.split("error:")[-1]
+
+
+@pytest.mark.spawns
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare for a read-only mount"
+)
+def test_a_read_only_site_packages_is_named_as_such(deps_house: Path, tmp_path: Path) -> None:
+    """The node's environment on a read-only mount (an image, a shared software tree)."""
+    from nodes import node_venv
+
+    python = node_venv(tmp_path / "node")
+    site = next((tmp_path / "node" / "lib").glob("python3.*/site-packages"))
+    script = (f"mount --bind {site} {site} && mount -o remount,bind,ro {site} && exec {sys.executable} "
+              f"{deps_house / INSTALLER} --wheelhouse {deps_house} --python {python}")  # fmt: skip
+    done = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, env=air_gapped_env())
+    assert done.returncode == 9 and "cannot write its site-packages" in done.stderr, done.stderr[-2000:]
+    assert "deepspeed" not in subprocess.run([python, "-m", "pip", "list"], capture_output=True, text=True).stdout
