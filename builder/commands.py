@@ -292,6 +292,7 @@ def _trust_arg(args: argparse.Namespace) -> Any:
 def verify(args: argparse.Namespace) -> int:
     from builder.wheelhouse import verify as verify_wheelhouse
     from builder.wheelhouse.layout import check_signed, read_manifest
+    from builder.wheelhouse.verify import signature_problems
 
     house: Path = args.wheelhouse
     trust = _trust_arg(args)
@@ -299,23 +300,28 @@ def verify(args: argparse.Namespace) -> int:
     if args.json:
         output.result(json.dumps({"wheelhouse": str(house), "ok": not problems, "problems": problems}, indent=2))
     if problems:
+        found = read_manifest(house) if house.is_dir() and (house / "manifest.json").is_file() else None
+        signature = found is not None and any("interrupted publish" not in p for p in
+                                              signature_problems(house, *found, trust))  # fmt: skip
         if not house.is_dir() or not (house / "manifest.json").is_file():
             fix = "pass --wheelhouse with the folder publish wrote (build-wheel publishes into ./wheelhouse)"
+        elif any("publish is in progress" in p for p in problems):
+            fix = "wait for the publish to finish, then run verify again"
+        elif signature:  # the signature is checked first: nothing else about the wheelhouse is known then
+            fix = (
+                "do not install from it until it verifies: restore the wheelhouse from the build host, or "
+                "re-sign it there (`python -m builder sign`, `sign --adopt` once you checked what it lists)"
+            )
         elif any("interrupted publish" in p or "builder repair" in p for p in problems):
             fix = ("run `python -m builder repair` for what interrupted publishes left; for anything else, "
                    "re-publish the affected wheels from their builds into a new wheelhouse")  # fmt: skip
-        elif any("publish is in progress" in p for p in problems):
-            fix = "wait for the publish to finish, then run verify again"
-        elif any("builder sign" in p or "signature" in p or "signed" in p for p in problems):
-            fix = ("do not install from it until it verifies: restore the wheelhouse from the build host, or "
-                   "re-sign it there (`python -m builder sign`) after checking what it lists")  # fmt: skip
         else:
             fix = "re-publish the affected wheels into a new wheelhouse; remove files you did not publish"
         raise WheelhouseError(f"{house} failed verification:\n    " + "\n    ".join(problems), fix)
     found = read_manifest(house)
     assert found is not None
     manifest = found[1]
-    sig = check_signed(house, *found, trust)
+    sig = check_signed(house, *found, trust)  # verified above: who signed, for the summary
     extra = "".join(f", {len(table)} {what}" for table, what in ((manifest.images, "images"),
                     (manifest.variants, "variant wheels")) if table)  # fmt: skip
     output.step(f"{house}: {len(manifest.wheels)} wheels{extra}; signature, hashes, metadata, smoke reports, index, "

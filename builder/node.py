@@ -706,6 +706,11 @@ def parse_manifest(text: str | bytes, where: str = MANIFEST_FILE) -> WheelhouseM
         raise top.fail("serial", "is set without expires, wheelhouse_id and signer")
     if serial and parse_stamp(statement[0]) is None:
         raise top.fail("expires", f"is not a UTC time: {statement[0]!r}")
+    if statement[2]:
+        try:
+            fingerprint_of(statement[2])
+        except InstallError as exc:
+            raise top.fail("signer", "is not a public key") from exc
     return WheelhouseManifest(wheels, deps, tools, images, reports, variants, indexes, serial, *statement)
 
 

@@ -106,13 +106,13 @@ def manifest_entry(
 
 def passing_report(wheel: Path) -> SmokeReport:
     """The wheel's smoke report if it passed for exactly these bytes; otherwise PublishError."""
+    if not wheel.is_file():
+        raise PublishError(f"no such wheel: {wheel}", "pass the path of a built wheel, e.g. build/dist/*.whl")
     try:
         check_wheel_name(wheel.name, "wheel")
     except ManifestError as exc:  # a Cyrillic letter, a space, no tags: not a name a wheelhouse can serve
         raise PublishError(exc.message + " (PEP 427: ASCII letters, digits, '.', '_' and '+', five parts)",
                            "publish the wheel build-wheel made, under the name it gave it") from exc  # fmt: skip
-    if not wheel.is_file():
-        raise PublishError(f"no such wheel: {wheel}", "pass the path of a built wheel, e.g. build/dist/*.whl")
     report = load_report(wheel)
     if report is None:
         raise PublishError(

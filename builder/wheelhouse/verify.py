@@ -96,9 +96,8 @@ def verify(wheelhouse: Path, trust: Trust | None = None, signature: bool = True)
         return [exc.message]
     assert found is not None
     manifest = found[1]
-    problems: list[str] = [f"{rel}: a symlink where the toolkit writes" for rel in symlinked_folders(wheelhouse)]
-    if signature:
-        problems += signature_problems(wheelhouse, *found, trust)
+    problems = signature_problems(wheelhouse, *found, trust) if signature else []  # first: what vouches for the rest
+    problems += [f"{rel}: a symlink where the toolkit writes" for rel in symlinked_folders(wheelhouse)]
     if not manifest.wheels:
         problems.append(f"{MANIFEST} lists no DeepSpeed wheel: the wheelhouse is empty")
     for name, entry in sorted(manifest.wheels.items()):
