@@ -248,9 +248,11 @@ def parser() -> argparse.ArgumentParser:
     v = sub.add_parser(
         "verify",
         parents=[common],
-        help="recheck a wheelhouse's hashes, index and manifest",
-        description="Recheck every wheel's and metadata file's sha256 against manifest.json, and "
-        "that the PEP 503 index links exactly the listed wheels with the right hashes.",
+        help="check a wheelhouse's signature, then its hashes, index, page and manifest",
+        description="Check manifest.json's signature (manifest.json.sig) against the keys this host trusts (or "
+        "--trust), its serial against this host's record and its expiry; then every listed file's sha256 against "
+        "the manifest, that the PEP 503 index links exactly the listed files with the right hashes, and that "
+        "index.html is the page the manifest renders. Says who signed and until when. Exit 8 on any problem.",
     )
     v.add_argument("--json", action="store_true", help="print the problems as JSON on stdout")
     v.add_argument(
