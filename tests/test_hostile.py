@@ -1443,9 +1443,15 @@ def test_a_killed_builder_takes_its_compilers_with_it(tmp_path: Path) -> None:
     assert _count(marker) == 0
 
 
-def _count(pattern: str) -> int:
-    found = subprocess.run(["pgrep", "-f", f"^{pattern}$"], capture_output=True, text=True).stdout.split()
-    return len(found)
+def _count(command: str) -> int:
+    """Processes whose command line is exactly `command` (read from /proc: no pgrep needed)."""
+    found = 0
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            found += cmdline.read_bytes().replace(b"\0", b" ").strip().decode(errors="replace") == command
+        except OSError:
+            continue
+    return found
 
 
 @pytest.mark.spawns
