@@ -250,10 +250,11 @@ def test_the_cuda_wheel_as_a_wheel_variant_that_uv_picks_by_gpu(
     cuda_build: tuple[Path, str], workspace: Path, tmp_path: Path
 ) -> None:
     """Issue 23: the real CUDA wheel published again with --variants: its variant (labelled by
-    both archs) and the null fallback are made from its bytes, verify rebuilds and compares them,
-    and the uv the toolkit pins installs the variant on a forced sm_90 node with a CUDA 13 driver
-    (the whole wheel: ops, dist-info with the shared version, DeepSpeed's scripts from .data), and
-    the fallback where the driver is too old. No GPU here: the provider's FORCE variables stand in."""
+    both archs) is made from its bytes, verify rebuilds and compares it, and the uv the toolkit pins
+    installs the variant on a forced sm_90 node with a CUDA 13 driver (the whole wheel: ops,
+    dist-info with the shared version, DeepSpeed's scripts from .data); where the driver is too old
+    nothing fits and nothing is installed (issue 28: no null fallback that cannot run there). No GPU
+    here: the provider's FORCE variables stand in."""
     from builder.envs import uv_binary
 
     house, _ = cuda_build
@@ -266,7 +267,7 @@ def test_the_cuda_wheel_as_a_wheel_variant_that_uv_picks_by_gpu(
     shared = "0.19.8+cu130.torch2.14"
     labelled = f"deepspeed-{shared}-cp311-cp311-manylinux_2_35_x86_64-cu130_sm80.sm90.whl"
     manifest = json.loads((house / "manifest.json").read_text())
-    assert sorted(manifest["variants"]) == [labelled, labelled.replace("cu130_sm80.sm90", "null")]
+    assert sorted(manifest["variants"]) == [labelled]
     assert manifest["variants"][labelled]["properties"] == [
         "nvidia :: cuda_version_lower_bound :: 13.0", "nvidia :: sm_arch :: 80_real", "nvidia :: sm_arch :: 90_real"
     ]  # fmt: skip
@@ -279,7 +280,7 @@ def test_the_cuda_wheel_as_a_wheel_variant_that_uv_picks_by_gpu(
     subprocess.run([uv, "venv", "-q", "-p", sys.executable, str(venv)], check=True)
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("NV_VARIANT", "UV_", "PIP_"))}
     site = venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
-    for driver, label in (("13.0", "cu130_sm80.sm90"), ("12.8", "null")):
+    for driver, label in (("12.8", None), ("13.0", "cu130_sm80.sm90")):
         forced = {"NV_VARIANT_PROVIDER_FORCE_SM_ARCH": "9.0", "NV_VARIANT_PROVIDER_FORCE_CUDA_DRIVER_VERSION": driver}
         env = {**clean, **forced}
         got = subprocess.run(
@@ -288,6 +289,10 @@ def test_the_cuda_wheel_as_a_wheel_variant_that_uv_picks_by_gpu(
              f"deepspeed=={shared}"],
             capture_output=True, text=True, env=env,
         )  # fmt: skip
+        if label is None:  # a CUDA 12.8 driver: no variant fits, nothing is installed
+            assert got.returncode != 0 and f"{shared} has only unsupported wheel variants" in got.stderr, got.stderr
+            assert not (site / f"deepspeed-{shared}.dist-info").exists()
+            continue
         assert got.returncode == 0, got.stderr[-3000:]
         info = site / f"deepspeed-{shared}.dist-info"
         assert list(json.loads((info / "variant.json").read_text())["variants"]) == [label]
