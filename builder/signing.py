@@ -237,14 +237,15 @@ def check(data: bytes, signature: bytes, where: str, trust: Trust, namespace: st
 # ---------------------------------------------------------------- the signed statement
 
 
-def statement(manifest: WheelhouseManifest, previous: WheelhouseManifest, k: Keys, days: int | None = None,
-              serial_floor: int = 0) -> WheelhouseManifest:  # fmt: skip
-    """`manifest` with the next serial, a new expiry and this host's key as signer."""
+def statement(manifest: WheelhouseManifest, k: Keys, days: int | None = None) -> WheelhouseManifest:
+    """`manifest` with its next statement: a serial above its own and above any this host signed for
+    that wheelhouse, a new expiry, this host's key as signer (and an id, at the first signed write)."""
     key = ensure_key(k)
     now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
     expires = now + datetime.timedelta(days=days if days is not None else sign_days())
-    return replace(manifest, serial=max(previous.serial, serial_floor) + 1, expires=node.stamp(expires),
-                   wheelhouse_id=previous.wheelhouse_id or uuid.uuid4().hex, signer=key.line())  # fmt: skip
+    serial = max(manifest.serial, last_serial(k, manifest.wheelhouse_id)) + 1
+    return replace(manifest, serial=serial, expires=node.stamp(expires),
+                   wheelhouse_id=manifest.wheelhouse_id or uuid.uuid4().hex, signer=key.line())  # fmt: skip
 
 
 def _serials(k: Keys) -> dict[str, int]:

@@ -127,8 +127,7 @@ def _companions(wheelhouse: Path, name: str) -> list[Path]:
 def stamped(wheelhouse: Path, manifest: WheelhouseManifest, days: int | None = None) -> WheelhouseManifest:
     """The manifest with its next signed statement (serial, expiry, id, signer), before the index
     and page that show it are written."""
-    k = signing.keys()
-    return signing.statement(manifest, manifest, k, days, signing.last_serial(k, manifest.wheelhouse_id))
+    return signing.statement(manifest, signing.keys(), days)
 
 
 def write_manifest(wheelhouse: Path, manifest: WheelhouseManifest) -> None:
