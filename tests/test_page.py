@@ -9,8 +9,10 @@ import os
 from pathlib import Path
 
 import pytest
+from browser import NO_BROWSER, chromium
 from fakes import NAME, fake_wheel
 
+from builder import node
 from builder.build.source import sha256_of
 from builder.contracts import Check, SmokeReport
 from builder.errors import PublishError, WheelhouseError
@@ -154,3 +156,19 @@ def test_only_real_locks_are_listed_and_a_lock_header_is_never_trusted(tmp_path:
     assert facts.locks == {"locks/cpu.lock": NAME}
     text = render(facts)
     assert "<script>" not in text and "passwd" not in text and "link.lock" not in text
+
+
+@pytest.mark.spawns
+@pytest.mark.skipif(NO_BROWSER is not None, reason=str(NO_BROWSER))
+def test_the_signed_page_fits_a_phone(tmp_path: Path) -> None:
+    """The signer's fingerprint and key (long unbreakable words) wrap at 390 px: the page itself never
+    scrolls sideways (a FAKE wheel; the full page of a real build is checked in test_pipeline)."""
+    house = tmp_path / "house"
+    publish([fake_wheel(tmp_path)], house)
+    manifest = load_manifest(house)
+    with chromium() as driver:
+        driver.set_window_size(390, 844)  # as test_pipeline's phone check does (a new window is at least 500 wide)
+        driver.get((house / PAGE).as_uri())
+        assert driver.execute_script("return document.documentElement.scrollWidth") <= 390
+        text = driver.find_element("id", "install").text
+    assert node.fingerprint_of(manifest.signer) in text.replace("\n", "")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import subprocess
 import sys
 import zipfile
@@ -166,8 +165,9 @@ def test_uv_picks_the_build_for_the_nodes_gpu_and_pip_keeps_the_plain_wheels(hou
     old_driver = {"NV_VARIANT_PROVIDER_FORCE_CUDA_DRIVER_VERSION": "12.8", "NV_VARIANT_PROVIDER_FORCE_SM_ARCH": "9.0"}
     volta = {**driver, "NV_VARIANT_PROVIDER_FORCE_SM_ARCH": "7.0"}
     for env in ({}, old_driver, volta):
-        with pytest.raises(AssertionError, match=f"{re.escape(SHARED)} has only unsupported wheel variants"):
+        with pytest.raises(AssertionError) as refused:
             _uv_install(house, venv, env, spec)
+        assert f"{SHARED} has only unsupported wheel variants" in " ".join(str(refused.value).split())
     # Without the preview flag, uv and pip see only the plain wheels, exactly as before.
     plain = "deepspeed==0.19.8+cu130.torch2.14.sm90"
     assert _uv_install(house, venv, {}, plain, variants=False) == "plain:sm90"

@@ -51,6 +51,7 @@ table{border-collapse:collapse;margin:.4rem 0;font-size:.9rem}
 th,td{border:1px solid #d0d7de;padding:.3rem .5rem;text-align:left;vertical-align:top}
 th{background:#f3f5f7}
 code,pre{font:13px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
+p code{overflow-wrap:anywhere}
 pre{background:#f6f8fa;border:1px solid #d0d7de;padding:.6rem;white-space:pre-wrap;word-break:break-all;margin:.3rem 0}
 .passed{color:#116329}.failed{color:#a40e26;font-weight:600}.skipped,.reused{color:#7d4e00}
 .note{color:#57606a;font-size:.9rem}
