@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from builder import __version__, output
+from builder import DEFAULT_RECIPE, __version__, output
 from builder.errors import BuilderError
 
 if TYPE_CHECKING:
@@ -21,8 +21,6 @@ if TYPE_CHECKING:
 
 # Only the standard library is imported at the top: `install` runs on nodes that have nothing
 # else, so each command imports what it needs when it runs.
-
-DEFAULT_RECIPE = Path("recipes/cpu.toml")
 
 
 def positive_int(text: str) -> int:
@@ -154,8 +152,14 @@ def parser() -> argparse.ArgumentParser:
     )
 
     def slurm_command(name: str, help: str, description: str) -> argparse.ArgumentParser:
-        """A command about one matrix run on Slurm: its RUN folder first."""
-        cp = sub.add_parser(name, parents=[common], help=help, description=description)
+        """A command about one matrix run on Slurm: its RUN folder first. The ones Slurm's jobs run
+        (help starting "(run by") are left out of the top-level --help (argparse lists a command
+        only when it is given a help text) and still run, with their own --help."""
+        if help.startswith("(run by"):
+            cp = sub.add_parser(name, parents=[common], description=f"Internal, {help[1:].replace(')', ':', 1)}. "
+                                f"{description}")  # fmt: skip
+        else:
+            cp = sub.add_parser(name, parents=[common], help=help, description=description)
         cp.add_argument("run", type=Path, metavar="RUN", help="the run folder build-wheel --slurm printed")
         return cp
 
@@ -379,7 +383,9 @@ def parser() -> argparse.ArgumentParser:
         description="Cold build, unchanged rebuild, one-op rebuild, wheel size and time to a usable op on a "
         "fresh node, each against the plain DeepSpeed path, in one run; writes OUT/bench.md and OUT/bench.json.",
     )
-    bn.add_argument("--recipe", type=Path, default=DEFAULT_RECIPE, help="recipe to measure (default: %(default)s)")
+    bn.add_argument(
+        "--recipe", type=Path, default=Path(DEFAULT_RECIPE), help="recipe to measure (default: %(default)s)"
+    )
     bn.add_argument("--runs", type=int, default=3, help="runs to take the median of (default: %(default)s)")
     bn.add_argument("--out", type=Path, default=Path("build/bench"), help="results folder (default: %(default)s)")
     bn.add_argument(

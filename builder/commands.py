@@ -15,8 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from builder import output
-from builder.cli import DEFAULT_RECIPE
+from builder import DEFAULT_RECIPE, output
 from builder.errors import PublishError, SmokeError, ToolError, WheelhouseError
 from builder.workspace import Workspace
 
@@ -37,7 +36,7 @@ def build_wheel(args: argparse.Namespace) -> int:
     if args.matrix and args.recipes:
         raise RecipeError("--matrix and --recipe both name what to build", "pass one of them")
     matrix = load_matrix(args.matrix) if args.matrix else None
-    recipes = list(matrix.recipes) if matrix else [load_recipe(p) for p in (args.recipes or [DEFAULT_RECIPE])]
+    recipes = list(matrix.recipes) if matrix else [load_recipe(p) for p in (args.recipes or [Path(DEFAULT_RECIPE)])]
     pythons = args.pythons or (list(matrix.python) if matrix else [])
     targets = targets_for(recipes, pythons)  # every recipe and interpreter checked before the first build
     if args.target:

@@ -17,7 +17,7 @@ from typing import Any
 
 from builder.files import make_dirs, write_atomic
 from builder.node import STAMP_RE, Fields, ManifestError, is_wheel_name, read_bounded
-from builder.pipeline import STAGES, StageResult, TargetResult
+from builder.results import STAGES, StageResult, TargetResult
 
 SCHEMA = 1
 STATUSES = ("passed", "reused", "failed", "skipped")

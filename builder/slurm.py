@@ -37,8 +37,8 @@ from builder.coverage import load as load_coverage
 from builder.errors import BuilderError, MatrixError, RecipeError, ToolError
 from builder.files import make_dirs, write_atomic
 from builder.node import OP_RE, Fields, ManifestError, check_wheel_name, read_bounded
-from builder.pipeline import StageResult, TargetResult
 from builder.recipe import SLURM_WORD
+from builder.results import StageResult, TargetResult
 from builder.targets import GpuSmoke, Target
 
 RUN_FILE = "run.json"

@@ -109,3 +109,17 @@ def test_slurm_without_sbatch_says_so_before_writing_anything(
     assert main(["build-wheel", "--matrix", str(matrix), "--slurm", "--work-dir", str(work)]) == 3
     assert "error: sbatch was not found on PATH: this machine cannot submit Slurm jobs" in capsys.readouterr().err
     assert not work.exists()
+
+
+def test_the_entry_points_slurm_jobs_run_are_hidden_from_help_and_still_run(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    listed = capsys.readouterr().out
+    assert "slurm-status" in listed and "build-wheel" in listed and "sign" in listed and "key" in listed
+    for internal in ("slurm-task", "slurm-units", "slurm-smoke", "slurm-collect"):
+        assert internal not in listed
+        with pytest.raises(SystemExit) as done:
+            main([internal, "--help"])
+        assert done.value.code == 0 and capsys.readouterr().out.count("Internal, run by") == 1
+    args = parser().parse_args(["slurm-task", "run", "--target", "cpu"])
+    assert args.command == "slurm-task" and args.target == "cpu"

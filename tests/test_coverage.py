@@ -15,6 +15,7 @@ from builder import coverage, pipeline
 from builder.build import wheel as build_module
 from builder.errors import BuildError
 from builder.recipe import load_recipe
+from builder.results import STAGES, StageResult, TargetResult
 from builder.targets import targets_for
 from builder.workspace import Workspace
 
@@ -62,7 +63,7 @@ def test_a_failed_target_does_not_stop_the_matrix(tmp_path: Path, monkeypatch: p
     # Read back (the collect job wrote it for --wait and slurm-status): what was written, checked.
     loaded = coverage.load(tmp_path / "coverage")
     assert loaded is not None and loaded.failed == ("cu130-multi-min",)
-    assert loaded.stages["cpu"]["build"] == pipeline.StageResult("passed", "", 80.0)
+    assert loaded.stages["cpu"]["build"] == StageResult("passed", "", 80.0)
     assert coverage.load(tmp_path / "nothing") is None
 
 
@@ -134,9 +135,7 @@ def test_the_report_holds_each_wheels_op_table() -> None:
         {"load:async_io": ("passed", ""), "numerics:async_io": ("passed", "4 MiB read back"),
          "load:fused_adam": ("passed", ""), "numerics:fused_adam": ("skipped", "no GPU visible")},
     )  # fmt: skip
-    result = pipeline.TargetResult(
-        "all", "all", "3.11", None, {s: pipeline.StageResult("passed") for s in pipeline.STAGES}
-    )
+    result = TargetResult("all", "all", "3.11", None, {s: StageResult("passed") for s in STAGES})
     text = coverage.to_markdown([result], None, "2026-11-23T00:00:00+00:00", {"all": rows})
     assert "Ops of all:" in text
     assert "| async_io | yes | 9.0 | passed | passed |  |" in text

@@ -6,6 +6,7 @@ package list is missing there (builder/units once was: four test modules failed 
 
 from __future__ import annotations
 
+import ast
 import tomllib
 from pathlib import Path
 
@@ -22,3 +23,62 @@ def test_every_code_folder_is_a_listed_package() -> None:
     assert folders == listed, (
         f"pyproject.toml's packages lack {sorted(folders - listed)}, list {sorted(listed - folders)}"
     )
+
+
+def imports_of(root: Path) -> dict[str, set[str]]:
+    """builder module -> the builder modules it imports, at the top or inside a function (a lazy
+    import is an arrow all the same: it only hides the circle until that function runs)."""
+    modules = {}
+    for path in sorted((root / "builder").rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("builder"):
+                for alias in node.names:  # `from builder import node` imports the module builder.node
+                    full = f"{node.module}.{alias.name}"
+                    found.add(full if full in modules else str(node.module))
+            elif isinstance(node, ast.Import):
+                found |= {a.name for a in node.names if a.name.startswith("builder")}
+        graph[name] = {m for m in found if m in modules and m != name}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan): each holds an import circle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_module_of_builder_imports_itself_through_others() -> None:
+    """A contract several rooms read lives below all of them (builder.results, builder.DEFAULT_RECIPE)."""
+    assert circles(imports_of(ROOT)) == []
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the check can fail

@@ -33,7 +33,7 @@ from builder.node import (
     read_bounded,
     split_variant_name,
 )
-from builder.pipeline import STAGES, StageResult
+from builder.results import STAGES, StageResult
 
 PAGE = "index.html"
 WH_PLACEHOLDER = "file:///path/to/this/wheelhouse"  # the page names no folder: a copy elsewhere stays valid
