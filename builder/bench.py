@@ -32,12 +32,12 @@ from pathlib import Path
 from typing import Any
 
 from builder import cmd, envs, output
-from builder.build import ops, source
-from builder.build.plan import plan_build
-from builder.build.wheel import build_wheel, prepare, toolchain_env
 from builder.errors import ToolError
 from builder.files import write_atomic
 from builder.recipe import Recipe
+from builder.wheelbuild import ops, source
+from builder.wheelbuild.plan import plan_build
+from builder.wheelbuild.wheel import build_wheel, prepare, toolchain_env
 from builder.workspace import Workspace
 
 FIRST_OP = {
@@ -71,7 +71,7 @@ def plain_build(recipe: Recipe, ws: Workspace, out: Path, log: Path) -> tuple[fl
     _, python = prepare(recipe, ws, log)
     env, machine, _ = toolchain_env(recipe, python, ws)
     kit = next((t for t in machine.toolkits if t.root == machine.chosen_toolkit), None)
-    from builder.build.plan import resolve_archs
+    from builder.wheelbuild.plan import resolve_archs
 
     archs = resolve_archs(recipe, machine.arch_list, kit.archs if kit else (), kit.version if kit else "-")
     plan = plan_build(recipe, ops.probe(python, src, env, log, archs), archs)
@@ -483,9 +483,9 @@ def plain_all_ops(recipe: Recipe, ws: Workspace, out: Path, log: Path, op_names:
     DS_BUILD_<OP>=1 each, DS_ENABLE_NINJA=1 and MAX_JOBS = cores, in the environment the toolkit's
     own planning makes (toolchain and supplied needs: it cannot build them otherwise), with no
     compiler cache. Seconds and wheel bytes."""
-    from builder.build import buildkey
-    from builder.build.wheel import plan_target
     from builder.targets import Target, this_interpreter
+    from builder.wheelbuild import buildkey
+    from builder.wheelbuild.wheel import plan_target
 
     src_root = out / "plain-all"
     shutil.rmtree(src_root, ignore_errors=True)

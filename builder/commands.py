@@ -88,10 +88,10 @@ def _submit_to_slurm(args: argparse.Namespace, matrix: Any, targets: list[Any]) 
     import tempfile
 
     from builder import slurm
-    from builder.build import ccache
-    from builder.build.source import sdist_folder
     from builder.errors import BuilderError, RecipeError
     from builder.files import make_dirs
+    from builder.wheelbuild import ccache
+    from builder.wheelbuild.source import sdist_folder
 
     if matrix is None:
         raise RecipeError("--slurm submits a matrix", "pass --matrix FILE")
@@ -229,11 +229,11 @@ def publish(args: argparse.Namespace) -> int:
 
 
 def detect(args: argparse.Namespace) -> int:
-    from builder.build.ops import probe
-    from builder.build.wheel import prepare, toolchain_env
     from builder.detect import detect as detect_machine
     from builder.detect import render_table
     from builder.recipe import load_recipe
+    from builder.wheelbuild.ops import probe
+    from builder.wheelbuild.wheel import prepare, toolchain_env
 
     if args.recipe:  # the recipe's build environment, and DeepSpeed's own answer for its ops
         ws = _workspace(args)
@@ -251,10 +251,10 @@ def detect(args: argparse.Namespace) -> int:
 
 
 def toolchain(args: argparse.Namespace) -> int:
-    from builder.build.toolchain import apply, compose_env, plan_toolchain
-    from builder.build.wheel import prepare
     from builder.detect import detect as detect_machine
     from builder.recipe import load_recipe
+    from builder.wheelbuild.toolchain import apply, compose_env, plan_toolchain
+    from builder.wheelbuild.wheel import prepare
 
     ws = _workspace(args)
     python, need_cuda = args.python or sys.executable, None

@@ -66,11 +66,11 @@ def _cell(text: str, limit: int = 200) -> str:
 def wheel_ops(wheel: Path) -> list[dict[str, str]]:
     """A built wheel's op table, from its embedded build manifest and the smoke report beside it
     (when that report is for these bytes); [] for a wheel whose manifest does not load."""
-    from builder.build.source import sha256_of
     from builder.contracts import BuildManifest
     from builder.errors import SmokeError
     from builder.node import host_ops_of, op_rows
     from builder.smoke import load_report
+    from builder.wheelbuild.source import sha256_of
 
     try:
         manifest = BuildManifest.from_wheel(wheel)

@@ -618,7 +618,7 @@ def _requires(f: Fields) -> tuple[str, ...] | None:
     return tuple(names)
 
 
-# The local version label build-wheel stamps: cpu.torch2.13, cu130.torch2.14.sm90 (builder.build.plan).
+# The local version label build-wheel stamps: cpu.torch2.13, cu130.torch2.14.sm90 (builder.wheelbuild.plan).
 _LABEL = re.compile(r"^(?:(?P<cpu>cpu)|cu(?P<cuda>\d{2,4}))\.torch(?P<torch>\d+\.\d+)(?:\..*)?$")
 
 

@@ -101,8 +101,8 @@ def run(
 def _run_one(
     target: Target, ws: Workspace, wheelhouse: Path, stages: Stages, keep_going: bool, cores: int | None
 ) -> TargetResult:
-    from builder.build.wheel import build_wheel
     from builder.smoke import smoke
+    from builder.wheelbuild.wheel import build_wheel
 
     results: dict[str, StageResult] = {}
     wheel = published = None

@@ -19,8 +19,8 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from builder.build.archs import normalize_all
 from builder.errors import RecipeError
+from builder.wheelbuild.archs import normalize_all
 
 ACCELERATORS = ("cpu", "cuda")
 SYSTEM = "system"

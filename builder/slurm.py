@@ -99,7 +99,7 @@ def _sbatch_flags(opts: SlurmOptions) -> list[str]:
 
 def smoke_partitions(target: Target, gpu: Mapping[str, GpuSmoke]) -> list[tuple[str, GpuSmoke]]:
     """The GPU partitions a target is smoked on: one per GPU type its archs run on (pure)."""
-    from builder.build.archs import gpu_of
+    from builder.wheelbuild.archs import gpu_of
 
     if target.recipe.accelerator != "cuda":
         return []
@@ -459,10 +459,10 @@ def unit_cache_of(work: Path) -> Path:
 
 def _task_target(run: Path, name: str) -> tuple[dict[str, Any], dict[str, Any], Target]:
     """The run record, the target's entry and the Target, with the shared caches put in the environment."""
-    from builder.build.ccache import CACHE_DIR_ENV
-    from builder.build.source import SDIST_CACHE_ENV
     from builder.targets import load_matrix, select, targets_for
     from builder.units.cache import UNIT_CACHE_ENV
+    from builder.wheelbuild.ccache import CACHE_DIR_ENV
+    from builder.wheelbuild.source import SDIST_CACHE_ENV
 
     record = load_run(run)
     item = entry(record, name)
@@ -486,7 +486,7 @@ def _cores() -> int:
 def run_units_task(run: Path, name: str, group: int, groups: int) -> list[dict[str, Any]]:
     """A unit task: build its share of the target's op units into the shared unit cache (in the
     target's folder, beside the other tasks of that target) and write what became of each."""
-    from builder.build.wheel import build_unit_group
+    from builder.wheelbuild.wheel import build_unit_group
     from builder.workspace import Workspace
 
     record, item, target = _task_target(run, name)
@@ -510,7 +510,7 @@ def run_task(run: Path, name: str) -> TargetResult:
     from filelock import FileLock
 
     from builder import pipeline
-    from builder.build.source import sha256_of
+    from builder.wheelbuild.source import sha256_of
     from builder.workspace import Workspace
 
     _, item, target = _task_target(run, name)
@@ -535,9 +535,9 @@ def saw_no_gpu(details: Sequence[str]) -> bool:
 
 def run_smoke(run: Path, name: str, partition: str) -> SmokeResult:
     """The GPU smoke job of one target: the full smoke on this node's GPUs, then the result."""
-    from builder.build.source import sha256_of
     from builder.errors import SmokeError
     from builder.smoke import load_report, smoke
+    from builder.wheelbuild.source import sha256_of
     from builder.workspace import Workspace
 
     record = load_run(run)
@@ -670,7 +670,7 @@ def _gpu_smoke(run: Path, item: Mapping[str, Any], sha: str | None) -> StageResu
 def collect(run: Path, wheelhouse: Path) -> list[TargetResult]:
     """Publish every target whose smoke passed (this job is the wheelhouse's single writer)."""
     from builder import pipeline
-    from builder.build.source import sha256_of
+    from builder.wheelbuild.source import sha256_of
     from builder.workspace import Workspace
 
     record = load_run(run)

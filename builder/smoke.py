@@ -19,12 +19,12 @@ from typing import Any
 from packaging.version import Version
 
 from builder import cmd, envs, output
-from builder.build.source import sha256_of
 from builder.contracts import BuildManifest, Check, SmokeReport, verdict
 from builder.errors import SmokeError
 from builder.files import is_file_here, write_atomic
 from builder.node import CHECK_STATUSES, Fields, ManifestError, TooLarge, read_bounded
 from builder.resources import resource
+from builder.wheelbuild.source import sha256_of
 from builder.workspace import Workspace
 
 CHECKS_SCRIPT = resource("smoke_checks.py")

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from builder.build.archs import (
+from builder.errors import RecipeError
+from builder.wheelbuild.archs import (
     FatbinCode,
     label,
     missing_archs,
@@ -15,7 +16,6 @@ from builder.build.archs import (
     so_archs,
     so_compressed,
 )
-from builder.errors import RecipeError
 
 DATA = Path(__file__).with_name("data")
 

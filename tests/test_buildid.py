@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.build.buildid import SECTION, content_id, desc_span, rehash
+from builder.wheelbuild.buildid import SECTION, content_id, desc_span, rehash
 
 elffile = pytest.importorskip("elftools.elf.elffile", reason="pyelftools is a builder dependency")
 LIBM = Path("/lib/x86_64-linux-gnu/libm.so.6")

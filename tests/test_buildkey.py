@@ -4,8 +4,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from builder.build.buildkey import MachineFacts, build_key, find_built, key_inputs
 from builder.recipe import load_recipe
+from builder.wheelbuild.buildkey import MachineFacts, build_key, find_built, key_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 MACHINE = MachineFacts(python="3.11.7", toolkits=("13.0@/usr/local/cuda-13.0",), compilers=("g++=12.2.0", "gcc=12.2.0"))

@@ -3,7 +3,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from builder.build.ccache import Stats, cache_dir, environment, parse_stats
+from builder.wheelbuild.ccache import Stats, cache_dir, environment, parse_stats
 
 # Captured from ccache 4.7.5's --print-stats (trimmed).
 STATS = (

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from builder.build.cudakit import DEFAULT_SEARCH, pip_version_for, search_roots
 from builder.detect import Cpu, HostRange, Libraries, Report, Toolkit, TorchFacts
 from builder.errors import ToolError
+from builder.wheelbuild.cudakit import DEFAULT_SEARCH, pip_version_for, search_roots
 
 
 def kit(version: str, root: str) -> Toolkit:

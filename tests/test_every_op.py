@@ -129,7 +129,7 @@ def test_a_dropped_op_ships_the_wheel_without_it_and_says_why(runs: dict[str, ob
 def _hide_system_libaio(args: list[str]) -> list[str] | None:
     """`args` run where every system copy of libaio is an empty file (a private mount namespace, as
     root), as on a node without libaio installed; None where this machine cannot do that."""
-    from builder.build.graft import find_system_library
+    from builder.wheelbuild.graft import find_system_library
 
     system = find_system_library("libaio.so.1")  # where the loader finds it; its siblings too
     found = sorted({os.path.realpath(p) for p in glob.glob(f"{system.parent}/libaio.so*")}) if system else []

@@ -24,13 +24,13 @@ import pytest
 from fakes import METADATA, NAME, dep_wheel, fake_wheel
 
 from builder import node
-from builder.build.diagnose import find_failures
-from builder.build.ops import OpInfo
 from builder.contracts import BuildManifest, SmokeReport
 from builder.errors import PublishError, RecipeError, SmokeError, WheelhouseError
 from builder.node import INSTALLER, InstallError, ManifestError, Node
 from builder.recipe import load_recipe
 from builder.smoke import load_report
+from builder.wheelbuild.diagnose import find_failures
+from builder.wheelbuild.ops import OpInfo
 from builder.wheelhouse import provision, prune, publish, repair, verify
 from builder.wheelhouse.provision import installer_sha256
 from builder.wheelhouse.publish import resign
@@ -1005,7 +1005,7 @@ def test_an_abi3_dependency_in_the_wheelhouse_needs_no_index(tmp_path: Path) -> 
 def test_the_build_key_holds_what_names_the_wheel() -> None:
     import dataclasses
 
-    from builder.build.buildkey import MachineFacts, build_key, key_inputs
+    from builder.wheelbuild.buildkey import MachineFacts, build_key, key_inputs
 
     recipe = load_recipe(ROOT / "recipes" / "cpu.toml")
     machine = MachineFacts(python="3.11.7")
@@ -1020,8 +1020,8 @@ def test_the_build_key_holds_what_names_the_wheel() -> None:
 def test_two_recipe_files_with_one_name_never_replace_each_others_wheel(tmp_path: Path) -> None:
     """Two recipe files (named alike or not) whose wheels get the same file name: the second build is
     refused before compiling; the same recipe file rebuilds (replacing its own wheel), --force replaces."""
-    from builder.build.wheel import built_from, refuse_name_clash
     from builder.targets import Target, this_interpreter
+    from builder.wheelbuild.wheel import built_from, refuse_name_clash
 
     first = tmp_path / "a" / "cpu.toml"
     second = tmp_path / "b" / "cpu.toml"
@@ -1149,8 +1149,8 @@ def test_a_hostfile_slots_value_that_is_not_a_number() -> None:
 
 
 def test_a_toolchain_folder_under_a_file_is_refused_without_promising_mkdir(tmp_path: Path) -> None:
-    from builder.build.toolchain import ToolchainPlan, apply
     from builder.errors import FolderError
+    from builder.wheelbuild.toolchain import ToolchainPlan, apply
 
     blocker = tmp_path / "bin"
     blocker.write_text("a file")

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from builder.build.ops import OpInfo, ProbeReport, check_archs, check_requested, parse_probe
-from builder.build.plan import cpu_target_env, local_label, max_jobs, plan_build, resolve_archs
-from builder.build.source import patch_build_tree
 from builder.errors import BuildError, RecipeError, SourceError
 from builder.recipe import load_recipe
 from builder.resources import resource
 from builder.units.plan import plan_units
+from builder.wheelbuild.ops import OpInfo, ProbeReport, check_archs, check_requested, parse_probe
+from builder.wheelbuild.plan import cpu_target_env, local_label, max_jobs, plan_build, resolve_archs
+from builder.wheelbuild.source import patch_build_tree
 
 DATA = Path(__file__).with_name("data")
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,7 +56,7 @@ def test_cuda_only_op_is_not_in_the_cpu_list(probe: ProbeReport) -> None:
 
 
 def test_incompatible_op_fails_with_deepspeeds_reason(probe: ProbeReport) -> None:
-    from builder.build.plan import select_ops
+    from builder.wheelbuild.plan import select_ops
 
     recipe = dataclasses.replace(load_recipe(ROOT / "recipes" / "cpu.toml"), ops=("cpu_adam", "async_io"))
     with pytest.raises(BuildError) as err:

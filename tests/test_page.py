@@ -13,10 +13,10 @@ from browser import NO_BROWSER, chromium
 from fakes import NAME, fake_wheel
 
 from builder import node
-from builder.build.source import sha256_of
 from builder.contracts import Check, SmokeReport
 from builder.errors import PublishError, WheelhouseError
 from builder.smoke import report_path
+from builder.wheelbuild.source import sha256_of
 from builder.wheelhouse import publish, verify
 from builder.wheelhouse.layout import load_manifest
 from builder.wheelhouse.page import PAGE, gather, install_commands, render

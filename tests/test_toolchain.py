@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from builder.build.toolchain import LINKS_RECORD, ToolchainPlan, apply, compose_env, plan_toolchain
 from builder.detect import Compiler, Cpu, HostRange, Libraries, Report, Toolkit, TorchFacts, detect
 from builder.errors import ToolError
+from builder.wheelbuild.toolchain import LINKS_RECORD, ToolchainPlan, apply, compose_env, plan_toolchain
 
 KIT = Toolkit(
     "/usr/local/cuda-13.0", "/usr/local/cuda-13.0/bin/nvcc", "13.0", ("PATH",), HostRange(None, 15, 3, 20, "t"), ()

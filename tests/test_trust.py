@@ -27,9 +27,9 @@ import pytest
 from fakes import METADATA, NAME, dep_wheel, fake_wheel, write_wheel
 
 from builder import node, signing
-from builder.build.source import sha256_of
 from builder.errors import FolderError, TrustError, WheelhouseError
 from builder.node import INSTALLER, InstallError, ManifestError
+from builder.wheelbuild.source import sha256_of
 from builder.wheelhouse import publish, verify
 from builder.wheelhouse.layout import load_manifest, read_manifest, write_manifest
 from builder.wheelhouse.provision import Host, host_script

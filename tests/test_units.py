@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 from fakes import write_wheel
 
-from builder.build.artifacts import INSTALLED_INFO, parse_installed_info
-from builder.build.diagnose import find_link_errors
-from builder.build.ops import OpInfo, ProbeReport, TorchInfo
-from builder.build.plan import plan_build
 from builder.errors import BuildError
 from builder.recipe import load_recipe
 from builder.units.assemble import assemble, merge_installed
 from builder.units.plan import plan_units, schedule_units
+from builder.wheelbuild.artifacts import INSTALLED_INFO, parse_installed_info
+from builder.wheelbuild.diagnose import find_link_errors
+from builder.wheelbuild.ops import OpInfo, ProbeReport, TorchInfo
+from builder.wheelbuild.plan import plan_build
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULES = {

@@ -23,10 +23,10 @@ import pytest
 from fakes import BUILD, fake_wheel
 
 from builder import node
-from builder.build.source import sha256_of
 from builder.envs import uv_binary
 from builder.errors import WheelhouseError
 from builder.node import ManifestError, WheelEntry, parse_manifest
+from builder.wheelbuild.source import sha256_of
 from builder.wheelhouse import publish, verify
 from builder.wheelhouse.layout import load_manifest
 from builder.wheelhouse.page import PAGE, install_commands

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from builder.build.artifacts import WheelContents, missing_ops, parse_installed_info, pin_requirement, read, verify
-from builder.build.ops import OpInfo
 from builder.errors import BuildError
+from builder.wheelbuild.artifacts import WheelContents, missing_ops, parse_installed_info, pin_requirement, read, verify
+from builder.wheelbuild.ops import OpInfo
 
 DATA = Path(__file__).with_name("data")
 ADAM = OpInfo("cpu_adam", "DS_BUILD_CPU_ADAM", "deepspeed.ops.adam.cpu_adam_op", True)
@@ -103,10 +103,10 @@ def test_arch_leak_is_caught_per_op(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     """verify_archs with a stubbed fatbin reader (FAKE .so contents; the real reader is tested in test_archs)."""
     import dataclasses
 
-    from builder.build import archs, artifacts
-    from builder.build.archs import FatbinCode
-    from builder.build.plan import BuildPlan
     from builder.recipe import load_recipe
+    from builder.wheelbuild import archs, artifacts
+    from builder.wheelbuild.archs import FatbinCode
+    from builder.wheelbuild.plan import BuildPlan
 
     ops_dir = tmp_path / "deepspeed" / "ops" / "adam"
     ops_dir.mkdir(parents=True)

@@ -10,10 +10,10 @@ import pytest
 from fakes import METADATA, NAME, fake_wheel, links
 
 from builder import node
-from builder.build.source import sha256_of
 from builder.errors import PublishError
 from builder.node import normalize
 from builder.smoke import report_path
+from builder.wheelbuild.source import sha256_of
 from builder.wheelhouse import IndexEntry, project_page, publish, root_page, verify
 
 

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder import output
-from builder.build.source import sha256_of
 from builder.contracts import Check, verdict
 from builder.errors import BuilderError, ImageError, ToolError
 from builder.images import base as bases
@@ -30,6 +29,7 @@ from builder.images.archive import ArchiveError, make_reproducible, read_facts
 from builder.node import LOCK_NAME_RE, ImageEntry, SmokeSummary, WheelhouseManifest
 from builder.resources import RESOURCES
 from builder.smoke import parse_checks
+from builder.wheelbuild.source import sha256_of
 from builder.wheelhouse.layout import LOCKS, load_manifest
 from builder.workspace import Workspace
 

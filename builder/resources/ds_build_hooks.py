@@ -1,7 +1,7 @@
 """Hooks DeepSpeed's own build calls, for what its build offers no setting for (ds-wheel-builder).
 
 Copied into the unpacked source tree as `ds_builder_hooks.py`; the build tree's op_builder and
-setup.py each get a one-line call into it at a checked anchor (builder/build/source.py). Runs in
+setup.py each get a one-line call into it at a checked anchor (builder/wheelbuild/source.py). Runs in
 the build environment under DeepSpeed's setup.py: standard library only. Without the DS_BUILDER_*
 variables every hook returns what DeepSpeed would have used.
 

@@ -16,9 +16,9 @@ import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from builder.build.artifacts import INSTALLED_INFO, parse_installed_info
-from builder.build.ops import OpInfo
 from builder.errors import BuildError
+from builder.wheelbuild.artifacts import INSTALLED_INFO, parse_installed_info
+from builder.wheelbuild.ops import OpInfo
 
 _INSTALLED_LINE = re.compile(r"^installed_ops=.*$", re.MULTILINE)
 

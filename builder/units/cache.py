@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from builder import output, signing
-from builder.build.source import sha256_of
 from builder.errors import FolderError
 from builder.files import make_dirs, write_atomic
 from builder.node import SHA256_RE, Fields, ManifestError, check_wheel_name, read_bounded
 from builder.units.plan import UNIT_SCHEMA, Unit
+from builder.wheelbuild.source import sha256_of
 
 UNIT_CACHE_ENV = "DS_BUILDER_UNIT_CACHE"
 RECORD = "unit.json"

@@ -8,8 +8,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from builder.build.ops import OpInfo
-from builder.build.plan import BuildPlan, job_memory, max_jobs
+from builder.wheelbuild.ops import OpInfo
+from builder.wheelbuild.plan import BuildPlan, job_memory, max_jobs
 
 UNIT_SCHEMA = 1
 # Build-key inputs that name or fill the assembled wheel but do not change one op's unit.

@@ -21,12 +21,12 @@ from pathlib import Path
 from filelock import FileLock
 
 from builder import cmd, output
-from builder.build import artifacts, ccache, diagnose, source
-from builder.build.diagnose import CompileFailure
 from builder.errors import BuilderError, BuildError, ToolError
 from builder.files import make_dirs
 from builder.units import cache
 from builder.units.plan import Unit
+from builder.wheelbuild import artifacts, ccache, diagnose, source
+from builder.wheelbuild.diagnose import CompileFailure
 
 _EXTENSION = re.compile(r"building '([\w.]+)' extension")
 _NINJA_STEP = re.compile(r"^\s*\[(\d+/\d+)\] .* -c (\S+) ")

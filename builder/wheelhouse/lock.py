@@ -16,11 +16,11 @@ from pathlib import Path
 from packaging.utils import parse_sdist_filename, parse_wheel_filename
 
 from builder import cmd, output
-from builder.build.source import sha256_of
 from builder.errors import WheelhouseError
 from builder.files import write_atomic
 from builder.images.plan import python_version, render_containerfile
 from builder.node import version_key
+from builder.wheelbuild.source import sha256_of
 from builder.wheelhouse.layout import load_manifest, lock_headers
 from builder.wheelhouse.publish import add_files, refresh_page
 

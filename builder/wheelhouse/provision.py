@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder import cmd, output
-from builder.build.source import sha256_of
 from builder.errors import BuilderError, ToolError, WheelhouseError
 from builder.files import make_dirs, write_atomic
 from builder.node import INSTALLER, NAMESPACE, ManifestError, Trust, check_wheel_name, read_bounded
+from builder.wheelbuild.source import sha256_of
 
 _HOST_LINE = re.compile(r"^\s*([A-Za-z0-9._-]+)((?:\s+\w+=\S+)*)\s*$")
 

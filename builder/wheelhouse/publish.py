@@ -30,7 +30,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from builder import node, output
-from builder.build.source import sha256_of
 from builder.contracts import BuildManifest, SmokeReport
 from builder.coverage import parse_report
 from builder.errors import FolderError, PublishError, WheelhouseError
@@ -51,6 +50,7 @@ from builder.node import (
     split_variant_name,
 )
 from builder.smoke import load_report, report_path
+from builder.wheelbuild.source import sha256_of
 from builder.wheelhouse import closure, variants
 from builder.wheelhouse.index import (
     write_index,

@@ -13,7 +13,6 @@ import hashlib
 from pathlib import Path
 from urllib.parse import quote, unquote
 
-from builder.build.source import sha256_of
 from builder.contracts import BuildManifest, SmokeReport
 from builder.errors import WheelhouseError
 from builder.files import is_temp_name
@@ -27,6 +26,7 @@ from builder.node import (
     entry_differences,
     read_bounded,
 )
+from builder.wheelbuild.source import sha256_of
 from builder.wheelhouse.index import (
     parse_links,
 )

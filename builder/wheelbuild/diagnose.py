@@ -10,7 +10,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from builder.build.ops import OpInfo
+from builder.wheelbuild.ops import OpInfo
 
 # ninja: "FAILED: [code=255] /abs/build/temp.../csrc/fp_quantizer/fp_quantize_impl.o" (older: no [code=N])
 _FAILED = re.compile(r"^FAILED: (?:\[code=\d+\] )?(\S+?)\.o\b")

@@ -27,9 +27,9 @@ from filelock import FileLock
 from packaging.version import Version
 
 from builder import cmd, envs, output
-from builder.build.ops import OpInfo, ProbeReport
 from builder.errors import ToolError
 from builder.files import link_atomic, make_dirs
+from builder.wheelbuild.ops import OpInfo, ProbeReport
 
 # The CPU accelerator's placeholder for ops it lacks: not an op to build.
 NOT_OPS = ("deepspeed_not_implemented",)

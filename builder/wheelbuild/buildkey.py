@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from builder import __version__
-from builder.build.cudakit import search_roots
 from builder.cmd import query
 from builder.detect import arch_list, probe_compilers, probe_gpus, probe_toolkits
 from builder.recipe import Recipe
+from builder.wheelbuild.cudakit import search_roots
 
 # Variables that change what the compilers produce (MAX_JOBS and friends only change how fast).
 RELEVANT_ENV = (

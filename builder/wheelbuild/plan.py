@@ -10,12 +10,12 @@ from dataclasses import dataclass, field, replace
 
 from packaging.version import Version
 
-from builder.build import needs
-from builder.build.archs import label as arch_label
-from builder.build.archs import normalize_all
-from builder.build.ops import OpInfo, ProbeReport, check_archs, check_requested
 from builder.errors import BuildError
 from builder.recipe import Recipe
+from builder.wheelbuild import needs
+from builder.wheelbuild.archs import label as arch_label
+from builder.wheelbuild.archs import normalize_all
+from builder.wheelbuild.ops import OpInfo, ProbeReport, check_archs, check_requested
 
 
 @dataclass(frozen=True)
