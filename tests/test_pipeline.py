@@ -361,6 +361,59 @@ def test_lock_installs_with_hashes_required(
     assert refused.returncode != 0 and "HASHES" in (refused.stdout + refused.stderr).upper()
 
 
+def test_the_pylock_installs_offline_with_uv_and_pip(
+    pipeline: tuple[Path, subprocess.CompletedProcess[str]], workspace: Path, tmp_path: Path
+) -> None:
+    """Issue 31: `lock` also writes locks/pylock.cpu.toml (PEP 751) for the same files, by paths
+    into the wheelhouse and sha256: the uv the toolkit pins installs it offline, pip 26.1+ with no
+    index, and a tampered entry is refused."""
+    import tomllib
+
+    from builder.envs import uv_binary
+
+    house, _ = pipeline
+    if not (house / "locks" / "pylock.cpu.toml").is_file():
+        assert builder("lock", "--wheelhouse", str(house), "--work-dir", str(workspace)).returncode == 0
+    pylock = house / "locks" / "pylock.cpu.toml"
+    doc = tomllib.loads(pylock.read_text())
+    pins = {p["name"]: p["wheels"][0]["hashes"]["sha256"] for p in doc["packages"]}
+    assert (
+        doc["lock-version"] == "1.0" and pins["deepspeed"] == hashlib.sha256((house / WHEEL).read_bytes()).hexdigest()
+    )
+    assert "torch" in pins and all((pylock.parent / p["wheels"][0]["path"]).is_file() for p in doc["packages"])
+    assert builder("verify", "--wheelhouse", str(house)).returncode == 0  # the pylock is the lock's, not a stray file
+    offline = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
+    uv = uv_binary(tmp_path / "tools")
+    subprocess.run([uv, "venv", "-q", "-p", sys.executable, str(tmp_path / "uv-node")], check=True)
+    got = subprocess.run([uv, "pip", "install", "--python", str(tmp_path / "uv-node" / "bin" / "python"), "--offline",
+                          "--no-cache", "-r", str(pylock)], capture_output=True, text=True, env=offline)  # fmt: skip
+    assert got.returncode == 0, got.stderr[-3000:]
+    check = "import deepspeed, torch; print(deepspeed.__version__, torch.__version__)"
+    said = subprocess.run([tmp_path / "uv-node" / "bin" / "python", "-c", check], capture_output=True, text=True)
+    assert said.stdout.split()[-2:] == [VERSION, "2.13.0+cpu"], said.stderr[-2000:]
+    # pip reads PEP 751 from 26.1 (experimental): one from this machine's sources, then no index at all.
+    venv.create(tmp_path / "pip-node", with_pip=True)
+    pip_python = str(tmp_path / "pip-node" / "bin" / "python")
+    subprocess.run([pip_python, "-m", "pip", "install", "-q", "pip>=26.1"], check=True, capture_output=True)
+    got = subprocess.run([pip_python, "-m", "pip", "install", "--no-index", "-r", str(pylock)], capture_output=True,
+                         text=True, env={**offline, "PIP_CONFIG_FILE": os.devnull})  # fmt: skip
+    assert got.returncode == 0, got.stdout[-2000:] + got.stderr[-2000:]
+    said = subprocess.run([pip_python, "-c", check], capture_output=True, text=True)
+    assert said.stdout.split()[-2:] == [VERSION, "2.13.0+cpu"], said.stderr[-2000:]
+    # A tampered entry (another sha256 for DeepSpeed's wheel) is refused by the installer reading it.
+    tampered = pylock.parent / "pylock.tampered.toml"
+    try:
+        tampered.write_text(pylock.read_text().replace(pins["deepspeed"], "0" * 64))
+        subprocess.run([uv, "venv", "-q", "-p", sys.executable, str(tmp_path / "uv-bad")], check=True)
+        bad = subprocess.run([uv, "pip", "install", "--python", str(tmp_path / "uv-bad" / "bin" / "python"),
+                              "--offline", "--no-cache", "-r", str(tampered)], capture_output=True, text=True,
+                             env=offline)  # fmt: skip
+        assert bad.returncode != 0 and "hash" in bad.stderr.lower(), bad.stderr[-2000:]
+        assert not list((tmp_path / "uv-bad").glob("lib/python3.*/site-packages/deepspeed"))
+    finally:
+        tampered.unlink()
+
+
 def _podman_state() -> tuple[set[str], set[str]]:
     """Every container (buildah's included) and image podman holds, by ID."""
     env = {**os.environ, "CONTAINERS_CONF": str(ROOT / "builder" / "resources" / "containers.conf")}

@@ -1,4 +1,4 @@
-"""lock: a hash-pinned requirements file and a Containerfile for reproducible CI images.
+"""lock: a hash-pinned requirements file, the same as a PEP 751 pylock.toml, and a Containerfile.
 
 pip resolves the published wheel with everything it needs (its pinned torch included) and
 downloads them; the lock pins each file by name, version and sha256, so
@@ -47,6 +47,21 @@ def render_lock(wheel: str, files: Mapping[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_pylock(wheel: str, files: Mapping[str, str]) -> str:
+    """The same files as a PEP 751 lock (`locks/pylock.<recipe>.toml`, read by uv and pip 26.1+):
+    one package per file, its wheel by a path relative to the lock (the wheelhouse's own copy,
+    `../<file>`) with its sha256, so it installs from the wheelhouse alone, offline."""
+    lines = [f"# Lock for {wheel}, written by ds-wheel-builder (PEP 751). Install exactly these files with:",
+             "#   uv pip install --offline -r <this file>     (or pip 26.1+: pip install --no-index -r <this file>)",
+             'lock-version = "1.0"', 'created-by = "ds-wheel-builder"', ""]  # fmt: skip
+    for filename, digest in sorted(files.items(), key=lambda item: requirement_of(item[0]).lower()):
+        name, version = requirement_of(filename).split("==")
+        lines += ["[[packages]]", f'name = "{name}"', f'version = "{version}"', "",
+                  "[[packages.wheels]]", f'name = "{filename}"', f'path = "../{filename}"',
+                  f'hashes = {{ sha256 = "{digest}" }}', ""]  # fmt: skip
+    return "\n".join(lines)
+
+
 def default_base(python_tag: str) -> str:
     """The base the lock's Containerfile names for a site that reaches Docker Hub (`image --base`
     builds from any other)."""
@@ -85,11 +100,12 @@ def lock(wheelhouse: Path, wheel: str | None, log: Path) -> Path:
     out = wheelhouse / LOCKS
     name = entry.recipe
     target = write_atomic(out / f"{name}.lock", render_lock(wheel, files))
+    write_atomic(out / f"pylock.{name}.toml", render_pylock(wheel, files))
     rel = f"{LOCKS}/{name}.lock"
     write_atomic(out / f"{name}.Containerfile", render_containerfile(default_base(entry.python_tag), rel, wheel))
     refresh_page(wheelhouse)  # the page lists the locks
     output.step(f"{target}: {len(files)} files pinned by sha256 ({len(added)} added to the wheelhouse); "
-                f"{out / (name + '.Containerfile')}")  # fmt: skip
+                f"the same as {out / f'pylock.{name}.toml'} (PEP 751); {out / (name + '.Containerfile')}")  # fmt: skip
     return target
 
 

@@ -266,7 +266,9 @@ def _verify_tree(wheelhouse: Path, manifest: WheelhouseManifest) -> list[str]:
     locks = wheelhouse / LOCKS
     if locks.is_dir():
         for path in sorted(locks.iterdir()):
-            if not (path.is_file() and path.suffix in (".lock", ".Containerfile")):
+            written = path.suffix in (".lock", ".Containerfile") or (path.name.startswith("pylock.")
+                                                                     and path.suffix == ".toml")  # fmt: skip
+            if not (path.is_file() and written):
                 problems.append(f"{LOCKS}/{path.name}: not a lock or Containerfile written by `lock`")
     return problems
 
