@@ -289,8 +289,10 @@ def _trust_arg(args: argparse.Namespace) -> Any:
 
 
 def verify(args: argparse.Namespace) -> int:
+    from builder import signing
+    from builder.node import fingerprint_of
     from builder.wheelhouse import verify as verify_wheelhouse
-    from builder.wheelhouse.layout import check_signed, read_manifest
+    from builder.wheelhouse.layout import read_manifest
     from builder.wheelhouse.verify import signature_problems
 
     house: Path = args.wheelhouse
@@ -317,24 +319,18 @@ def verify(args: argparse.Namespace) -> int:
         else:
             fix = "re-publish the affected wheels into a new wheelhouse; remove files you did not publish"
         raise WheelhouseError(f"{house} failed verification:\n    " + "\n    ".join(problems), fix)
-    found = read_manifest(house)
+    found = read_manifest(house)  # verified above: its signer is the key that signed it (check_signer)
     assert found is not None
     manifest = found[1]
-    sig = check_signed(house, *found, trust)  # verified above: who signed, for the summary
     extra = "".join(f", {len(table)} {what}" for table, what in ((manifest.images, "images"),
                     (manifest.variants, "variant wheels")) if table)  # fmt: skip
     output.step(f"{house}: {len(manifest.wheels)} wheels{extra}; signature, hashes, metadata, smoke reports, index, "
                 "page and manifest agree")  # fmt: skip
-    output.step(f"signed by {sig.key.fingerprint()}{_whose(sig.key)}: serial {manifest.serial}, valid until "
+    k = signing.keys()
+    whose = " (this host's key)" if k.exists() and k.key().line() == manifest.signer else ""
+    output.step(f"signed by {fingerprint_of(manifest.signer)}{whose}: serial {manifest.serial}, valid until "
                 f"{manifest.expires}")  # fmt: skip
     return 0
-
-
-def _whose(key: Any) -> str:
-    from builder import signing
-
-    k = signing.keys()
-    return " (this host's key)" if k.exists() and k.key() == key else ""
 
 
 def sign(args: argparse.Namespace) -> int:
