@@ -213,6 +213,27 @@ def parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--keep-env", action="store_true", help="keep the smoke venv for inspection")
 
+    cc = sub.add_parser(
+        "check-config",
+        parents=[common],
+        help="run DeepSpeed configs from a wheel (or an installed DeepSpeed) with no compiler",
+        description="Run each DeepSpeed config (a JSON file, or a .py file holding one dict literal): "
+        "deepspeed.initialize and a few steps of a small model, each in its own processes, with an empty "
+        "TORCH_EXTENSIONS_DIR and no compiler on PATH. Every op DeepSpeed asks its builders for is recorded and "
+        "every JIT compile refused. Says per config: passed (the ops it loaded), needs op X (the recipe line "
+        "that adds it), or not supported by DeepSpeed on this accelerator (its own error). With --wheel, in a "
+        "fresh venv of that wheel and its torch (a build host); else against the DeepSpeed installed for "
+        "--python (a node). Exit 0 when every config passed, 14 otherwise.",
+    )
+    cc.add_argument("configs", nargs="+", type=Path, metavar="CONFIG", help="DeepSpeed config files")
+    where = cc.add_mutually_exclusive_group()
+    where.add_argument("--wheel", type=Path, help="a built wheel: run the configs in a fresh venv of it")
+    where.add_argument("--python", type=Path, help="the interpreter of an environment where DeepSpeed is installed "
+                       "(default: this one)")  # fmt: skip
+    cc.add_argument("--timeout", type=float, default=180.0, metavar="SECONDS",
+                    help="time limit per config (default 180)")  # fmt: skip
+    cc.add_argument("--json", action="store_true", help="print the results as JSON")
+
     u = sub.add_parser(
         "publish",
         parents=[common],

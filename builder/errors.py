@@ -85,3 +85,10 @@ class TrustError(BuilderError):
     """The signing key cannot be used (missing where it must exist, readable by others, unusable)."""
 
     exit_code = 13
+
+
+class ConfigError(BuilderError):
+    """A DeepSpeed config does not run from the wheel: it needs an op the wheel lacks, DeepSpeed
+    refuses it, it fails, or it cannot be read."""
+
+    exit_code = 14

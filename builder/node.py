@@ -455,6 +455,77 @@ def format_op_rows(rows: Sequence[Mapping[str, str]]) -> list[str]:
     return lines
 
 
+CONFIG_MATRIX = "config:matrix/"
+CONFIG_SITE = "config:site/"
+_OFFLOAD = {"none": "", "cpu": " + CPU offload", "nvme": " + NVMe offload"}
+
+
+def config_category(status: str, detail: str) -> str:
+    """What a config check says, in a word or three (the page's grid, install --dry-run)."""
+    if status == "passed":
+        return "runs"
+    if status == "failed":
+        return "FAILED"
+    if detail.startswith("needs op "):
+        return "needs " + detail[len("needs op ") :].split(", which")[0]
+    if detail.startswith("not supported by DeepSpeed"):
+        return "not supported by DeepSpeed"
+    if "torch.compile" in detail:
+        return "needs a compiler (torch.compile)"
+    if detail.startswith("no GPU visible"):
+        return "not run (no GPU)"
+    return "skipped"
+
+
+def config_matrix(checks: Mapping[str, tuple[str, str]]) -> dict[str, dict[tuple[int, str, str], str]]:
+    """optimizer -> (ZeRO stage, offload, dtype) -> category, from the smoke's matrix checks."""
+    grid: dict[str, dict[tuple[int, str, str], str]] = {}
+    for name, (status, detail) in checks.items():
+        if not name.startswith(CONFIG_MATRIX):
+            continue
+        parts = name[len(CONFIG_MATRIX) :].split("/")
+        if len(parts) != 4 or not parts[1].startswith("zero") or not parts[1][4:].isdigit():
+            continue
+        optimizer, zero, offload, dtype = parts
+        grid.setdefault(optimizer, {})[(int(zero[4:]), offload, dtype)] = config_category(status, detail)
+    return grid
+
+
+def _stages(stages: Sequence[int]) -> str:
+    ordered = sorted(stages)
+    if len(ordered) > 1 and ordered == list(range(ordered[0], ordered[-1] + 1)):
+        return f"ZeRO {ordered[0]}-{ordered[-1]}"
+    return "ZeRO " + ",".join(map(str, ordered))
+
+
+def format_configs(checks: Mapping[str, tuple[str, str]]) -> list[str]:
+    """The config matrix collapsed to a line per optimizer, then one per site config:
+    `Adam: runs ZeRO 1-3 + CPU offload; needs fused_adam: ZeRO 0-3`."""
+    lines = []
+    for optimizer, cells in config_matrix(checks).items():
+        dtypes = sorted({d for _, _, d in cells})
+        by_category: dict[str, dict[tuple[str, tuple[str, ...]], list[int]]] = {}
+        for (stage, offload, _dtype), category in sorted(cells.items()):
+            same = tuple(d for d in dtypes if cells.get((stage, offload, d)) == category)
+            group = by_category.setdefault(category, {}).setdefault((offload, same), [])
+            if stage not in group:
+                group.append(stage)
+        parts = []
+        for category, groups in by_category.items():
+            where = []
+            for (offload, same), stages in groups.items():
+                only = f" ({', '.join(same)})" if list(same) != dtypes else ""
+                where.append(f"{_stages(stages)}{_OFFLOAD.get(offload, ' + ' + offload)}{only}")
+            parts.append(f"{category}: {', '.join(dict.fromkeys(where))}")
+        lines.append(f"config {optimizer:8} " + "; ".join(parts))
+    for name, (status, detail) in sorted(checks.items()):
+        if name.startswith(CONFIG_SITE):
+            lines.append(
+                f"config {name[len(CONFIG_SITE) :]}: {config_category(status, detail)} ({shorten(detail, 200)})"
+            )
+    return lines
+
+
 def shorten(text: str, width: int) -> str:
     """`text` on one line, cut at a word (never mid-word) with " ..." where it is longer than `width`."""
     flat = " ".join(text.split())
@@ -1645,6 +1716,8 @@ def install(
     table = op_table(entry)
     for line in format_op_rows(table):
         say(f"    {line}")
+    for line in format_configs(entry.smoke.checks):
+        say(f"    {line}")
     data = checked_wheel(base, entry)
     deps = checked_dependencies(base, manifest, entry)
     say(f"==> {entry.name}: sha256 {entry.sha256[:16]}... verified, build manifest agrees; "
@@ -1657,6 +1730,8 @@ def install(
     result = {"wheel": entry.name, "sha256": entry.sha256, "node": node.to_json(), "installed": False,
               "dependencies": sorted(deps), "ops_without_code_for_this_gpu": narrowed_for(entry, node),
               "missing_ops": dict(entry.missing_ops), "op_table": table,
+              "configs": {n[len("config:"):]: {"status": s, "means": config_category(s, d), "detail": d}
+                          for n, (s, d) in sorted(entry.smoke.checks.items()) if n.startswith("config:")},
               "images": [{"name": i.name, "ref": i.ref, "image_id": i.image_id, "digest": i.digest, "size": i.size}
                          for i in images]}  # fmt: skip
     if verified.signature is not None:  # accepted (a dry run too): an older manifest is refused from now on

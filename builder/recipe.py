@@ -8,7 +8,9 @@ later, against DeepSpeed's own op list for the chosen accelerator (see `ops.chec
 from __future__ import annotations
 
 import collections
+import dataclasses
 import difflib
+import json
 import re
 import stat
 import tomllib
@@ -43,6 +45,7 @@ _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
         "deepspeed": dict,
         "torch": dict,
         "slurm": dict,
+        "configs": list,
     },
     "deepspeed": {"version": str, "sha256": str},
     "torch": {"version": str},
@@ -145,6 +148,13 @@ class Recipe:
     deepspeed_suffix: bool = False  # a matrix varied the DeepSpeed version: it goes into the target name
     description: str = ""
     path: Path | None = None
+    config_files: tuple[str, ...] = ()  # the site's DeepSpeed configs, relative to the recipe's folder
+    configs: tuple[tuple[str, str], ...] = ()  # (file name, the config as sorted JSON), read by load_recipe
+
+    @property
+    def config_table(self) -> dict[str, Any]:
+        """The site's configs, file name -> config object (embedded in the wheel's manifest)."""
+        return {name: json.loads(text) for name, text in self.configs}
 
     @property
     def ops_spec(self) -> list[str] | dict[str, list[str]]:
@@ -201,8 +211,20 @@ def read_toml(path: Path, what: str, option: str) -> dict[str, Any]:
 
 
 def load_recipe(path: Path) -> Recipe:
-    """Read and validate a recipe file."""
-    return parse_recipe(read_toml(path, "recipe", "--recipe"), path)
+    """Read and validate a recipe file, and the DeepSpeed configs it names."""
+    recipe = parse_recipe(read_toml(path, "recipe", "--recipe"), path)
+    if not recipe.config_files:
+        return recipe
+    from builder.configs import read_config
+
+    read = []
+    for name in recipe.config_files:
+        case = read_config(path.parent / name)
+        if case.error:
+            raise RecipeError(f"{path}: configs: {case.error}",
+                              "fix the config file, or take it out of the recipe's configs")  # fmt: skip
+        read.append((name, json.dumps(case.config, sort_keys=True)))
+    return dataclasses.replace(recipe, configs=tuple(read))
 
 
 def parse_recipe(data: Mapping[str, Any], path: Path | None = None) -> Recipe:
@@ -267,7 +289,16 @@ def parse_recipe(data: Mapping[str, Any], path: Path | None = None) -> Recipe:
         raise RecipeError(f"{where}: python must list versions or interpreter paths", 'e.g. python = ["3.10", "3.12"]')
     slurm = check_slurm_table(data.get("slurm", {}), SLURM_SIZES, where, "slurm.",
                               'e.g. [slurm] cpus = 16, mem = "64G", time = "04:00:00"')  # fmt: skip
+    config_files = data.get("configs", [])
+    if not all(
+        isinstance(c, str) and c and ".." not in Path(c).parts and not Path(c).is_absolute() for c in config_files
+    ):
+        raise RecipeError(f"{where}: configs must list DeepSpeed config files inside the recipe's folder",
+                          'e.g. configs = ["configs/adam-zero1.json"] (JSON, or a .py file of one dict)')  # fmt: skip
+    if len(set(config_files)) != len(config_files):
+        raise RecipeError(f"{where}: configs names a file twice", "name each config once")
     return Recipe(
+        config_files=tuple(config_files),
         slurm=tuple(sorted(slurm.items())),
         name=name,
         archs=archs,

@@ -11,18 +11,20 @@ import datetime
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from packaging.version import Version
 
-from builder import cmd, envs, output
+from builder import cmd, configs, envs, output
 from builder.contracts import BuildManifest, Check, SmokeReport, verdict
 from builder.errors import SmokeError
 from builder.files import is_file_here, write_atomic
-from builder.node import CHECK_STATUSES, Fields, ManifestError, TooLarge, read_bounded
+from builder.node import CHECK_STATUSES, Fields, ManifestError, TooLarge, format_configs, read_bounded
 from builder.resources import resource
 from builder.wheelbuild.source import sha256_of
 from builder.workspace import Workspace
@@ -109,6 +111,71 @@ def without_toolkit(env: dict[str, str]) -> dict[str, str]:
     return out
 
 
+def wheel_env(wheel: Path, manifest: BuildManifest, tmp: Path, log: Path, verbose: bool,
+              extras: Sequence[str] = ()) -> tuple[Path, dict[str, str]]:  # fmt: skip
+    """A new venv in `tmp` holding the wheel and the torch it was built against (and `extras`), and
+    the environment to run in it: an empty TORCH_EXTENSIONS_DIR, the wheel's accelerator, and on
+    CUDA no toolkit."""
+    system = manifest.recipe_torch == "system"
+    # The public version: pip's files may be named 2.14.1 while torch reports 2.14.1+cu130.
+    torch_req = f"torch=={Version(manifest.torch_version).public}"
+    venv = envs.create(
+        tmp / "venv", [torch_req, str(wheel), *extras], log, verbose, system_site_packages=system,
+        base=interpreter_for(manifest.python_tag),
+    )  # fmt: skip
+    ext_dir = tmp / "torch_extensions"
+    ext_dir.mkdir()
+    env = envs.venv_environ(venv)
+    env.update({"TORCH_EXTENSIONS_DIR": str(ext_dir), "DS_ACCELERATOR": manifest.accelerator})
+    if manifest.accelerator == "cuda":
+        env = without_toolkit(env)
+    return venv, env
+
+
+def no_compiler(env: Mapping[str, str], python: Path) -> dict[str, str]:
+    """As on a node with no compiler: PATH holds only the environment's own programs, so a compile
+    at first use that got past the config runner's guards (torch.compile's inductor) fails."""
+    out = {k: v for k, v in env.items() if k not in ("CC", "CXX", "CUDAHOSTCXX")}
+    out["PATH"] = str(python.parent)
+    return out
+
+
+def check_configs(files: Sequence[Path], ws: Workspace, wheel: Path | None = None, python: Path | None = None,
+                  verbose: bool = False, timeout: float = configs.TIMEOUT) -> list[configs.Outcome]:  # fmt: skip
+    """check-config: run each config file against a wheel (a fresh venv, as the smoke) or against
+    the DeepSpeed installed for `python` (a node), with no compiler and an empty extensions folder."""
+    cases = [configs.read_config(f) for f in files]
+    ws.logs.mkdir(parents=True, exist_ok=True)
+    ws.scratch.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="check-config-", dir=ws.scratch))
+    log = ws.logs / "check-config.log"
+    output.note(f"full log: {log}")
+    try:
+        if wheel is not None:
+            wheel = wheel.resolve()
+            if not wheel.is_file():
+                raise SmokeError(f"no such wheel: {wheel}", "pass the path of a built wheel")
+            try:
+                manifest = BuildManifest.from_wheel(wheel)
+            except ManifestError as exc:
+                raise SmokeError(exc.message, "check configs against wheels built by build-wheel") from exc
+            accelerator: str | None = manifest.accelerator
+            venv, env = wheel_env(wheel, manifest, tmp, log, verbose)
+            python = envs.python_in(venv)
+        else:
+            python = Path(python or sys.executable)
+            if not is_file_here(python):
+                raise SmokeError(f"no such interpreter: {python}", "pass --python with the node environment's python")
+            accelerator = None
+            env = dict(os.environ)
+            env["TORCH_EXTENSIONS_DIR"] = str(tmp / "torch_extensions")
+            (tmp / "torch_extensions").mkdir()
+        return configs.run(python, cases, accelerator, env=no_compiler(env, python), cwd=tmp, log=log,
+                           verbose=verbose, timeout=timeout)  # fmt: skip
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def smoke(wheel: Path, ws: Workspace, verbose: bool = False, keep_env: bool = False) -> SmokeReport:
     """Install `wheel` in a fresh venv, run the checks, write and return the report."""
     start = time.monotonic()
@@ -126,19 +193,7 @@ def smoke(wheel: Path, ws: Workspace, verbose: bool = False, keep_env: bool = Fa
     output.step(f"smoke: {wheel.name}; full log: {log}")
     tmp = Path(tempfile.mkdtemp(prefix="smoke-", dir=ws.scratch))
     try:
-        system = manifest.recipe_torch == "system"
-        # The public version: pip's files may be named 2.14.1 while torch reports 2.14.1+cu130.
-        torch_req = f"torch=={Version(manifest.torch_version).public}"
-        venv = envs.create(
-            tmp / "venv", [torch_req, str(wheel), *SMOKE_EXTRAS], log, verbose, system_site_packages=system,
-            base=interpreter_for(manifest.python_tag),
-        )  # fmt: skip
-        ext_dir = tmp / "torch_extensions"
-        ext_dir.mkdir()
-        env = envs.venv_environ(venv)
-        env.update({"TORCH_EXTENSIONS_DIR": str(ext_dir), "DS_ACCELERATOR": manifest.accelerator})
-        if manifest.accelerator == "cuda":
-            env = without_toolkit(env)
+        venv, env = wheel_env(wheel, manifest, tmp, log, verbose, SMOKE_EXTRAS)
         said = cmd.run(
             [envs.python_in(venv), CHECKS_SCRIPT, json.dumps(smoke_spec(manifest))],
             env=env,
@@ -146,7 +201,7 @@ def smoke(wheel: Path, ws: Workspace, verbose: bool = False, keep_env: bool = Fa
             log=log,
             verbose=verbose,
         )
-        checks = parse_checks(said)
+        checks = parse_checks(said) + config_checks(manifest, envs.python_in(venv), env, tmp, log, verbose)
     finally:
         if keep_env:
             output.note(f"kept the smoke environment at {tmp}")
@@ -171,8 +226,38 @@ def smoke(wheel: Path, ws: Workspace, verbose: bool = False, keep_env: bool = Fa
     return report
 
 
+def config_cases(manifest: BuildManifest) -> list[configs.ConfigCase]:
+    """The smoke's configs: the matrix for the wheel's accelerator and ops, then the site's own
+    (the recipe's `configs`, embedded in the wheel's manifest)."""
+    site = manifest.data.get("configs") or {}
+    return configs.matrix(manifest.accelerator, manifest.ops) + [
+        configs.ConfigCase(str(name), config, "site")
+        for name, config in sorted(site.items())
+        if isinstance(config, dict)
+    ]
+
+
+def config_checks(manifest: BuildManifest, python: Path, env: dict[str, str], tmp: Path, log: Path,
+                  verbose: bool) -> tuple[Check, ...]:  # fmt: skip
+    """Run every config from the wheel (each in its own processes, with an empty extensions folder)
+    and make each a check: see configs.as_check for what fails the smoke."""
+    cases = config_cases(manifest)
+    env = no_compiler(env, python)
+    output.step(f"smoke: {len(cases)} DeepSpeed configs (optimizer x ZeRO stage x offload x dtype, and the recipe's)")
+    start = time.monotonic()
+    outcomes = configs.run(python, cases, manifest.accelerator, env=env, cwd=tmp, log=log, verbose=verbose)
+    sites = {c.name for c in cases if c.source == "site"}
+    passed = sum(o.status == "passed" for o in outcomes)
+    output.note(f"  configs: {passed} of {len(outcomes)} ran from the wheel in {time.monotonic() - start:.0f}s")
+    return tuple(configs.as_check(o, manifest.accelerator, o.name in sites) for o in outcomes)
+
+
 def _print(report: SmokeReport) -> None:
     output.step(f"smoke {'PASSED' if report.passed else 'FAILED'} for {report.wheel} in {report.seconds:.0f}s")
     for c in report.checks:
+        if c.name.startswith("config:") and c.status != "failed":
+            continue  # collapsed below, a line per optimizer
         first = c.detail.splitlines()[0] if c.detail else ""
         output.note(f"  {c.status:7} {c.name:24} {first}")
+    for line in format_configs(report.summary_checks()):
+        output.note(f"  {line}")

@@ -52,6 +52,8 @@ def key_inputs(recipe: Recipe, machine: MachineFacts, env: Mapping[str, str]) ->
         "recipe": {"name": recipe.name, "file": recipe.path.name if recipe.path else None},
         "accelerator": recipe.accelerator,
         "ops": recipe.ops_spec,
+        # The site's configs are embedded in the wheel's manifest (the smoke proves each one).
+        **({"configs": recipe.config_table} if recipe.configs else {}),
         **({"on_op_failure": recipe.on_op_failure} if recipe.on_op_failure != "fail" else {}),
         "archs": list(recipe.archs) if not recipe.auto_arch else ["auto:" + ";".join(machine.gpu_archs)],
         "cpu_target": recipe.cpu_target,

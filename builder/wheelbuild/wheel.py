@@ -380,6 +380,8 @@ def build_manifest(
         # and would break reproducibility; they go in the build record next to the wheel.
         "shared_objects": {k: {"bytes": v["bytes"]} for k, v in sizes.items()},
         "stripped": recipe.strip,
+        # The site's DeepSpeed configs (file name -> config) the smoke runs, each of which must pass.
+        **({"configs": recipe.config_table} if recipe.configs else {}),
     }
 
 

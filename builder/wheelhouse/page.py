@@ -19,6 +19,7 @@ from pathlib import Path
 from builder.coverage import Report, parse_report
 from builder.files import write_atomic
 from builder.node import (
+    CONFIG_SITE,
     INSTALLER,
     MANIFEST_FILE,
     NAMESPACE,
@@ -27,6 +28,8 @@ from builder.node import (
     WheelEntry,
     WheelhouseManifest,
     check_wheel_name,
+    config_category,
+    config_matrix,
     fingerprint_of,
     glibc_floor,
     op_table,
@@ -55,6 +58,7 @@ p code{overflow-wrap:anywhere}
 pre{background:#f6f8fa;border:1px solid #d0d7de;padding:.6rem;white-space:pre-wrap;word-break:break-all;margin:.3rem 0}
 .passed{color:#116329}.failed{color:#a40e26;font-weight:600}.skipped,.reused{color:#7d4e00}
 .note{color:#57606a;font-size:.9rem}
+td.ok{background:#f0fff4}td.bad{background:#fff5f5;font-weight:600}td.skip{background:#fffbea}
 td.op-yes{background:#f0fff4}td.op-no{background:#fff5f5}td.op-narrowed{background:#fffbea}
 @media (max-width:40rem){body{font-size:14px;padding:0 .5rem 2rem}th,td{padding:.25rem .35rem}}
 """
@@ -316,6 +320,42 @@ def _variants(manifest: WheelhouseManifest) -> str:
     )
 
 
+def _configs(manifest: WheelhouseManifest) -> str:
+    """A grid per wheel: optimizer x offload rows, ZeRO stage columns, what the smoke found running
+    that DeepSpeed config from the wheel (per dtype where the dtypes differ); then the site's configs."""
+    parts = []
+    for name, e in sorted(manifest.wheels.items()):
+        grid = config_matrix(e.smoke.checks)
+        rows = []
+        for optimizer, cells in grid.items():
+            dtypes = sorted({d for _, _, d in cells})
+            for offload in ("none", "cpu", "nvme"):
+                if not any(o == offload for _, o, _ in cells):
+                    continue
+                tds = []
+                for stage in range(4):
+                    found = {d: cells[(stage, offload, d)] for d in dtypes if (stage, offload, d) in cells}
+                    if not found:
+                        tds.append('<td class="op-none">-</td>')
+                        continue
+                    kinds = set(found.values())
+                    text = kinds.pop() if len(kinds) == 1 else "; ".join(f"{d}: {k}" for d, k in found.items())
+                    css = "ok" if text == "runs" else ("bad" if "FAILED" in text else "skip")
+                    tds.append(
+                        f'<td class="{css}" data-config="{_e(optimizer)}/zero{stage}/{_e(offload)}">{_e(text)}</td>'
+                    )
+                rows.append(f"<tr><th>{_e(optimizer)}</th><td>{_e(offload)}</td>{''.join(tds)}</tr>")
+        site = [_row("config", n, [_e(n[len(CONFIG_SITE):]), _status(st), _e(config_category(st, d)), _e(d)])
+                for n, (st, d) in sorted(e.smoke.checks.items()) if n.startswith(CONFIG_SITE)]  # fmt: skip
+        if not rows and not site:
+            continue
+        table = _table("configs-" + name, ["optimizer", "offload", "ZeRO 0", "ZeRO 1", "ZeRO 2", "ZeRO 3"], rows)
+        if site:
+            table += _table("site-configs-" + name, ["site config", "result", "means", "detail"], site)
+        parts.append(f'<details data-wheel="{_e(name)}" open><summary>{_e(target_label(e))}</summary>{table}</details>')
+    return "\n".join(parts) or "<p>No wheel here ran the config matrix (smoked before it existed).</p>"
+
+
 def render(facts: PageFacts) -> str:
     m = facts.manifest
     counts = ((len(m.wheels), "DeepSpeed wheel"), (len(m.dependencies), "dependency file"), (len(m.images), "CI image"),
@@ -325,6 +365,7 @@ def render(facts: PageFacts) -> str:
         ("install", "Install on a node", _install(facts)),
         ("published", "Published targets", _targets(m)),
         ("op-grid", "Ops by target", _ops(m)),
+        ("configs", "DeepSpeed configs from the wheel, no compiler", _configs(m)),
         ("smoke", "Smoke checks", _checks(m)),
         ("ci-images", "CI images", _images(m)),
         ("lock-files", "Locks", _locks(facts)),

@@ -1,0 +1,218 @@
+"""DeepSpeed configs as the proof of a wheel: the smoke's matrix, a site's own config files, and
+what each result means for a recipe.
+
+Which ops a config needs is found by running it (resources/config_runner.py records every op
+DeepSpeed's builders are asked for and refuses every JIT compile), never guessed from its text.
+This module is the pure part: the matrix, reading config files, and turning the runner's results
+into smoke checks and one-line summaries; `run` is the one side effect, in the environment given.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from builder import cmd
+from builder.contracts import Check
+from builder.errors import ConfigError, SmokeError
+from builder.resources import resource
+
+RUNNER = resource("config_runner.py")
+MARKER = "==== config runner json ===="
+STATUSES = ("passed", "needs-op", "needs-compiler", "unsupported", "invalid", "no-gpu", "failed")
+MAX_CONFIG = 1 << 20  # a DeepSpeed config is a few KB
+TIMEOUT = 180.0  # seconds per config: a tiny model's initialize and steps take under 2 s here
+
+# The optimizers DeepSpeed's config accepts and builds ops for (MuAdam/MuSGD come from `mup`,
+# not DeepSpeed); offload where it applies (CPU from ZeRO 1, NVMe for ZeRO 3 with async_io).
+OPTIMIZERS = ("Adam", "AdamW", "Adagrad", "Lion", "Lamb", "Muon")
+DTYPES = {"cpu": ("fp32", "bf16"), "cuda": ("fp32", "fp16", "bf16")}
+MATRIX_PREFIX = "config:matrix/"
+SITE_PREFIX = "config:site/"
+SCRATCH = "@scratch"  # the runner puts an NVMe folder on its work disk here
+
+
+@dataclass(frozen=True)
+class ConfigCase:
+    """One config to run: its name, its JSON object, and where it came from."""
+
+    name: str
+    config: Mapping[str, Any]
+    source: str = "matrix"  # matrix | a file's path
+    error: str = ""  # a file that could not be read: reported in the config's place
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the runner found for one config."""
+
+    name: str
+    status: str
+    detail: str
+    ops: tuple[str, ...] = ()
+    jit: tuple[str, ...] = ()
+    world_size: int = 1
+    seconds: float = 0.0
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+def matrix(accelerator: str, ops: Sequence[str]) -> list[ConfigCase]:
+    """optimizer x ZeRO stage x offload x dtype, the combinations DeepSpeed accepts."""
+    cases = []
+    for optimizer in OPTIMIZERS:
+        for stage in range(4):
+            offloads = ["none"] + (["cpu"] if stage else []) + (["nvme"] if stage == 3 and "async_io" in ops else [])
+            for offload in offloads:
+                for dtype in DTYPES[accelerator]:
+                    cases.append(
+                        ConfigCase(
+                            f"{optimizer}/zero{stage}/{offload}/{dtype}",
+                            matrix_config(optimizer, stage, offload, dtype),
+                        )
+                    )
+    return cases
+
+
+def matrix_config(optimizer: str, stage: int, offload: str, dtype: str) -> dict[str, Any]:
+    zero: dict[str, Any] = {"stage": stage}
+    if offload == "cpu":
+        zero["offload_optimizer"] = {"device": "cpu"}
+    elif offload == "nvme":
+        zero["offload_optimizer"] = {"device": "nvme", "nvme_path": SCRATCH}
+        zero["offload_param"] = {"device": "nvme", "nvme_path": SCRATCH}
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": 4,
+        "optimizer": {"type": optimizer, "params": {"lr": 1e-3}},
+        "zero_optimization": zero,
+    }
+    if dtype == "bf16":
+        config["bf16"] = {"enabled": True}
+    elif dtype == "fp16":
+        config["fp16"] = {"enabled": True, "initial_scale_power": 8}
+    return config
+
+
+def read_config(path: Path) -> ConfigCase:
+    """A config file: JSON, or a Python file holding one dict literal (`config = {...}` or the dict
+    alone, read with ast.literal_eval: nothing in it is run). Problems become the case's error."""
+    name = path.name
+    try:
+        if path.stat().st_size > MAX_CONFIG:
+            return ConfigCase(name, {}, str(path), f"{path} is over {MAX_CONFIG >> 20} MiB: not a DeepSpeed config")
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return ConfigCase(name, {}, str(path), f"{path} does not exist")
+    except (OSError, UnicodeDecodeError) as exc:
+        return ConfigCase(name, {}, str(path), f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}")
+    try:
+        data = _python_literal(text, path) if path.suffix == ".py" else json.loads(text)
+    except (ValueError, SyntaxError, RecursionError) as exc:
+        kind = "a Python dict literal" if path.suffix == ".py" else "JSON"
+        return ConfigCase(name, {}, str(path), f"{path} is not {kind} ({str(exc).splitlines()[0]})")
+    if not isinstance(data, dict):
+        return ConfigCase(name, {}, str(path), f"{path} holds a {type(data).__name__}, not a DeepSpeed config object")
+    return ConfigCase(name, data, str(path))
+
+
+def _python_literal(text: str, path: Path) -> Any:
+    tree = ast.parse(text, filename=str(path))
+    for node in tree.body:
+        if isinstance(node, ast.Expr):
+            return ast.literal_eval(node.value)
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
+            return ast.literal_eval(node.value)
+    raise ValueError("no dict literal in it (write `config = {...}`)")
+
+
+def runner_spec(cases: Sequence[ConfigCase], accelerator: str | None, timeout: float = TIMEOUT,
+                jobs: int | None = None, max_world: int | None = None) -> dict[str, Any]:  # fmt: skip
+    """The runner's input: every case in order, unreadable ones as errors."""
+    entries: list[dict[str, Any]] = []
+    for case in cases:
+        entry: dict[str, Any] = {"name": case.name}
+        if case.error:
+            entry["error"] = case.error
+        else:
+            entry["config"] = dict(case.config)
+        if max_world:
+            entry["max_world"] = max_world
+        entries.append(entry)
+    jobs = jobs or max(2, min(8, 2 * (os.cpu_count() or 1)))
+    return {"configs": entries, "accelerator": accelerator, "timeout": timeout, "jobs": jobs}
+
+
+def parse_outcomes(said: str) -> list[Outcome]:
+    _, sep, payload = said.rpartition(MARKER)
+    if not sep:
+        raise SmokeError("the config runner printed no report", "read its log")
+    try:
+        data, _ = json.JSONDecoder().raw_decode(payload.lstrip())
+    except json.JSONDecodeError as exc:
+        raise SmokeError(f"the config runner's report is not valid JSON ({exc})", "read its log") from exc
+    outcomes = []
+    for item in data:
+        status = item.get("status")
+        if status not in STATUSES:
+            raise SmokeError(f"the config runner reported status {status!r}", "read its log")
+        outcomes.append(Outcome(str(item["name"]), status, str(item.get("detail", "")),
+                                tuple(item.get("ops", ())), tuple(item.get("jit", ())),
+                                int(item.get("world_size", 1)), float(item.get("seconds", 0.0))))  # fmt: skip
+    return outcomes
+
+
+def run(python: Path | str, cases: Sequence[ConfigCase], accelerator: str | None, *, env: Mapping[str, str],
+        cwd: Path, log: Path, verbose: bool = False, timeout: float = TIMEOUT) -> list[Outcome]:  # fmt: skip
+    """Run the cases with `python` (an environment holding torch and DeepSpeed)."""
+    if not cases:
+        return []
+    spec = runner_spec(cases, accelerator, timeout)
+    spec_file = cwd / "configs.json"
+    spec_file.write_text(json.dumps(spec), encoding="utf-8")
+    said = cmd.run([str(python), RUNNER, str(spec_file)], env=env, cwd=cwd, log=log, verbose=verbose)
+    return parse_outcomes(said)
+
+
+def recipe_line(ops: Sequence[str]) -> str:
+    return f"add {', '.join(json.dumps(o) for o in ops)} to the recipe's ops"
+
+
+def explain(outcome: Outcome, accelerator: str) -> str:
+    """One line for people: what the result means and what to do."""
+    first = outcome.detail.splitlines()[0] if outcome.detail else ""
+    if outcome.status == "passed":
+        return f"runs from the wheel: ops {', '.join(outcome.ops) or 'none'}; {first}"
+    if outcome.status == "needs-op":
+        return f"needs op {', '.join(outcome.jit)}, which the wheel lacks: {recipe_line(outcome.jit)}"
+    if outcome.status == "unsupported":
+        return f"not supported by DeepSpeed on {accelerator}: {first}"
+    if outcome.status == "needs-compiler":
+        return first
+    if outcome.status == "invalid":
+        return "DeepSpeed rejects the config: " + " ".join(outcome.detail.split())[:400]
+    return first
+
+
+def as_check(outcome: Outcome, accelerator: str, site: bool) -> Check:
+    """A smoke check for a config. A site's config (the recipe names it) must run: anything but
+    passed or DeepSpeed's own refusal fails the smoke. A matrix row is a statement about the wheel:
+    a row needing an op the recipe does not build is skipped with the recipe line; a crash, time
+    limit, or invalid matrix config fails (those are the toolkit's or the wheel's faults)."""
+    name = (SITE_PREFIX if site else MATRIX_PREFIX) + outcome.name
+    text = explain(outcome, accelerator)
+    if outcome.status == "passed":
+        return Check(name, "passed", text)
+    if outcome.status in ("unsupported", "needs-compiler", "no-gpu"):
+        return Check(name, "skipped", text)
+    if outcome.status == "needs-op" and not site:
+        return Check(name, "skipped", text)
+    return Check(name, "failed", text + ("" if outcome.status == "needs-op" else "\n" + outcome.detail))
+
+
+def exit_status(outcomes: Sequence[Outcome]) -> int:
+    """check-config's exit code: 0 when every config passed, else ConfigError's."""
+    return 0 if all(o.status == "passed" for o in outcomes) else ConfigError.exit_code

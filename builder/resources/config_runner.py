@@ -1,0 +1,398 @@
+"""Run DeepSpeed configs the way a user does, and record every op DeepSpeed asks its builders for.
+
+Run as a script by an environment's Python (standard library, torch and DeepSpeed only), on a
+build host against a wheel's fresh environment or on a node against what is installed:
+    python config_runner.py '{"configs": [{"name": ..., "config": {...}}], "accelerator": "cpu"}'
+Each config runs in processes of its own (forked after one import of DeepSpeed, so a matrix of
+dozens costs seconds, and a config that hangs or aborts is that config's failure only), with an
+empty TORCH_EXTENSIONS_DIR: `deepspeed.initialize` on a small model and a few steps. Every
+builder's load() is recorded, and a JIT compile is refused and recorded instead of run (the
+builder's jit_load and torch's cpp_extension.load/load_inline), so nothing compiles silently.
+Results (one per config, in order) are printed as JSON after the MARKER line:
+  passed       ran its steps, loss finite; `ops` are the ops it loaded, all from the installed wheel
+  needs-op     DeepSpeed asked for an op the wheel lacks (`jit`): the config cannot run without a compiler
+  unsupported  DeepSpeed itself refused the config on this accelerator (its error in `detail`)
+  needs-compiler  torch.compile compiles at first use (Muon on CPU): no wheel can carry that
+  invalid      DeepSpeed rejected the config's contents (its validation error in `detail`)
+  no-gpu       a CUDA config where no GPU is visible (nothing ran)
+  failed       anything else: a crash, a time limit, a loss that is not finite
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from typing import Any
+
+MARKER = "==== config runner json ===="
+STEPS = 3
+NOT_IMPLEMENTED = (
+    "not been implemented"  # DeepSpeed's NotImplementedBuilder: "This op had not been implemented on CPU backend."
+)
+
+_loaded: list[str] = []
+_jit: list[str] = []
+_refused: list[str] = []
+_intercepted: list[bool] = []
+
+
+class JitRefused(RuntimeError):
+    """Raised where DeepSpeed would have compiled an op at first use."""
+
+
+def _record_load(load: Any) -> Any:
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            module = load(self, *args, **kwargs)
+        except JitRefused:
+            raise
+        except Exception as exc:
+            if NOT_IMPLEMENTED in str(exc):
+                _refused.append(f"{self.name}: {exc}")
+            raise
+        if self.name not in _loaded:
+            _loaded.append(self.name)
+        return module
+
+    wrapper.__wrapped__ = load  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _refuse_jit(self: Any, *args: Any, **kwargs: Any) -> Any:
+    del args, kwargs
+    if self.name not in _jit:
+        _jit.append(self.name)
+    raise JitRefused(f"DeepSpeed tried to JIT-compile the op {self.name}: it is not in the installed wheel")
+
+
+def _refuse_cpp_load(name: str, *args: Any, **kwargs: Any) -> Any:
+    del args, kwargs
+    if name not in _jit:
+        _jit.append(name)
+    raise JitRefused(f"torch.utils.cpp_extension was asked to compile {name} at first use")
+
+
+def _wrap(cls: Any) -> None:
+    if "load" in cls.__dict__ and not hasattr(cls.__dict__["load"], "__wrapped__"):
+        cls.load = _record_load(cls.__dict__["load"])
+    if "jit_load" in cls.__dict__:
+        cls.jit_load = _refuse_jit
+
+
+def intercept() -> None:
+    """Wrap every op builder's load (those that exist now and every later subclass) and refuse JIT."""
+    import torch.utils.cpp_extension as cpp
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.ops.op_builder.all_ops import ALL_OPS  # imports every builder the accelerator has
+    from deepspeed.ops.op_builder.builder import OpBuilder
+
+    del ALL_OPS, get_accelerator
+    if _intercepted:
+        return
+    _intercepted.append(True)
+    pending = [OpBuilder]
+    while pending:
+        cls = pending.pop()
+        _wrap(cls)
+        pending.extend(cls.__subclasses__())
+    original = OpBuilder.__init_subclass__
+
+    def on_subclass(cls: Any, **kwargs: Any) -> None:
+        original(**kwargs)
+        _wrap(cls)
+
+    OpBuilder.__init_subclass__ = classmethod(on_subclass)  # type: ignore[arg-type]
+    cpp.load = _refuse_cpp_load
+    cpp.load_inline = _refuse_cpp_load
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def world_size_of(config: dict[str, Any]) -> int:
+    """The processes a config needs: train_batch_size / (micro batch x accumulation) where it gives
+    all three (DeepSpeed checks that product against the world size), else 1."""
+    batch = config.get("train_batch_size")
+    micro = config.get("train_micro_batch_size_per_gpu")
+    accumulation = config.get("gradient_accumulation_steps", 1)
+    if isinstance(batch, int) and isinstance(micro, int) and isinstance(accumulation, int) and micro * accumulation:
+        return max(1, batch // (micro * accumulation))
+    return 1
+
+
+def _batch(config: dict[str, Any]) -> int:
+    micro = config.get("train_micro_batch_size_per_gpu")
+    return micro if isinstance(micro, int) and micro > 0 else 4
+
+
+def _classify(exc: BaseException) -> tuple[str, str]:
+    text = f"{type(exc).__name__}: {exc}".strip()
+    if _jit:
+        return "needs-op", f"needs {', '.join(_jit)}, which the installed wheel lacks ({text.splitlines()[0]})"
+    if "InvalidCxxCompiler" in text or "No working C++ compiler" in text:
+        return "needs-compiler", (
+            "torch.compile (inductor) compiles code for this config at first use, which needs a C++ compiler on "
+            f"the node; no prebuilt wheel can carry that ({text.splitlines()[0]})"
+        )
+    if _refused or NOT_IMPLEMENTED in text:
+        return "unsupported", text
+    names = {type(e).__name__ for e in _chain(exc)}
+    if names & {"ValidationError", "DeepSpeedConfigError"}:
+        return "invalid", " ".join(text.split())[:600]
+    frames = traceback.extract_tb(exc.__traceback__)
+    if frames and f"{os.sep}deepspeed{os.sep}" in frames[-1].filename:
+        return "unsupported", text
+    return "failed", text + "\n" + "".join(traceback.format_exception(exc, limit=-4))[-1500:]
+
+
+def _chain(exc: BaseException | None) -> list[BaseException]:
+    out = []
+    while exc is not None and exc not in out:
+        out.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return out
+
+
+def run_rank(config: dict[str, Any], rank: int, world: int, port: int, send: Any) -> None:
+    """One rank of one config, in a process of its own: initialize, STEPS steps, report."""
+    result: dict[str, Any] = {"rank": rank}
+    ext = tempfile.mkdtemp(prefix="config-ext-")
+    os.environ.update({"TORCH_EXTENSIONS_DIR": ext, "RANK": str(rank), "LOCAL_RANK": str(rank),
+                       "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})  # fmt: skip
+    del _loaded[:], _jit[:], _refused[:]
+    try:
+        intercept()  # already done before a fork; a spawned process does it here
+        result.update(_steps(config))
+    except BaseException as exc:  # every outcome is reported to the parent
+        result["status"], result["detail"] = _classify(exc)
+    compiled = sorted(os.listdir(ext))
+    if _jit and result.get("status") == "passed":  # DeepSpeed caught the refusal and fell back
+        result["status"] = "needs-op"
+        result["detail"] = (f"needs {', '.join(_jit)}, which the installed wheel lacks: DeepSpeed tried to compile it "
+                            f"and fell back when refused ({result.get('detail', '')})")  # fmt: skip
+    if compiled and result.get("status") == "passed":
+        result["status"], result["detail"] = "needs-op", f"files appeared in TORCH_EXTENSIONS_DIR: {compiled}"
+    result.update({"ops": list(_loaded), "jit": list(_jit)})
+    send.send(result)
+    send.close()
+
+
+def _steps(config: dict[str, Any]) -> dict[str, Any]:
+    import deepspeed
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
+    engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    param = next(engine.module.parameters())
+    batch = _batch(config)
+    losses = []
+    for step in range(STEPS):
+        g = torch.Generator().manual_seed(step)
+        x = torch.randn(batch, 16, generator=g).to(engine.device, param.dtype)
+        loss = torch.nn.functional.mse_loss(engine(x).float(), x.float())
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    if not all(map(lambda v: v == v and abs(v) != float("inf"), losses)):
+        return {"status": "failed", "detail": f"the loss is not finite: {losses}"}
+    inner = getattr(optimizer, "optimizer", optimizer)
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+    return {
+        "status": "passed",
+        "detail": f"{STEPS} steps with {type(inner).__name__}, {param.dtype}, loss {losses[0]:.3f} -> {losses[-1]:.3f}",
+    }
+
+
+class Running:
+    """The processes of one config, started; `finish` waits for them within the config's time limit."""
+
+    def __init__(self, entry: dict[str, Any], context: Any, timeout: float) -> None:
+        self.entry, self.timeout = entry, timeout
+        self.start = time.monotonic()
+        self.config = entry["config"]
+        self.world = world_size_of(self.config)
+        self.procs: list[Any] = []
+        self.pipes: list[Any] = []
+        self.early = _refuse_early(entry, self.world)
+        if self.early:
+            return
+        port = _free_port()
+        for rank in range(self.world):
+            receive, send = context.Pipe(duplex=False)
+            p = context.Process(target=run_rank, args=(self.config, rank, self.world, port, send), daemon=True)
+            p.start()
+            send.close()
+            self.procs.append(p)
+            self.pipes.append(receive)
+
+    def finish(self) -> dict[str, Any]:
+        base = {"name": self.entry["name"], "world_size": self.world, "ops": [], "jit": []}
+        if self.early:
+            return {**base, "status": "failed", "detail": self.early, "seconds": 0.0}
+        results: list[dict[str, Any]] = []
+        deadline = self.start + self.timeout
+        for p, receive in ((self.procs[i], self.pipes[i]) for i in range(len(self.procs))):
+            if receive.poll(max(0.05, deadline - time.monotonic())):
+                try:
+                    results.append(receive.recv())
+                except EOFError:  # the process died before it could report
+                    pass
+            p.join(max(0.05, deadline - time.monotonic()))
+        timed_out = any(p.is_alive() for p in self.procs)
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+        seconds = round(time.monotonic() - self.start, 2)
+        base["ops"] = sorted({op for r in results for op in r.get("ops", [])})
+        base["jit"] = sorted({op for r in results for op in r.get("jit", [])})
+        if len(results) < self.world:
+            codes = [p.exitcode for p in self.procs]
+            why = (
+                f"did not finish within {self.timeout:.0f} s (its time limit)"
+                if timed_out
+                else f"died before reporting (exit codes {codes}; a negative code is the signal)"
+            )
+            return {**base, "status": "failed", "seconds": seconds, "detail": f"the config {why}"}
+        first = next((r for r in results if r["status"] != "passed"), results[0])
+        return {**base, "status": first["status"], "detail": first["detail"], "seconds": seconds}
+
+
+def _nvme_paths(config: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
+    zero = config.get("zero_optimization")
+    found = []
+    if isinstance(zero, dict):
+        for key in ("offload_optimizer", "offload_param"):
+            section = zero.get(key)
+            if isinstance(section, dict) and section.get("device") == "nvme":
+                found.append((section, str(section.get("nvme_path", ""))))
+    return found
+
+
+def _refuse_early(entry: dict[str, Any], world: int) -> str:
+    """What stops a config before it starts: more processes than allowed, an NVMe folder that cannot
+    be written. SCRATCH as nvme_path (the smoke's matrix) becomes a folder on the work disk."""
+    allowed = int(entry.get("max_world") or os.cpu_count() or 1)
+    if world > allowed:
+        return (f"the config needs {world} processes (train_batch_size / (micro batch x gradient accumulation)) "
+                f"and this machine allows {allowed}: run it where there are {world} CPUs or GPUs, or lower "
+                "train_batch_size")  # fmt: skip
+    for section, path in _nvme_paths(entry["config"]):
+        if path == SCRATCH:
+            path = tempfile.mkdtemp(prefix="nvme-", dir=os.getcwd())  # O_DIRECT: not tmpfs
+            section["nvme_path"] = path
+        if not path:
+            return "the config offloads to nvme but gives no nvme_path: name a folder on a local NVMe disk"
+        if not os.path.isdir(path) or not os.access(path, os.W_OK | os.X_OK):
+            return (f"the config offloads to nvme_path {path}, which is not a folder this user can write: "
+                    "create it or name another")  # fmt: skip
+    return ""
+
+
+SCRATCH = "@scratch"  # nvme_path of the smoke's matrix: a fresh folder on the work disk
+
+
+# What deepspeed.initialize imports on first use, imported once before the configs fork (a venv
+# made by uv holds no bytecode, so each child would compile them again: 3 s of a 4 s config).
+WARM = ("deepspeed.runtime.engine", "deepspeed.runtime.zero.stage_1_and_2", "deepspeed.runtime.zero.stage3",
+        "deepspeed.runtime.zero.muon.muon_optimizer", "deepspeed.ops.adam", "deepspeed.ops.adagrad",
+        "deepspeed.ops.lion", "deepspeed.ops.lamb", "torch._dynamo")  # fmt: skip
+
+
+def _gpu_visible() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.device_count() > 0
+
+
+def prepare(accelerator: str) -> Any:
+    """Import DeepSpeed once, intercept its builders, and choose how configs get their processes:
+    forked from this one on CPU; spawned on CUDA (a forked child cannot use CUDA)."""
+    import importlib
+
+    os.environ.setdefault("DS_ACCELERATOR", accelerator)
+    import deepspeed  # noqa: F401
+
+    intercept()
+    if accelerator != "cpu":
+        return multiprocessing.get_context("spawn")
+    for name in WARM:
+        try:
+            importlib.import_module(name)
+        except Exception:  # a module this DeepSpeed lacks or cannot import: the config will say
+            pass
+    try:  # py-cpuinfo asks a subprocess (1 s) every time DeepSpeedCPUAdam starts: ask once, here
+        import functools
+
+        from cpuinfo import cpuinfo
+
+        cpuinfo.get_cpu_info_json = functools.lru_cache(maxsize=1)(cpuinfo.get_cpu_info_json)
+        cpuinfo.get_cpu_info_json()
+    except Exception:
+        pass
+    return multiprocessing.get_context("fork")
+
+
+def run(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every config's result, in order; `jobs` configs run at once (each is a few tenths of a second
+    of one core's work, most of it waiting on its process group)."""
+    accelerator = spec.get("accelerator")
+    if not accelerator:  # a node's installed DeepSpeed: the accelerator it detects
+        from deepspeed.accelerator import get_accelerator
+
+        accelerator = get_accelerator()._name
+    if accelerator == "cuda" and not _gpu_visible():
+        return [{"name": e["name"], "status": "no-gpu", "ops": [], "jit": [], "world_size": 0, "seconds": 0.0,
+                 "detail": "no GPU visible: DeepSpeed's CUDA accelerator runs configs on GPUs; run this on a GPU node"}
+                for e in spec["configs"]]  # fmt: skip
+    context = prepare(accelerator)
+    timeout = float(spec.get("timeout", 180))
+    jobs = max(1, int(spec.get("jobs", 1)))
+    results: list[dict[str, Any] | None] = [None] * len(spec["configs"])
+    running: list[tuple[int, Running]] = []
+    pending = list(enumerate(spec["configs"]))
+
+    def finish_oldest() -> None:
+        i, r = running.pop(0)
+        done = results[i] = r.finish()
+        print(f"config {r.entry['name']}: {done['status']} ({done['seconds']} s)", file=sys.stderr, flush=True)
+
+    for i, entry in pending:
+        if "error" in entry:  # a config the caller could not read: reported in its place
+            results[i] = {"name": entry["name"], "status": "failed", "detail": entry["error"], "ops": [], "jit": [],
+                          "world_size": 0, "seconds": 0.0}  # fmt: skip
+            continue
+        while len(running) >= jobs:
+            finish_oldest()
+        running.append((i, Running(entry, context, timeout)))
+    while running:
+        finish_oldest()
+    return [r for r in results if r is not None]
+
+
+def main() -> None:
+    arg = sys.argv[1]
+    if arg == "-":
+        arg = sys.stdin.read()
+    elif not arg.lstrip().startswith("{"):
+        with open(arg, encoding="utf-8") as f:
+            arg = f.read()
+    spec = json.loads(arg)
+    results = run(spec)
+    print(MARKER)
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
