@@ -325,7 +325,15 @@ def _copy_matrix(matrix: Path, dest: Path) -> tuple[Path, list[Path]]:
     copies = []
     for i, rel in enumerate(tomllib.loads(text)["recipes"]):
         copy = dest / f"{i}-{Path(rel).name}"
-        shutil.copyfile((matrix.parent / rel).resolve(), copy)
+        source = (matrix.parent / rel).resolve()
+        recipe = source.read_text(encoding="utf-8")
+        configs = tomllib.loads(recipe).get("configs")
+        if configs:  # the copy names the recipe's config files by their absolute paths
+            named = "configs = [" + ", ".join(json.dumps(str(source.parent / c)) for c in configs) + "]"
+            found = re.search(r"(?ms)^configs\s*=\s*\[.*?\]", recipe)
+            if found:
+                recipe = recipe[: found.start()] + named + recipe[found.end() :]
+        copy.write_text(recipe, encoding="utf-8")
         copies.append(copy)
     listed = "recipes = [" + ", ".join(json.dumps(c.name) for c in copies) + "]"
     text = re.sub(r"(?ms)^recipes\s*=\s*\[.*?\]", lambda _: listed, text, count=1)

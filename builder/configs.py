@@ -121,11 +121,9 @@ def read_config(path: Path) -> ConfigCase:
 
 def _python_literal(text: str, path: Path) -> Any:
     tree = ast.parse(text, filename=str(path))
-    for node in tree.body:
-        if isinstance(node, ast.Expr):
-            return ast.literal_eval(node.value)
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
-            return ast.literal_eval(node.value)
+    for node in tree.body:  # the first dict: `config = {...}` or a bare {...} (a docstring is skipped)
+        if isinstance(node, (ast.Expr, ast.Assign)) and isinstance(node.value, ast.Dict):
+            return ast.literal_eval(node.value)  # ValueError for anything but literals (a call, a name)
     raise ValueError("no dict literal in it (write `config = {...}`)")
 
 

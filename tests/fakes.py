@@ -106,3 +106,13 @@ def dep_wheel(
     return write_wheel(folder / f"{module}-{version}-{tag}.whl",
                        {f"{module}.py": f"VERSION = {version!r}\n".encode(),
                         f"{module}-{version}.dist-info/METADATA": meta.encode()})  # fmt: skip
+
+
+def default_recipe_text(name: str = "cpu.toml") -> str:
+    """A shipped recipe without its `configs` (config files named relative to its folder, which a
+    copy elsewhere would not find; and a copy with other ops would not serve them), for tests that
+    write a changed copy."""
+    import re
+
+    text = (Path(__file__).resolve().parent.parent / "recipes" / name).read_text()
+    return re.sub(r"(?ms)^configs = \[.*?^\]\n", "", text)

@@ -7,9 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from fakes import default_recipe_text
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT = (ROOT / "recipes" / "cpu.toml").read_text()
+DEFAULT = default_recipe_text()
 
 
 def builder(*args: str) -> subprocess.CompletedProcess[str]:

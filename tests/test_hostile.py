@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import METADATA, NAME, dep_wheel, fake_wheel
+from fakes import METADATA, NAME, default_recipe_text, dep_wheel, fake_wheel
 
 from builder import node
 from builder.contracts import BuildManifest, SmokeReport
@@ -36,7 +36,7 @@ from builder.wheelhouse.provision import installer_sha256
 from builder.wheelhouse.publish import resign
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_RECIPE = (ROOT / "recipes" / "cpu.toml").read_text()
+DEFAULT_RECIPE = default_recipe_text()
 AVX2 = frozenset({"sse4_2", "popcnt", "avx", "avx2", "fma", "bmi2"})
 CPU_NODE = Node("cp311", "2.13.0+cpu", None, (), AVX2)
 

@@ -87,8 +87,9 @@ def test_plan_for_the_default_recipe(probe: ProbeReport) -> None:
         "DS_BUILD_CPU_ADAGRAD",
         "DS_BUILD_CPU_LION",
         "DS_BUILD_SHM_COMM",
+        "DS_BUILD_FUSED_ADAM",
     }
-    assert [op.name for op in plan.ops] == ["cpu_adam", "cpu_adagrad", "cpu_lion", "deepspeed_shm_comm"]
+    assert [op.name for op in plan.ops] == ["cpu_adam", "cpu_adagrad", "cpu_lion", "deepspeed_shm_comm", "fused_adam"]
 
 
 def test_plan_refuses_a_build_env_with_other_torch(probe: ProbeReport) -> None:

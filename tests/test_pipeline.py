@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from browser import ARTIFACTS, NO_BROWSER, chromium, full_page_screenshot
+from fakes import default_recipe_text
 from nodes import node_venv
 
 pytestmark = pytest.mark.integration
@@ -27,7 +28,7 @@ VERSION = "0.19.8+cpu.torch2.13"
 # The glibc floor of a wheel built on this Debian 12 image with gcc 12 (GLIBC_2.34, GLIBCXX_3.4.30).
 PLATFORM = "manylinux_2_35_x86_64"
 WHEEL = f"deepspeed-{VERSION}-cp311-cp311-{PLATFORM}.whl"
-OPS = ("cpu_adam", "cpu_adagrad", "cpu_lion", "deepspeed_shm_comm")
+OPS = ("cpu_adam", "cpu_adagrad", "cpu_lion", "deepspeed_shm_comm", "fused_adam")
 OPTIMIZERS = OPS[:3]  # checked against torch's; shm comm is what the CPU engine loads at init
 
 
@@ -57,7 +58,7 @@ def test_build_wheel_leaves_a_smoke_tested_wheel_in_the_wheelhouse(
     assert not any(name.startswith(("torch", "nvidia")) for name in bundled)
     if f"==> up to date: {WHEEL}" not in result.stderr:  # a kept BUILDER_TEST_WORK_DIR may hold it
         assert f"==> built {WHEEL} in" in result.stderr
-        assert "ops:   cpu_adam, cpu_adagrad, cpu_lion, deepspeed_shm_comm" in result.stderr
+        assert "ops:   cpu_adam, cpu_adagrad, cpu_lion, deepspeed_shm_comm, fused_adam" in result.stderr
     # Op units (issue 21): each op compiled by a setup.py run of its own, its log named in the build
     # record; the wheel assembled from them is the one a single run makes (checked on real wheels).
     record = json.loads((workspace / "dist" / f"{WHEEL}.build.json").read_text())
@@ -74,6 +75,7 @@ def test_build_wheel_leaves_a_smoke_tested_wheel_in_the_wheelhouse(
             ("adagrad", "cpu_adagrad"),
             ("lion", "cpu_lion"),
             ("comm", "deepspeed_shm_comm"),
+            ("adam", "fused_adam"),
         ):
             assert any(n.startswith(f"deepspeed/ops/{op_dir}/{op}_op.") and n.endswith(".so") for n in names)
         installed = zf.read("deepspeed/git_version_info_installed.py").decode()
@@ -118,8 +120,76 @@ def test_build_wheel_leaves_a_smoke_tested_wheel_in_the_wheelhouse(
     assert "Linear8bitLt (torch.int8)" in entry["smoke"]["checks"]["quantized:int8:auto"]["detail"]
     assert "backend gloo" in entry["smoke"]["checks"]["dist:gloo:2-nodes"]["detail"]
     assert [c for c, status in checks.items() if status == "failed"] == []
+    # Issue 29: the configs a user writes, each run from the wheel with no compiler and an empty
+    # extensions folder. The issue's table: Adam/AdamW without offload loaded fused_adam (JIT before).
+    details = {name: check["detail"] for name, check in entry["smoke"]["checks"].items()}
+    for site in ("adam-zero0", "adamw-zero1", "adam-zero3", "adam-zero2-offload", "adagrad-zero2-offload",
+                 "lion-zero2-offload"):  # fmt: skip
+        assert checks[f"config:site/configs/{site}.json"] == "passed", details[f"config:site/configs/{site}.json"]
+    assert (
+        "ops deepspeed_shm_comm, fused_adam; 3 steps with FusedAdam" in details["config:site/configs/adam-zero0.json"]
+    )
+    assert "ops cpu_adam, deepspeed_shm_comm; 3 steps with DeepSpeedCPUAdam" in details[
+        "config:site/configs/adam-zero2-offload.json"]  # fmt: skip
+    assert checks["config:site/configs/lion-zero2.json"] == "skipped"
+    assert details["config:site/configs/lion-zero2.json"] == (
+        "not supported by DeepSpeed on cpu: ValueError: This op had not been implemented on CPU backend."
+    )
+    matrix = {n: st for n, st in checks.items() if n.startswith("config:matrix/")}
+    assert len(matrix) == 84  # 6 optimizers x 7 stage/offload x fp32, bf16 (no async_io: no NVMe)
+    for optimizer in ("Adam", "AdamW", "Adagrad"):
+        assert all(st == "passed" for n, st in matrix.items() if f"/{optimizer}/" in n), optimizer
+    assert details["config:matrix/Muon/zero1/none/fp32"].startswith("torch.compile (inductor) compiles code")
+    assert "config Adam     runs: ZeRO 0-3, ZeRO 1-3 + CPU offload" in result.stderr
+    assert "config Lion     not supported by DeepSpeed: ZeRO 0-3; runs: ZeRO 1-3 + CPU offload" in result.stderr
     index = (house / "simple" / "deepspeed" / "index.html").read_text()
     assert f"#sha256={entry['sha256']}" in index
+
+
+def test_check_config_says_what_each_config_needs_and_every_bad_one(
+    pipeline: tuple[Path, subprocess.CompletedProcess[str]], workspace: Path, tmp_path: Path
+) -> None:
+    """check-config against the real wheel (a fresh venv, no compiler): ZeRO-3 with NVMe offload asks
+    for async_io, which the default wheel lacks (found by running it, with the recipe line); the bad
+    configs each get their line and the others are still reported; exit 14."""
+    house, _ = pipeline
+    nvme = tmp_path / "nvme"
+    nvme.mkdir()
+    base = {"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}}
+    files = {
+        "nvme.json": {**base, "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme",
+                                                                                      "nvme_path": str(nvme)}}},
+        "adamw.json": {**base, "optimizer": {"type": "AdamW"}, "bf16": {"enabled": True}},
+        "unwritable.json": {**base, "zero_optimization": {"stage": 3, "offload_optimizer": {
+            "device": "nvme", "nvme_path": "/proc/ds-nvme"}}},
+        "too-many.json": {**base, "train_batch_size": 4096},
+        "typo.json": {**base, "zero_optimization": {"stage": 2, "offload_optimiser": {"device": "cpu"}}},
+    }  # fmt: skip
+    for name, config in files.items():
+        (tmp_path / name).write_text(json.dumps(config))
+    (tmp_path / "broken.json").write_text("{'single': quotes}")
+    names = [*files, "broken.json", "absent.json"]
+    done = builder("check-config", "--work-dir", str(workspace), "--wheel", str(house / WHEEL), "--json",
+                   *(str(tmp_path / n) for n in names))  # fmt: skip
+    assert done.returncode == 14, done.stderr[-3000:]
+    got = {Path(r["config"]).name: r for r in json.loads(done.stdout)}
+    assert got["nvme.json"]["status"] == "needs-op" and got["nvme.json"]["needs"] == ["async_io"]
+    assert got["nvme.json"]["means"] == 'needs op async_io, which the wheel lacks: add "async_io" to the recipe\'s ops'
+    assert got["adamw.json"]["status"] == "passed" and "fused_adam" in got["adamw.json"]["ops"]
+    assert "torch.bfloat16" in got["adamw.json"]["detail"]
+    assert got["unwritable.json"]["detail"] == ("the config offloads to nvme_path /proc/ds-nvme, which is not a "
+                                                "folder this user can write: create it or name another")  # fmt: skip
+    assert got["too-many.json"]["detail"].startswith("the config needs 1024 processes")
+    assert got["typo.json"]["status"] == "invalid" and "offload_optimiser" in got["typo.json"]["detail"]
+    assert got["broken.json"]["detail"].startswith(f"{tmp_path / 'broken.json'} is not JSON")
+    assert got["absent.json"]["detail"] == f"{tmp_path / 'absent.json'} does not exist"
+    assert "error: 6 of 7 configs do not run from the wheel" in done.stderr
+    assert not list((workspace / "tmp").glob("check-config-*"))  # its venv is gone
+    # A time limit per config: a config that runs past it is stopped and said to.
+    slow = builder("check-config", "--work-dir", str(workspace), "--wheel", str(house / WHEEL), "--timeout", "0.01",
+                   str(tmp_path / "adamw.json"))  # fmt: skip
+    assert slow.returncode == 14
+    assert "the config did not finish within 0.01 s (its time limit)" in slow.stdout
 
 
 def test_the_printed_install_command_works_with_only_the_wheelhouse_reachable(
@@ -764,9 +834,9 @@ def test_adding_an_op_compiles_that_op_alone(
     pipeline: tuple[Path, subprocess.CompletedProcess[str]], workspace: Path, tmp_path: Path
 ) -> None:
     """Op units (issue 21): the default recipe plus pin_memory, built in another work folder that
-    shares the first one's unit cache (DS_BUILDER_UNIT_CACHE, as a cluster shares one): its three units come
-    from the cache, only the new op compiles, and the wheel assembled from the four holds all four ops."""
-    text = (ROOT / "recipes" / "cpu.toml").read_text()
+    shares the first one's unit cache (DS_BUILDER_UNIT_CACHE, as a cluster shares one): the default's units
+    come from the cache, only the new op compiles, and the wheel assembled from them holds every op."""
+    text = default_recipe_text()
     recipe = tmp_path / "cpu-pin.toml"
     recipe.write_text(text.replace('ops = ["cpu_adam"', 'ops = ["pin_memory", "cpu_adam"'))
     env = {**os.environ, "DS_BUILDER_UNIT_CACHE": str(workspace / "cache" / "units")}
@@ -783,4 +853,4 @@ def test_adding_an_op_compiles_that_op_alone(
         installed = zf.read("deepspeed/git_version_info_installed.py").decode()
     for op in (*OPS, "pin_memory"):
         assert f"'{op}': 1" in installed
-    assert sum(n.endswith(".so") for n in names) == 5
+    assert sum(n.endswith(".so") for n in names) == len(OPS) + 1

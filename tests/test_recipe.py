@@ -35,7 +35,7 @@ def test_default_recipe_is_the_issue_recipe() -> None:
     recipe = load_recipe(ROOT / "recipes" / "cpu.toml")
     assert recipe.name == "cpu"
     assert recipe.accelerator == "cpu"
-    assert recipe.ops == ("cpu_adam", "cpu_adagrad", "cpu_lion", "deepspeed_shm_comm")
+    assert recipe.ops == ("cpu_adam", "cpu_adagrad", "cpu_lion", "deepspeed_shm_comm", "fused_adam")
     assert recipe.deepspeed.version == "0.19.8"
     assert recipe.deepspeed.sha256 == "9e491abd0827ea5c389dd702e15e11e13d83d904bac4a20d6c2a4cb37207a9af"
     assert recipe.torch.requirement == "torch==2.13.0"

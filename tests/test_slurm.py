@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import slurm_cluster
+from fakes import default_recipe_text
 from nodes import node_venv
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,7 +48,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
 
 
 def _variant(source: str, folder: Path, name: str, ops: list[str], arch: list[str] | None = None) -> None:
-    text = (ROOT / "recipes" / source).read_text()
+    text = default_recipe_text(source)
     start = text.index("ops = [")
     end = text.index("]", start) + 1
     text = text[:start] + f"ops = {json.dumps(ops)}" + text[end:]

@@ -298,7 +298,7 @@ def test_each_target_gets_unit_tasks_and_the_builds_wait_for_them(tmp_path: Path
     cpu, cuda = _targets()
     every = dataclasses.replace(cpu, recipe=dataclasses.replace(cpu.recipe, name="every", all_ops=True, ops=()))
     opts = slurm.SlurmOptions(unit_tasks=4)
-    assert [slurm.unit_tasks(t, 4) for t in (cpu, cuda, every)] == [4, 3, 4]  # cpu names 4 ops, cuda 3
+    assert [slurm.unit_tasks(t, 4) for t in (cpu, cuda, every)] == [4, 3, 4]  # cpu: 5 ops, 4 tasks; cuda: 3
     assert slurm.unit_tasks(cpu, 2) == 2
     record = slurm.plan_record([cpu, every], tmp_path / "m.toml", tmp_path / "run", tmp_path / "targets",
                                tmp_path / "house", tmp_path / "cc", tmp_path / "sd", {}, opts,

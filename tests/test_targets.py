@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fakes import default_recipe_text
 
 from builder.errors import RecipeError, ToolError
 from builder.recipe import load_recipe
@@ -72,7 +73,7 @@ def test_other_pythons_on_this_machine_are_found() -> None:
 
 def test_matrix_files(tmp_path: Path) -> None:
     (tmp_path / "recipes").mkdir()
-    (tmp_path / "recipes" / "cpu.toml").write_text((ROOT / "recipes" / "cpu.toml").read_text())
+    (tmp_path / "recipes" / "cpu.toml").write_text(default_recipe_text())
     good = tmp_path / "matrix.toml"
     good.write_text(
         'recipes = ["recipes/cpu.toml"]\npython = ["3.11"]\njobs = 2\n'

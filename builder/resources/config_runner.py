@@ -260,7 +260,7 @@ class Running:
         if len(results) < self.world:
             codes = [p.exitcode for p in self.procs]
             why = (
-                f"did not finish within {self.timeout:.0f} s (its time limit)"
+                f"did not finish within {self.timeout:g} s (its time limit)"
                 if timed_out
                 else f"died before reporting (exit codes {codes}; a negative code is the signal)"
             )

@@ -1,0 +1,200 @@
+"""DeepSpeed configs as the proof (issue 29): the matrix, config files, what results mean, and the
+runner's pure parts. The runner itself runs for real against real wheels in test_pipeline."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from builder import configs
+from builder.configs import ConfigCase, Outcome, as_check, matrix, read_config
+from builder.errors import RecipeError
+from builder.node import config_category, config_matrix, format_configs
+from builder.recipe import load_recipe
+from builder.resources import config_runner  # a resource script: standard library at import time
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_matrix_covers_every_optimizer_stage_offload_and_dtype_deepspeed_accepts() -> None:
+    cpu = matrix("cpu", ["cpu_adam"])
+    # 6 optimizers x (ZeRO 0 + ZeRO 1-3 with and without CPU offload) x fp32/bf16
+    assert len(cpu) == 6 * (1 + 3 * 2) * 2
+    names = {c.name for c in cpu}
+    assert "Adam/zero0/none/fp32" in names and "Lion/zero2/cpu/bf16" in names
+    assert not any("nvme" in n or "fp16" in n for n in names)
+    assert not any(n.split("/")[1] == "zero0" and n.split("/")[2] == "cpu" for n in names)  # no offload at ZeRO 0
+    with_aio = matrix("cpu", ["cpu_adam", "async_io"])
+    nvme = [c for c in with_aio if "/nvme/" in c.name]
+    assert len(nvme) == 6 * 2 and all(c.name.split("/")[1] == "zero3" for c in nvme)
+    zero = nvme[0].config["zero_optimization"]
+    assert zero["offload_optimizer"] == {"device": "nvme", "nvme_path": configs.SCRATCH}
+    assert {c.name.split("/")[3] for c in matrix("cuda", [])} == {"fp32", "fp16", "bf16"}
+    adam = next(c for c in cpu if c.name == "AdamW/zero1/cpu/bf16").config
+    assert adam["optimizer"]["type"] == "AdamW" and adam["bf16"] == {"enabled": True}
+    assert adam["zero_optimization"] == {"stage": 1, "offload_optimizer": {"device": "cpu"}}
+
+
+def test_config_files_json_and_python_literal_and_every_bad_one(tmp_path: Path) -> None:
+    good = tmp_path / "a.json"
+    good.write_text('{"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 1}}')
+    assert read_config(good) == ConfigCase("a.json", {"train_micro_batch_size_per_gpu": 2,
+                                                      "zero_optimization": {"stage": 1}}, str(good))  # fmt: skip
+    py = tmp_path / "b.py"
+    py.write_text('"""a site config"""\nconfig = {"optimizer": {"type": "Adam"}, "bf16": {"enabled": True}}\n')
+    assert read_config(py).config == {"optimizer": {"type": "Adam"}, "bf16": {"enabled": True}}
+    marker = tmp_path / "ran"
+    code = tmp_path / "c.py"  # nothing in a .py config is run: a call is not a literal
+    code.write_text(f"config = {{'x': open({str(marker)!r}, 'w').write('x')}}\n")
+    assert "is not a Python dict literal" in read_config(code).error and not marker.exists()
+    cases: dict[str, tuple[str, str | bytes, str]] = {
+        "not JSON": ("d.json", "{not json", "is not JSON (Expecting property name"),
+        "a list": ("e.json", "[1, 2]", "holds a list, not a DeepSpeed config object"),
+        "no dict": ("f.py", "x = 1\n", "no dict literal in it"),
+        "not UTF-8": ("g.json", b"\xff\xfe{", "cannot read"),
+    }
+    for why, (name, content, said) in cases.items():
+        path = tmp_path / name
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+        assert said in read_config(path).error, why
+    assert read_config(tmp_path / "missing.json").error == f"{tmp_path / 'missing.json'} does not exist"
+    big = tmp_path / "big.json"
+    big.write_text(" " * (configs.MAX_CONFIG + 1))
+    assert "over 1 MiB" in read_config(big).error
+
+
+def test_results_become_checks_a_site_config_must_pass_a_matrix_row_says_what_it_needs() -> None:
+    passed = Outcome("adam.json", "passed", "3 steps with FusedAdam", ("fused_adam", "deepspeed_shm_comm"))
+    needs = Outcome(
+        "Adam/zero0/none/fp32", "needs-op", "needs fused_adam ...", ("deepspeed_shm_comm",), ("fused_adam",)
+    )
+    refused = Outcome("Lion/zero2/none/fp32", "unsupported", "ValueError: This op had not been implemented on CPU")
+    crashed = Outcome("x", "failed", "the config died before reporting (exit codes [-6])")
+    assert as_check(passed, "cpu", site=True).status == "passed"
+    assert "ops fused_adam, deepspeed_shm_comm" in as_check(passed, "cpu", site=True).detail
+    row = as_check(needs, "cpu", site=False)
+    assert (row.name, row.status) == ("config:matrix/Adam/zero0/none/fp32", "skipped")
+    assert row.detail == 'needs op fused_adam, which the wheel lacks: add "fused_adam" to the recipe\'s ops'
+    assert as_check(needs, "cpu", site=True).status == "failed"  # the recipe names it: the smoke fails
+    lion = as_check(refused, "cpu", site=True)
+    assert lion.status == "skipped" and lion.detail.startswith("not supported by DeepSpeed on cpu: ValueError")
+    assert as_check(crashed, "cpu", site=False).status == "failed"
+    assert configs.exit_status([Outcome("a", "passed", "")]) == 0
+    assert configs.exit_status([Outcome("a", "passed", ""), Outcome("b", "unsupported", "")]) == 14
+
+
+def test_the_matrix_collapses_to_a_line_per_optimizer() -> None:
+    checks = {}
+    for stage in range(4):
+        for offload in ("none", "cpu") if stage else ("none",):
+            for dtype in ("fp32", "bf16"):
+                adam = ("passed", "runs") if offload == "cpu" or stage < 3 else ("skipped", "needs op async_io, which")
+                lion = ("passed", "runs") if offload == "cpu" else ("skipped", "not supported by DeepSpeed on cpu: x")
+                if (stage, offload, dtype) == (3, "cpu", "bf16"):
+                    lion = ("failed", "boom")
+                checks[f"config:matrix/Adam/zero{stage}/{offload}/{dtype}"] = adam
+                checks[f"config:matrix/Lion/zero{stage}/{offload}/{dtype}"] = lion
+    checks["config:site/configs/adam.json"] = ("passed", "runs from the wheel: ops cpu_adam")
+    checks["load:cpu_adam"] = ("passed", "")
+    assert format_configs(checks) == [
+        "config Adam     runs: ZeRO 0-2, ZeRO 1-3 + CPU offload; needs async_io: ZeRO 3",
+        "config Lion     not supported by DeepSpeed: ZeRO 0-3; runs: ZeRO 1-2 + CPU offload, "
+        "ZeRO 3 + CPU offload (fp32); FAILED: ZeRO 3 + CPU offload (bf16)",
+        "config configs/adam.json: runs (runs from the wheel: ops cpu_adam)",
+    ]
+    grid = config_matrix(checks)
+    assert grid["Adam"][(3, "none", "fp32")] == "needs async_io"
+    assert config_category("skipped", "torch.compile (inductor) compiles code") == "needs a compiler (torch.compile)"
+    assert config_category("skipped", "no GPU visible: ...") == "not run (no GPU)"
+
+
+def test_a_recipe_reads_its_configs_and_refuses_bad_ones(tmp_path: Path) -> None:
+    default = load_recipe(ROOT / "recipes" / "cpu.toml")
+    assert "fused_adam" in default.ops  # Adam and AdamW without offload load it (found by running them)
+    names = [n for n, _ in default.configs]
+    assert "configs/adam-zero0.json" in names and "configs/lion-zero2.json" in names
+    assert default.config_table["configs/adam-zero0.json"]["optimizer"]["type"] == "Adam"
+    text = (ROOT / "recipes" / "cpu.toml").read_text()
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "adam-zero0.json").write_text("{broken")
+    copy = tmp_path / "r.toml"
+    copy.write_text(text)
+    with pytest.raises(RecipeError) as err:
+        load_recipe(copy)
+    assert f"{copy}: configs: {tmp_path / 'configs' / 'adam-zero0.json'} is not JSON" in err.value.message
+    assert err.value.exit_code == 2
+    copy.write_text(text.replace('"configs/adam-zero0.json",', '"configs/adam-zero0.json", "configs/adam-zero0.json",'))
+    with pytest.raises(RecipeError, match="configs names a file twice"):
+        load_recipe(copy)
+    copy.write_text(text.replace('"configs/adam-zero0.json",', '"", '))
+    with pytest.raises(RecipeError, match="configs must list DeepSpeed config files"):
+        load_recipe(copy)
+
+
+def test_the_runner_refuses_before_starting_what_cannot_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert config_runner.world_size_of({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2,
+                                        "gradient_accumulation_steps": 2}) == 4  # fmt: skip
+    assert config_runner.world_size_of({"train_micro_batch_size_per_gpu": 2}) == 1
+    config = {"train_batch_size": 4096, "train_micro_batch_size_per_gpu": 1}
+    many = {"name": "many", "config": config, "max_world": 8}
+    said = config_runner._refuse_early(many, config_runner.world_size_of(config))
+    assert said.startswith("the config needs 4096 processes") and "this machine allows 8" in said
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o500)
+    for path, expected in ((str(ro), "is not a folder this user can write") if not _root() else
+                           ("/proc/nope", "is not a folder this user can write"),
+                           ("", "gives no nvme_path")):  # fmt: skip
+        section = {"device": "nvme", "nvme_path": path} if path else {"device": "nvme"}
+        entry = {"name": "n", "config": {"zero_optimization": {"stage": 3, "offload_optimizer": section}}}
+        assert expected in config_runner._refuse_early(entry, 1)
+    nvme = next(c for c in matrix("cpu", ["async_io"]) if "/nvme/" in c.name)
+    scratch = {"name": "s", "config": json.loads(json.dumps(nvme.config))}
+    assert config_runner._refuse_early(scratch, 1) == ""
+    made = Path(scratch["config"]["zero_optimization"]["offload_optimizer"]["nvme_path"])
+    assert made.parent == tmp_path and made.is_dir()  # the work disk, not /tmp (O_DIRECT)
+    spec = configs.runner_spec([ConfigCase("bad", {}, "x.json", "x.json does not exist"), nvme], "cpu", 5.0, jobs=3)
+    assert spec["configs"][0] == {"name": "bad", "error": "x.json does not exist"}
+    assert spec["timeout"] == 5.0 and spec["jobs"] == 3 and spec["accelerator"] == "cpu"
+
+
+def _root() -> bool:
+    import os
+
+    return os.geteuid() == 0
+
+
+def test_the_runner_sorts_deepspeeds_errors() -> None:
+    config_runner._jit.clear()
+    config_runner._refused.clear()
+    try:
+        raise ValueError("This op had not been implemented on CPU backend.")
+    except ValueError as exc:
+        assert config_runner._classify(exc)[0] == "unsupported"
+    try:
+        raise RuntimeError("InductorError: InvalidCxxCompiler: No working C++ compiler found")
+    except RuntimeError as exc:
+        status, detail = config_runner._classify(exc)
+        assert status == "needs-compiler" and "no prebuilt wheel can carry that" in detail
+    config_runner._jit.append("fused_adam")
+    try:
+        raise config_runner.JitRefused("refused")
+    except RuntimeError as exc:
+        assert config_runner._classify(exc)[0] == "needs-op"
+    config_runner._jit.clear()
+    try:
+        raise KeyError("ours")
+    except KeyError as exc:
+        assert config_runner._classify(exc)[0] == "failed"
+
+
+def test_parse_outcomes_refuses_a_bad_report() -> None:
+    from builder.errors import SmokeError
+
+    good = f'noise\n{configs.MARKER}\n[{{"name": "a", "status": "passed", "detail": "ok", "ops": ["cpu_adam"]}}]\n'
+    assert configs.parse_outcomes(good) == [Outcome("a", "passed", "ok", ("cpu_adam",))]
+    for bad in ("no marker", f'{configs.MARKER}\n[{{"name": "a", "status": "great"}}]', f"{configs.MARKER}\n{{"):
+        with pytest.raises(SmokeError):
+            configs.parse_outcomes(bad)
