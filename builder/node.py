@@ -1006,15 +1006,22 @@ def version_key(version: str) -> tuple[Any, ...]:
     return (0, int(m["epoch"] or 0), tuple(release), pre, post, dev, local)
 
 
-def choose(manifest: WheelhouseManifest, node: Node) -> WheelEntry:
-    """The newest fitting wheel by version (never by publish time or file-name text); InstallError
-    listing what the wheelhouse has when none fits."""
-    fits = [e for e in manifest.wheels.values() if not mismatches(e, node)]
+def choose(manifest: WheelhouseManifest, node: Node, ops: Sequence[str] = ()) -> WheelEntry:
+    """The newest fitting wheel by version (never by publish time or file-name text); among op sets
+    of one target (labelled wheels: +cpu.torch2.13 and +cpu.torch2.13.all) the one with the most ops,
+    or with `ops` the ones holding all of them. InstallError listing what the wheelhouse has when none fits."""
+
+    def why_not(e: WheelEntry) -> list[str]:
+        lacking = [op for op in ops if op not in e.ops]
+        return mismatches(e, node) + ([f"lacks op {', '.join(lacking)} (--ops)"] if lacking else [])
+
+    fits = [e for e in manifest.wheels.values() if not why_not(e)]
     if fits:
         exact = [e for e in fits if node.torch and e.torch == node.torch]
         wanted = "cuda" if node.gpus else "cpu"  # a node without GPUs prefers a CPU wheel
-        return max(exact or fits, key=lambda e: (e.accelerator == wanted, version_key(e.version)))
-    lines = [f"  {name}: {'; '.join(mismatches(e, node))}" for name, e in sorted(manifest.wheels.items())]
+        return max(exact or fits, key=lambda e: (e.accelerator == wanted, version_key(e.version.split("+")[0]),
+                                                 len(e.ops), version_key(e.version)))  # fmt: skip
+    lines = [f"  {name}: {'; '.join(why_not(e))}" for name, e in sorted(manifest.wheels.items())]
     raise InstallError(
         f"no wheel in the wheelhouse fits this node ({node.describe()}); it has:\n" + ("\n".join(lines) or "  nothing"),
         "build one for this node (a recipe with its torch, CUDA and GPU archs), smoke it and publish it",
@@ -1690,7 +1697,12 @@ def images_of(manifest: WheelhouseManifest, wheel: str) -> list[ImageEntry]:
 
 
 def install(
-    wheelhouse: str, python: str, dry_run: bool = False, pip_args: Sequence[str] = (), trust: Trust | None = None
+    wheelhouse: str,
+    python: str,
+    dry_run: bool = False,
+    pip_args: Sequence[str] = (),
+    trust: Trust | None = None,
+    ops: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Pick, fetch, check and pip-install the wheel for this node, with its dependencies from the
     wheelhouse alone (hash-checked; no index is asked); returns what was done. With `trust`, the
@@ -1708,7 +1720,7 @@ def install(
             f"until {manifest.expires}")  # fmt: skip
     node = probe_node(python)
     say(f"==> node: {node.describe()}")
-    entry = choose(manifest, node)
+    entry = choose(manifest, node, ops)
     say(f"==> chosen: {entry.name} (torch {entry.torch}, archs {', '.join(entry.archs) or '-'}, "
         f"ops {', '.join(entry.ops)})")  # fmt: skip
     for line in narrowed_for(entry, node):
@@ -1820,10 +1832,14 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
                    f"(manifest.json.sig) is by one of them, it has not expired, and its serial is not older than "
                    f"the last one this node accepted (kept in {STATE_ENV}, default /var/lib/ds-node-install for "
                    f"root). Default: {DEFAULT_TRUST} where it exists")  # fmt: skip
+    p.add_argument("--ops", default="", metavar="OP,OP",
+                   help="choose a wheel holding these ops (where the wheelhouse has several op sets of one target, "
+                   "e.g. cpu and cpu-all; default: the fitting wheel with the most ops)")  # fmt: skip
     p.add_argument("--debug", action="store_true", help="show a traceback on errors")
     args = p.parse_args(argv)
+    ops = [op.strip() for op in args.ops.split(",") if op.strip()]
     try:
-        result = install(args.wheelhouse, args.python, args.dry_run, args.pip_args, load_trust(args.trust))
+        result = install(args.wheelhouse, args.python, args.dry_run, args.pip_args, load_trust(args.trust), ops)
     except InstallError as exc:
         if args.debug:
             raise

@@ -7,6 +7,7 @@ skipped only when its result is already proven for the same bytes (build key, sm
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -14,12 +15,16 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from builder import output
-from builder.errors import BuilderError, PublishError
+from builder import configs, output
+from builder.errors import BuilderError, BuildError, PublishError
 from builder.results import StageResult, TargetResult
 from builder.targets import Target
 from builder.workspace import Workspace, check_writable
+
+if TYPE_CHECKING:
+    from builder.wheelbuild.wheel import BuildResult
 
 
 @dataclass(frozen=True)
@@ -102,7 +107,6 @@ def _run_one(
     target: Target, ws: Workspace, wheelhouse: Path, stages: Stages, keep_going: bool, cores: int | None
 ) -> TargetResult:
     from builder.smoke import smoke
-    from builder.wheelbuild.wheel import build_wheel
 
     results: dict[str, StageResult] = {}
     wheel = published = None
@@ -114,7 +118,7 @@ def _run_one(
 
     started = time.monotonic()
     try:
-        built = build_wheel(target.recipe, ws, stages.verbose, stages.force, stages.use_ccache, target.python, cores)
+        built = build_for_configs(target, ws, stages, cores)
         wheel = built.wheel
         results["build"] = StageResult("reused" if built.reused else "passed",
                                        "same build key" if built.reused else "", built.seconds)  # fmt: skip
@@ -167,3 +171,44 @@ def _run_one(
 
 
 _PUBLISH = threading.Lock()
+CONFIG_ROUNDS = 4  # each round adds what the configs loaded next; DeepSpeed's CPU engine needs at most 3
+
+
+def build_for_configs(target: Target, ws: Workspace, stages: Stages, cores: int | None) -> BuildResult:
+    """Build the target; when its recipe names configs, run them from the wheel (fresh venv, no
+    compiler) and add every op they loaded that the wheel lacks, building again (the op units built
+    so far are reused, so only the new ops compile) until each config runs or DeepSpeed refuses it.
+    An op DeepSpeed cannot build here fails the build, naming the config."""
+    import dataclasses
+
+    from builder.smoke import run_cases
+    from builder.wheelbuild.wheel import build_wheel
+
+    recipe = target.recipe
+    cases = [configs.ConfigCase(name, json.loads(text), name) for name, text in recipe.configs]
+    for _ in range(CONFIG_ROUNDS):
+        try:
+            built = build_wheel(recipe, ws, stages.verbose, stages.force, stages.use_ccache, target.python, cores)
+        except BuilderError as exc:
+            if not recipe.ops_from_configs:
+                raise
+            added = ", ".join(recipe.ops_from_configs)
+            fix = exc.fix or "take the config out of the recipe's configs"
+            raise BuildError(f"the configs of {recipe.name} load {added}; the build with them failed: {exc.message}",
+                             fix) from exc  # fmt: skip
+        if not cases:
+            return built
+        output.step(f"{recipe.name}: running its {len(cases)} configs from the wheel to find the ops they load")
+        outcomes = run_cases(cases, ws, built.wheel, verbose=stages.verbose)
+        needs = {o.name: o.jit for o in outcomes if o.status == "needs-op"}
+        if not needs:
+            return built
+        new = sorted({op for ops in needs.values() for op in ops} - set(recipe.ops))
+        which = "; ".join(f"{name} loads {', '.join(ops)}" for name, ops in needs.items())
+        if not new or recipe.all_ops:
+            raise BuildError(f"{which}, which the wheel of {recipe.name} does not hold and this build cannot add",
+                             "the build log says why that op is not in the wheel; or drop the config")  # fmt: skip
+        output.step(f"{recipe.name}: {which}: adding {', '.join(new)} to its ops and building again")
+        recipe = dataclasses.replace(recipe, ops=(*recipe.ops, *new), ops_from_configs=(*recipe.ops_from_configs, *new))
+    raise BuildError(f"the configs of {recipe.name} still load ops the wheel lacks after {CONFIG_ROUNDS} rounds",
+                     f"add {', '.join(recipe.ops_from_configs)} and what the configs name to ops yourself")  # fmt: skip

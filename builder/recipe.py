@@ -46,6 +46,7 @@ _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
         "torch": dict,
         "slurm": dict,
         "configs": list,
+        "label": str,
     },
     "deepspeed": {"version": str, "sha256": str},
     "torch": {"version": str},
@@ -66,6 +67,8 @@ CUDA_TOOLKITS = ("auto", "system", "pip")
 ALL_OPS = "all"  # ops = "all": every op DeepSpeed offers for the accelerator (see build.needs)
 ON_OP_FAILURE = ("fail", "drop")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+# A local version segment of letters and digits, starting with a letter so it never reads as a number.
+_LABEL = re.compile(r"^[a-z][a-z0-9]{0,15}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 SLURM_WORD = re.compile(r"^[A-Za-z0-9:_.-]{1,64}$")  # a partition, gres, 24G, 02:00:00: no shell, no spaces
 SLURM_SIZES = {"cpus": int, "mem": str, "time": str}  # a build task's size (recipe and matrix [slurm])
@@ -150,6 +153,8 @@ class Recipe:
     path: Path | None = None
     config_files: tuple[str, ...] = ()  # the site's DeepSpeed config files, relative to the recipe's folder
     configs: tuple[tuple[str, str], ...] = ()  # (file name, the config as sorted JSON), read by load_recipe
+    ops_from_configs: tuple[str, ...] = ()  # ops added to `ops` because a config loaded them (pipeline)
+    label: str = ""  # ends the wheel's local version: two op sets of one target get two file names
 
     @property
     def config_table(self) -> dict[str, Any]:
@@ -295,7 +300,12 @@ def parse_recipe(data: Mapping[str, Any], path: Path | None = None) -> Recipe:
                           'e.g. configs = ["configs/adam-zero1.json"] (JSON, or a .py file of one dict)')  # fmt: skip
     if len(set(config_files)) != len(config_files):
         raise RecipeError(f"{where}: configs names a file twice", "name each config once")
+    label = data.get("label", "")
+    if label and not _LABEL.match(label):
+        raise RecipeError(f'{where}: label "{label}" is not usable in a version',
+                          'use 1-16 lowercase letters and digits, e.g. label = "all"')  # fmt: skip
     return Recipe(
+        label=label,
         config_files=tuple(config_files),
         slurm=tuple(sorted(slurm.items())),
         name=name,

@@ -144,7 +144,13 @@ def check_configs(files: Sequence[Path], ws: Workspace, wheel: Path | None = Non
                   verbose: bool = False, timeout: float = configs.TIMEOUT) -> list[configs.Outcome]:  # fmt: skip
     """check-config: run each config file against a wheel (a fresh venv, as the smoke) or against
     the DeepSpeed installed for `python` (a node), with no compiler and an empty extensions folder."""
-    cases = [configs.read_config(f) for f in files]
+    return run_cases([configs.read_config(f) for f in files], ws, wheel, python, verbose, timeout)
+
+
+def run_cases(cases: Sequence[configs.ConfigCase], ws: Workspace, wheel: Path | None = None,
+              python: Path | None = None, verbose: bool = False,
+              timeout: float = configs.TIMEOUT) -> list[configs.Outcome]:  # fmt: skip
+    """The configs run against a wheel's fresh venv (torch and the wheel only) or `python`'s DeepSpeed."""
     ws.logs.mkdir(parents=True, exist_ok=True)
     ws.scratch.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="check-config-", dir=ws.scratch))

@@ -198,3 +198,56 @@ def test_parse_outcomes_refuses_a_bad_report() -> None:
     for bad in ("no marker", f'{configs.MARKER}\n[{{"name": "a", "status": "great"}}]', f"{configs.MARKER}\n{{"):
         with pytest.raises(SmokeError):
             configs.parse_outcomes(bad)
+
+
+def test_a_recipes_configs_add_the_ops_they_load_round_by_round(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The build runs the recipe's configs from each wheel it makes (FAKE builds and runs here: the
+    real ones are in test_pipeline) and adds what they loaded, until they run or nothing can be added."""
+    import dataclasses
+
+    from builder import pipeline
+    from builder.errors import BuildError
+    from builder.targets import Target, this_interpreter
+    from builder.wheelbuild import wheel as wheelbuild
+    from builder.workspace import Workspace
+
+    base = dataclasses.replace(load_recipe(ROOT / "recipes" / "cpu.toml"), ops=("cpu_adam",))
+    built: list[tuple[str, ...]] = []
+    loads = {"deepspeed_shm_comm": (), "fused_adam": ("deepspeed_shm_comm",)}  # fused_adam is asked for after shm
+
+    def fake_build(recipe, *args, **kwargs):  # type: ignore[no-untyped-def]
+        built.append(recipe.ops)
+        return wheelbuild.BuildResult(tmp_path / f"{len(built)}.whl", 1.0, tmp_path / "log", "k")
+
+    def fake_run(cases, ws, wheel, verbose=False):  # type: ignore[no-untyped-def]
+        ops = built[-1]
+        missing = [op for op, after in loads.items() if op not in ops and all(a in ops for a in after)]
+        return [Outcome(c.name, "needs-op", "", (), tuple(missing[:1])) if missing else Outcome(c.name, "passed", "")
+                for c in cases]  # fmt: skip
+
+    monkeypatch.setattr(wheelbuild, "build_wheel", fake_build)
+    monkeypatch.setattr("builder.smoke.run_cases", fake_run)
+    ws = Workspace(tmp_path / "work")
+    result = pipeline.build_for_configs(Target(base, this_interpreter()), ws, pipeline.Stages(), 1)
+    assert built == [
+        ("cpu_adam",),
+        ("cpu_adam", "deepspeed_shm_comm"),
+        ("cpu_adam", "deepspeed_shm_comm", "fused_adam"),
+    ]
+    assert result.wheel.name == "3.whl"
+    # An op the configs load that the build cannot add (ops = "all" holds every op it could build)
+    built.clear()
+    every = dataclasses.replace(base, all_ops=True, ops=())
+    with pytest.raises(BuildError) as err:
+        pipeline.build_for_configs(Target(every, this_interpreter()), ws, pipeline.Stages(), 1)
+    assert (
+        "loads deepspeed_shm_comm, which the wheel of cpu does not hold and this build cannot add" in err.value.message
+    )
+    assert err.value.exit_code == 5
+    # No configs: one build, nothing run
+    built.clear()
+    plain = dataclasses.replace(base, configs=())
+    pipeline.build_for_configs(Target(plain, this_interpreter()), ws, pipeline.Stages(), 1)
+    assert built == [("cpu_adam",)]

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_a_failed_target_does_not_stop_the_matrix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    cpu = load_recipe(ROOT / "recipes" / "cpu.toml")
+    cpu = dataclasses.replace(load_recipe(ROOT / "recipes" / "cpu.toml"), configs=())  # FAKE builds: no configs run
     cuda = load_recipe(ROOT / "recipes" / "cu130-multi-min.toml")
     built: list[str] = []
 
@@ -98,7 +98,7 @@ def test_a_tampered_coverage_report_is_not_believed(tmp_path: Path) -> None:
 
 
 def test_jobs_run_targets_at_once_with_a_share_of_the_cores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    cpu = load_recipe(ROOT / "recipes" / "cpu.toml")
+    cpu = dataclasses.replace(load_recipe(ROOT / "recipes" / "cpu.toml"), configs=())  # FAKE builds: no configs run
     seen: list[tuple[str, int | None, str]] = []
     both_started = threading.Barrier(2, timeout=10)
 

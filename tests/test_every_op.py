@@ -32,7 +32,7 @@ pytestmark = [
     ),
 ]
 ROOT = Path(__file__).resolve().parents[1]
-WHEEL = "deepspeed-0.19.8+cpu.torch2.13-cp311-cp311-manylinux_2_35_x86_64.whl"
+WHEEL = "deepspeed-0.19.8+cpu.torch2.13.all-cp311-cp311-manylinux_2_35_x86_64.whl"
 EXCEPT = ["cpu_adam", "cpu_adagrad", "cpu_lion", "deepspeed_shm_comm", "fused_adam"]
 AIO_CHECK = """
 import os, torch
@@ -103,7 +103,7 @@ def test_a_dropped_op_ships_the_wheel_without_it_and_says_why(runs: dict[str, ob
     # The failed build's good units were kept: the second build only retried the failing op.
     assert statuses == {"async_io": "cached", "pin_memory": "cached"}, statuses
     with zipfile.ZipFile(work / "dist" / WHEEL) as zf:
-        manifest = json.loads(zf.read("deepspeed-0.19.8+cpu.torch2.13.dist-info/ds_builder.json"))
+        manifest = json.loads(zf.read("deepspeed-0.19.8+cpu.torch2.13.all.dist-info/ds_builder.json"))
         names = zf.namelist()
     assert manifest["ops"] == ["async_io", "pin_memory"]
     assert manifest["recipe"]["ops"] == {"all": EXCEPT} and manifest["recipe"]["on_op_failure"] == "drop"

@@ -63,6 +63,23 @@ def test_the_newest_wheel_is_chosen_by_version_not_by_text_or_publish_time() -> 
     assert choose(WheelhouseManifest({e.name: e for e in (nine, ten, rc)}), node) == rc
 
 
+def test_two_op_sets_of_one_target_sit_side_by_side_and_the_node_chooses() -> None:
+    """Issue 29: cpu and cpu-all make one target; cpu-all's label ("all") gives it its own file name.
+    A node takes the one with the most ops, or with --ops the ones holding them (0.19.9 still beats 0.19.8)."""
+    few = entry(ops=["cpu_adam", "fused_adam"])
+    every = entry("cpu.torch2.13.all", ops=["cpu_adam", "fused_adam", "async_io", "pin_memory"], recipe="cpu-all")
+    assert few.name != every.name
+    node = Node("cp311", "2.13.0+cpu", None, (), AVX2)
+    both = WheelhouseManifest({e.name: e for e in (few, every)})
+    assert choose(both, node) == every
+    assert choose(both, node, ["async_io"]) == every
+    newer = entry(ds="0.19.9", ops=["cpu_adam"])
+    assert choose(WheelhouseManifest({e.name: e for e in (few, every, newer)}), node) == newer
+    with pytest.raises(InstallError) as err:
+        choose(WheelhouseManifest({few.name: few}), node, ["async_io"])
+    assert f"{few.name}: lacks op async_io (--ops)" in err.value.message
+
+
 @pytest.mark.parametrize(
     "order", [["0.9", "0.19.8", "0.19.10", "1.0.dev1", "1.0a1", "1.0rc2", "1.0", "1.0.post1", "1.0.1", "2!0.1"]]
 )

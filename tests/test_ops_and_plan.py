@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from builder.errors import BuildError, RecipeError, SourceError
-from builder.recipe import load_recipe
+from builder.recipe import load_recipe, parse_recipe
 from builder.resources import resource
 from builder.units.plan import plan_units
 from builder.wheelbuild.ops import OpInfo, ProbeReport, check_archs, check_requested, parse_probe
@@ -72,6 +73,16 @@ def test_local_labels() -> None:
     assert local_label("cuda", "2.11.0+cu130", "13.0", ("8.0", "9.0+PTX")) == "cu130.torch2.11.sm80.sm90ptx"
     with pytest.raises(BuildError, match="has no CUDA"):
         local_label("cuda", "2.13.0+cpu", None)
+
+
+def test_another_op_set_of_one_target_is_labelled(probe: ProbeReport) -> None:
+    """cpu-all is the cpu target with every op: its label gives its wheel a file name of its own."""
+    every = load_recipe(ROOT / "recipes" / "cpu-all.toml")
+    assert every.label == "all"
+    assert plan_build(every, probe).version == "0.19.8+cpu.torch2.13.all"
+    for bad in ("All", "1x", "a-b", "x" * 17):
+        with pytest.raises(RecipeError, match="is not usable in a version"):
+            parse_recipe({**tomllib.loads((ROOT / "recipes" / "cpu-all.toml").read_text()), "label": bad})
 
 
 def test_plan_for_the_default_recipe(probe: ProbeReport) -> None:

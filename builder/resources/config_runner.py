@@ -46,8 +46,12 @@ class JitRefused(RuntimeError):
     """Raised where DeepSpeed would have compiled an op at first use."""
 
 
+_stack: list[str] = []  # the builders whose load() is running (async_io's load loads pin_memory first)
+
+
 def _record_load(load: Any) -> Any:
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _stack.append(self.name)
         try:
             module = load(self, *args, **kwargs)
         except JitRefused:
@@ -56,6 +60,8 @@ def _record_load(load: Any) -> Any:
             if NOT_IMPLEMENTED in str(exc):
                 _refused.append(f"{self.name}: {exc}")
             raise
+        finally:
+            _stack.pop()
         if self.name not in _loaded:
             _loaded.append(self.name)
         return module
@@ -64,10 +70,21 @@ def _record_load(load: Any) -> Any:
     return wrapper
 
 
+def _installed(name: str) -> bool:
+    try:
+        from deepspeed.git_version_info import installed_ops
+    except ImportError:
+        return False
+    return bool(installed_ops.get(name))
+
+
 def _refuse_jit(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """Refuse the compile; the op needed is this one and every builder around it that the wheel
+    lacks too (async_io loads pin_memory first: a wheel with neither needs both)."""
     del args, kwargs
-    if self.name not in _jit:
-        _jit.append(self.name)
+    for name in [self.name, *reversed(_stack)]:
+        if name not in _jit and (name == self.name or not _installed(name)):
+            _jit.append(name)
     raise JitRefused(f"DeepSpeed tried to JIT-compile the op {self.name}: it is not in the installed wheel")
 
 
@@ -168,7 +185,7 @@ def run_rank(config: dict[str, Any], rank: int, world: int, port: int, send: Any
     ext = tempfile.mkdtemp(prefix="config-ext-")
     os.environ.update({"TORCH_EXTENSIONS_DIR": ext, "RANK": str(rank), "LOCAL_RANK": str(rank),
                        "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})  # fmt: skip
-    del _loaded[:], _jit[:], _refused[:]
+    del _loaded[:], _jit[:], _refused[:], _stack[:]
     try:
         intercept()  # already done before a fork; a spawned process does it here
         result.update(_steps(config))

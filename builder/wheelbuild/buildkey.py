@@ -52,6 +52,7 @@ def key_inputs(recipe: Recipe, machine: MachineFacts, env: Mapping[str, str]) ->
         "recipe": {"name": recipe.name, "file": recipe.path.name if recipe.path else None},
         "accelerator": recipe.accelerator,
         "ops": recipe.ops_spec,
+        **({"label": recipe.label} if recipe.label else {}),
         # The site's configs are embedded in the wheel's manifest (the smoke proves each one).
         **({"configs": recipe.config_table} if recipe.configs else {}),
         **({"on_op_failure": recipe.on_op_failure} if recipe.on_op_failure != "fail" else {}),

@@ -187,6 +187,8 @@ def plan_build(
     ops, missing = select_ops(recipe, probe, nvcc, env)
     op_archs = check_archs(ops, archs, recipe.narrow_ops)
     label = local_label(recipe.accelerator, probe.torch.version, probe.torch.cuda, archs)
+    if recipe.label:  # another op set of the same target: its own file name
+        label += f".{recipe.label}"
     threads = nvcc_threads(archs)
     env = {
         "DS_ACCELERATOR": recipe.accelerator,

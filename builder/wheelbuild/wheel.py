@@ -323,8 +323,8 @@ def refuse_name_clash(recipe: Recipe, version: str, python_tag: str, dist: Path,
             raise RecipeError(
                 f"{wheel.name} in {dist} was built from {theirs} (recipe {data.get('recipe_name')!r}); building "
                 f"{recipe.path} (recipe {recipe.name!r}) would replace it under the same file name",
-                "give the recipes different DeepSpeed versions, torch or archs, use another --work-dir, or pass "
-                "--force to replace that wheel",
+                'give one of them a label (label = "all" in the recipe: another op set of the same target gets '
+                "its own file name), use another --work-dir, or pass --force to replace that wheel",
             )
 
 
@@ -382,6 +382,8 @@ def build_manifest(
         "stripped": recipe.strip,
         # The site's DeepSpeed configs (file name -> config) the smoke runs, each of which must pass.
         **({"configs": recipe.config_table} if recipe.configs else {}),
+        # Ops the recipe did not name that its configs loaded when run from the wheel (added by the build).
+        **({"ops_from_configs": list(recipe.ops_from_configs)} if recipe.ops_from_configs else {}),
     }
 
 
