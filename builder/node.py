@@ -458,6 +458,12 @@ def format_op_rows(rows: Sequence[Mapping[str, str]]) -> list[str]:
 CONFIG_MATRIX = "config:matrix/"
 CONFIG_SITE = "config:site/"
 _OFFLOAD = {"none": "", "cpu": " + CPU offload", "nvme": " + NVMe offload"}
+_DTYPE_ORDER = {"fp32": 0, "fp16": 1, "bf16": 2}
+
+
+def dtypes_of(cells: Mapping[tuple[int, str, str], str]) -> list[str]:
+    """The dtypes of a config grid, fp32 first."""
+    return sorted({d for _, _, d in cells}, key=lambda d: (_DTYPE_ORDER.get(d, 9), d))
 
 
 def config_category(status: str, detail: str) -> str:
@@ -503,7 +509,7 @@ def format_configs(checks: Mapping[str, tuple[str, str]]) -> list[str]:
     `Adam: runs ZeRO 1-3 + CPU offload; needs fused_adam: ZeRO 0-3`."""
     lines = []
     for optimizer, cells in config_matrix(checks).items():
-        dtypes = sorted({d for _, _, d in cells})
+        dtypes = dtypes_of(cells)
         by_category: dict[str, dict[tuple[str, tuple[str, ...]], list[int]]] = {}
         for (stage, offload, _dtype), category in sorted(cells.items()):
             same = tuple(d for d in dtypes if cells.get((stage, offload, d)) == category)

@@ -172,3 +172,32 @@ def test_the_signed_page_fits_a_phone(tmp_path: Path) -> None:
         assert driver.execute_script("return document.documentElement.scrollWidth") <= 390
         text = driver.find_element("id", "install").text
     assert node.fingerprint_of(manifest.signer) in text.replace("\n", "")
+
+
+def test_the_config_grid_shows_what_each_deepspeed_config_does_from_the_wheel(tmp_path: Path) -> None:
+    """Issue 29: the smoke's config rows, as a grid per wheel (optimizer x offload, ZeRO stages),
+    dtypes split only where they differ; the site's configs below it. On a FAKE wheel's report."""
+    wheel = fake_wheel(tmp_path)
+    checks = [Check("import", "passed")]
+    for stage in range(4):
+        for offload in ("none", "cpu") if stage else ("none",):
+            for dtype in ("fp32", "bf16"):
+                ok = offload == "cpu" or (stage < 3 or dtype == "fp32")
+                detail = "runs from the wheel: ops cpu_adam" if ok else "needs op async_io, which the wheel lacks: x"
+                checks.append(Check(f"config:matrix/Adam/zero{stage}/{offload}/{dtype}", "passed" if ok else "skipped",
+                                    detail))  # fmt: skip
+    checks.append(
+        Check("config:site/configs/lion.json", "skipped", "not supported by DeepSpeed on cpu: ValueError: <b>")
+    )
+    report = SmokeReport(wheel.name, sha256_of(wheel), True, tuple(checks), 1.0, "2026-11-23T00:00:00+00:00")
+    report_path(wheel).write_text(report.to_json())
+    house = tmp_path / "house"
+    publish([wheel], house)
+    text = (house / PAGE).read_text()
+    section = text[text.index('<section id="configs">') : text.index('<section id="smoke">')]
+    assert '<td class="ok" data-config="Adam/zero0/none">runs</td>' in section
+    assert '<td class="skip" data-config="Adam/zero3/none">fp32: runs; bf16: needs async_io</td>' in section
+    assert '<td class="ok" data-config="Adam/zero3/cpu">runs</td>' in section
+    assert '<tr><th>Adam</th><td>cpu</td><td class="op-none">-</td>' in section  # no offload at ZeRO 0
+    assert "configs/lion.json" in section and "ValueError: &lt;b&gt;" in section and "<b>" not in section
+    assert verify(house) == []

@@ -30,6 +30,7 @@ from builder.node import (
     check_wheel_name,
     config_category,
     config_matrix,
+    dtypes_of,
     fingerprint_of,
     glibc_floor,
     op_table,
@@ -328,7 +329,7 @@ def _configs(manifest: WheelhouseManifest) -> str:
         grid = config_matrix(e.smoke.checks)
         rows = []
         for optimizer, cells in grid.items():
-            dtypes = sorted({d for _, _, d in cells})
+            dtypes = dtypes_of(cells)
             for offload in ("none", "cpu", "nvme"):
                 if not any(o == offload for _, o, _ in cells):
                     continue
