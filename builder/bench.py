@@ -176,6 +176,36 @@ def smoke_times(wheel: Path, ws: Workspace) -> dict[str, float]:
     return seconds
 
 
+CONFIG_SAMPLE = 6  # configs run one process each, as a user runs them, to scale to the whole matrix
+
+
+def config_costs(wheel: Path, ws: Workspace, log: Path) -> dict[str, float]:
+    """Seconds for the smoke's config matrix in one runner (forked after one import of DeepSpeed)
+    and for the same configs each in a process of its own, as a user runs them one `python train.py`
+    at a time (a sample of CONFIG_SAMPLE, every sixth, scaled to the matrix: the whole takes minutes)."""
+    import tempfile
+
+    from builder import configs
+    from builder.contracts import BuildManifest
+    from builder.smoke import config_cases, no_compiler, wheel_env
+
+    manifest = BuildManifest.from_wheel(wheel)
+    cases = config_cases(manifest)
+    ws.scratch.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-configs-", dir=ws.scratch))
+    try:
+        venv, env = wheel_env(wheel, manifest, tmp, log, False)
+        python = envs.python_in(venv)
+        env = no_compiler(env, python)
+        run = functools.partial(configs.run, python, accelerator=manifest.accelerator, env=env, cwd=tmp, log=log)
+        matrix, _ = _timed(functools.partial(run, cases))
+        sample = cases[:: max(1, len(cases) // CONFIG_SAMPLE)][:CONFIG_SAMPLE]
+        each = [_timed(functools.partial(run, [c]))[0] for c in sample]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"matrix": matrix, "each": statistics.mean(each) * len(cases), "count": float(len(cases))}
+
+
 REPO = Path(__file__).resolve().parents[1]
 _OUTPUTS = {"build", ".nox", ".git", "wheelhouse", "provision", ".mypy_cache", ".ruff_cache", ".pytest_cache"}
 
@@ -224,6 +254,8 @@ def bench(recipe: Recipe, out: Path, runs: int) -> dict[str, Any]:
             "smoke_pip",
             "clone_uv",
             "clone_pip",
+            "configs_matrix",
+            "configs_each",
         )
     }
     sizes: dict[str, int] = {}
@@ -246,6 +278,10 @@ def bench(recipe: Recipe, out: Path, runs: int) -> dict[str, Any]:
             samples[f"env_{name}"].append(seconds)
         for name, seconds in smoke_times(cold.wheel, ws).items():
             samples[f"smoke_{name}"].append(seconds)
+        costs = config_costs(cold.wheel, ws, log)
+        samples["configs_matrix"].append(costs["matrix"])
+        samples["configs_each"].append(costs["each"])
+        sizes["configs"] = int(costs["count"])
         if run == 0:
             for name, seconds in fresh_clone(out, log).items():
                 samples[f"clone_{name}"].append(seconds)
@@ -267,6 +303,7 @@ def bench(recipe: Recipe, out: Path, runs: int) -> dict[str, Any]:
             "env_uv_vs_pip": med["env_uv"] / med["env_pip"],
             "smoke_uv_vs_pip": med["smoke_uv"] / med["smoke_pip"],
             "clone_uv_vs_pip": med["clone_uv"] / med["clone_pip"],
+            "configs_vs_each": med["configs_matrix"] / med["configs_each"],
         },
     }
     return _report(out / "bench", result, render_table(result))
@@ -281,10 +318,11 @@ TARGETS = {
     "env_uv_vs_pip": ("environment with the recipe's torch: uv vs venv + pip", None),
     "smoke_uv_vs_pip": ("smoke, uv environments vs venv + pip", None),
     "clone_uv_vs_pip": ("fresh clone -> published wheel (`nox -s build-wheel`): uv vs pip environments", None),
+    "configs_vs_each": ("the smoke's DeepSpeed config matrix: one forked runner vs a process per config", None),
 }
 # Absolute targets on 2 cores (seconds), for the rows that have one.
 ABSOLUTE_TARGETS = {"unchanged_vs_cold": "< 2 s for the build step", "smoke_uv_vs_pip": "smoke <= 50 s",
-                    "clone_uv_vs_pip": "<= 150 s", "env_uv_vs_pip": "-"}  # fmt: skip
+                    "clone_uv_vs_pip": "<= 150 s", "env_uv_vs_pip": "-", "configs_vs_each": "-"}  # fmt: skip
 
 
 def render_table(result: dict[str, Any]) -> str:
@@ -299,6 +337,8 @@ def render_table(result: dict[str, Any]) -> str:
         "env_uv_vs_pip": f"{med['env_uv']:.1f} s vs {med['env_pip']:.1f} s",
         "smoke_uv_vs_pip": f"{med['smoke_uv']:.0f} s vs {med['smoke_pip']:.0f} s",
         "clone_uv_vs_pip": f"{med['clone_uv']:.0f} s vs {med['clone_pip']:.0f} s",
+        "configs_vs_each": f"{med['configs_matrix']:.0f} s vs {med['configs_each']:.0f} s "
+        f"({sizes.get('configs', '?')} configs)",
     }
     lines = [
         f"Recipe `{result['recipe']}`, {result['cores']} cores, median of {result['runs']} run(s):",

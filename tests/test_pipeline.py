@@ -140,8 +140,9 @@ def test_build_wheel_leaves_a_smoke_tested_wheel_in_the_wheelhouse(
     for optimizer in ("Adam", "AdamW", "Adagrad"):
         assert all(st == "passed" for n, st in matrix.items() if f"/{optimizer}/" in n), optimizer
     assert details["config:matrix/Muon/zero1/none/fp32"].startswith("torch.compile (inductor) compiles code")
-    assert "config Adam     runs: ZeRO 0-3, ZeRO 1-3 + CPU offload" in result.stderr
-    assert "config Lion     not supported by DeepSpeed: ZeRO 0-3; runs: ZeRO 1-3 + CPU offload" in result.stderr
+    if "already passed its smoke tests" not in result.stderr:  # a kept BUILDER_TEST_WORK_DIR may hold it
+        assert "config Adam     runs: ZeRO 0-3, ZeRO 1-3 + CPU offload" in result.stderr
+        assert "config Lion     not supported by DeepSpeed: ZeRO 0-3; runs: ZeRO 1-3 + CPU offload" in result.stderr
     index = (house / "simple" / "deepspeed" / "index.html").read_text()
     assert f"#sha256={entry['sha256']}" in index
 
