@@ -9,7 +9,6 @@ into smoke checks and one-line summaries; `run` is the one side effect, in the e
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -20,12 +19,12 @@ from typing import Any
 from builder import cmd
 from builder.contracts import Check
 from builder.errors import ConfigError, SmokeError
-from builder.resources import resource
+from builder.resources import config_runner, resource
 
 RUNNER = resource("config_runner.py")
 MARKER = "==== config runner json ===="
 STATUSES = ("passed", "needs-op", "needs-compiler", "unsupported", "invalid", "no-gpu", "failed")
-MAX_CONFIG = 1 << 20  # a DeepSpeed config is a few KB
+MAX_CONFIG = config_runner.MAX_CONFIG
 TIMEOUT = 180.0  # seconds per config: a tiny model's initialize and steps take under 2 s here
 
 # The optimizers DeepSpeed's config accepts and builds ops for (MuAdam/MuSGD come from `mup`,
@@ -98,33 +97,10 @@ def matrix_config(optimizer: str, stage: int, offload: str, dtype: str) -> dict[
 
 
 def read_config(path: Path) -> ConfigCase:
-    """A config file: JSON, or a Python file holding one dict literal (`config = {...}` or the dict
-    alone, read with ast.literal_eval: nothing in it is run). Problems become the case's error."""
-    name = path.name
-    try:
-        if path.stat().st_size > MAX_CONFIG:
-            return ConfigCase(name, {}, str(path), f"{path} is over {MAX_CONFIG >> 20} MiB: not a DeepSpeed config")
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return ConfigCase(name, {}, str(path), f"{path} does not exist")
-    except (OSError, UnicodeDecodeError) as exc:
-        return ConfigCase(name, {}, str(path), f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}")
-    try:
-        data = _python_literal(text, path) if path.suffix == ".py" else json.loads(text)
-    except (ValueError, SyntaxError, RecursionError) as exc:
-        kind = "a Python dict literal" if path.suffix == ".py" else "JSON"
-        return ConfigCase(name, {}, str(path), f"{path} is not {kind} ({str(exc).splitlines()[0]})")
-    if not isinstance(data, dict):
-        return ConfigCase(name, {}, str(path), f"{path} holds a {type(data).__name__}, not a DeepSpeed config object")
-    return ConfigCase(name, data, str(path))
-
-
-def _python_literal(text: str, path: Path) -> Any:
-    tree = ast.parse(text, filename=str(path))
-    for node in tree.body:  # the first dict: `config = {...}` or a bare {...} (a docstring is skipped)
-        if isinstance(node, (ast.Expr, ast.Assign)) and isinstance(node.value, ast.Dict):
-            return ast.literal_eval(node.value)  # ValueError for anything but literals (a call, a name)
-    raise ValueError("no dict literal in it (write `config = {...}`)")
+    """A config file (config_runner.read_config_file: JSON, or a .py file of one dict literal, never
+    run); a problem becomes the case's error, reported in the config's place."""
+    config, error = config_runner.read_config_file(str(path))
+    return ConfigCase(path.name, config or {}, str(path), error)
 
 
 def runner_spec(cases: Sequence[ConfigCase], accelerator: str | None, timeout: float = TIMEOUT,
@@ -171,7 +147,7 @@ def run(python: Path | str, cases: Sequence[ConfigCase], accelerator: str | None
     spec = runner_spec(cases, accelerator, timeout)
     spec_file = cwd / "configs.json"
     spec_file.write_text(json.dumps(spec), encoding="utf-8")
-    said = cmd.run([str(python), RUNNER, str(spec_file)], env=env, cwd=cwd, log=log, verbose=verbose)
+    said = cmd.run([str(python), RUNNER, "--spec", str(spec_file)], env=env, cwd=cwd, log=log, verbose=verbose)
     return parse_outcomes(said)
 
 
@@ -180,19 +156,9 @@ def recipe_line(ops: Sequence[str]) -> str:
 
 
 def explain(outcome: Outcome, accelerator: str) -> str:
-    """One line for people: what the result means and what to do."""
-    first = outcome.detail.splitlines()[0] if outcome.detail else ""
-    if outcome.status == "passed":
-        return f"runs from the wheel: ops {', '.join(outcome.ops) or 'none'}; {first}"
-    if outcome.status == "needs-op":
-        return f"needs op {', '.join(outcome.jit)}, which the wheel lacks: {recipe_line(outcome.jit)}"
-    if outcome.status == "unsupported":
-        return f"not supported by DeepSpeed on {accelerator}: {first}"
-    if outcome.status == "needs-compiler":
-        return first
-    if outcome.status == "invalid":
-        return "DeepSpeed rejects the config: " + " ".join(outcome.detail.split())[:400]
-    return first
+    """One line for people: what the result means and what to do (the runner's words, on a node too)."""
+    return config_runner.explain({"status": outcome.status, "detail": outcome.detail, "ops": list(outcome.ops),
+                                  "jit": list(outcome.jit)}, accelerator)  # fmt: skip
 
 
 def as_check(outcome: Outcome, accelerator: str, site: bool) -> Check:

@@ -40,6 +40,10 @@ from typing import IO, Any
 
 MANIFEST_FILE = "manifest.json"
 INSTALLER = "tools/ds-node-install.py"
+# builder/resources/config_runner.py, published byte for byte: runs DeepSpeed configs against the
+# DeepSpeed installed on a node (install --check-config).
+CONFIG_CHECK = "tools/ds-config-check.py"
+EXIT_CONFIGS = 14  # a config does not run from the installed wheel
 BUILD_MANIFEST = "ds_builder.json"  # inside the wheel's *.dist-info/
 MANIFEST_SCHEMA = 4  # 3: each wheel lists its dependency files ("requires"); 4: the signed statement
 ACCELERATORS = ("cpu", "cuda")
@@ -66,6 +70,7 @@ LIMITS = {
     "probe": 1 << 20,
     "signature": 64 << 10,
     "trust": 1 << 20,
+    "tool": 8 << 20,
 }
 
 # PEP 427 file name: name-version(-build)?-python-abi-platform.whl; no component holds '-'.
@@ -718,7 +723,7 @@ def label_contradictions(entry: WheelEntry) -> list[tuple[str, str]]:
 
 
 def _file_entries(
-    table: Mapping[str, Any], where: str, names_are_wheels: bool, allowed: Sequence[str] = (INSTALLER,)
+    table: Mapping[str, Any], where: str, names_are_wheels: bool, allowed: Sequence[str] = (INSTALLER, CONFIG_CHECK)
 ) -> dict[str, FileEntry]:
     out = {}
     for name, value in table.items():
@@ -1781,6 +1786,42 @@ def install(
     return {**result, "installed": True}
 
 
+def check_configs(base: str, manifest: WheelhouseManifest, python: str, files: Sequence[str],
+                  timeout: float = 180.0) -> tuple[int, list[dict[str, Any]]]:  # fmt: skip
+    """Run `files` (DeepSpeed configs) against the DeepSpeed installed for `python`, with the
+    wheelhouse's config checker, checked against the sha256 of the manifest (verified before)."""
+    tool = manifest.tools.get(CONFIG_CHECK)
+    if tool is None:
+        raise InstallError(f"the wheelhouse publishes no config checker ({CONFIG_CHECK})",
+                           "publish into it with a toolkit that has check-config")  # fmt: skip
+    data = fetch(base, CONFIG_CHECK, "tool")
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != tool.sha256:
+        raise ManifestError(f"{CONFIG_CHECK} from {base} has sha256 {digest}, the manifest says {tool.sha256}",
+                            "the wheelhouse copy is damaged or was tampered with: run `verify` on it")  # fmt: skip
+    folder = tempfile.mkdtemp(prefix="ds-config-check-")
+    try:
+        script = os.path.join(folder, "ds-config-check.py")
+        with open(script, "wb") as f:
+            f.write(data)
+        ext = os.path.join(folder, "torch_extensions")
+        os.mkdir(ext)
+        env = {**os.environ, "TORCH_EXTENSIONS_DIR": ext}
+        cmd = [python, script, "--json", "--timeout", str(timeout), *[os.path.abspath(f) for f in files]]
+        say(f"+ {' '.join(cmd)}")
+        done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env, cwd=folder, check=False)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    try:
+        results = json.loads(done.stdout)
+    except ValueError:
+        raise InstallError(f"the config checker exited {done.returncode} without a report",
+                           "read its output above; is DeepSpeed installed for this Python?") from None  # fmt: skip
+    for r in results:
+        say(f"config {r['status']:14} {r['name']}: {r.get('means', '')}")
+    return (0 if all(r.get("status") == "passed" for r in results) else EXIT_CONFIGS), results
+
+
 def _check_pip(python: str) -> None:
     done = subprocess.run([python, "-m", "pip", "--version"], capture_output=True, check=False)
     if done.returncode != 0:
@@ -1841,6 +1882,10 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     p.add_argument("--ops", default="", metavar="OP,OP",
                    help="choose a wheel holding these ops (where the wheelhouse has several op sets of one target, "
                    "e.g. cpu and cpu-all; default: the fitting wheel with the most ops)")  # fmt: skip
+    p.add_argument("--check-config", dest="check_configs", action="append", default=[], metavar="CONFIG",
+                   help="after installing (or with --dry-run, against what is installed), run this DeepSpeed config "
+                   "(JSON, or .py of one dict) with the wheelhouse's config checker: initialize and a few steps, no "
+                   f"compile at first use allowed; repeat for several. Exit {EXIT_CONFIGS} unless all run")  # fmt: skip
     p.add_argument("--debug", action="store_true", help="show a traceback on errors")
     args = p.parse_args(argv)
     ops = [op.strip() for op in args.ops.split(",") if op.strip()]
@@ -1853,9 +1898,21 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         if args.json:
             print(json.dumps({"error": exc.message, "fix": exc.fix, "exit_code": exc.exit_code}))
         return exc.exit_code
+    code = 0
+    if args.check_configs:
+        try:
+            base = wheelhouse_base(args.wheelhouse)
+            code, result["configs_checked"] = check_configs(base, load_verified(base, load_trust(args.trust)).manifest,
+                                                            args.python, args.check_configs)  # fmt: skip
+        except InstallError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return exc.exit_code
+        if code:
+            bad = [r["name"] for r in result["configs_checked"] if r.get("status") != "passed"]
+            print(f"error: {len(bad)} config(s) do not run from the installed wheel: {', '.join(bad)}", file=sys.stderr)
     if args.json:
         print(json.dumps(result, indent=2))
-    return 0
+    return code
 
 
 if __name__ == "__main__":

@@ -209,7 +209,11 @@ def _steps(config: dict[str, Any]) -> dict[str, Any]:
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
-    engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    # A config without an "optimizer" section is used with the script's own optimizer: give it torch's AdamW.
+    client = None if "optimizer" in config else torch.optim.AdamW(model.parameters(), lr=1e-3)
+    engine, optimizer, _, _ = deepspeed.initialize(
+        model=model, model_parameters=model.parameters(), config=config, optimizer=client
+    )
     param = next(engine.module.parameters())
     batch = _batch(config)
     losses = []
@@ -399,18 +403,112 @@ def run(spec: dict[str, Any]) -> list[dict[str, Any]]:
     return [r for r in results if r is not None]
 
 
-def main() -> None:
-    arg = sys.argv[1]
-    if arg == "-":
-        arg = sys.stdin.read()
-    elif not arg.lstrip().startswith("{"):
-        with open(arg, encoding="utf-8") as f:
-            arg = f.read()
-    spec = json.loads(arg)
-    results = run(spec)
-    print(MARKER)
-    print(json.dumps(results))
+MAX_CONFIG = 1 << 20  # a DeepSpeed config is a few KB
+
+
+def read_config_file(path: str) -> tuple[dict[str, Any] | None, str]:
+    """(config, "") or (None, why not): JSON, or a Python file holding one dict literal (`config =
+    {...}` or the dict alone, read with ast.literal_eval: nothing in it is run)."""
+    import ast
+
+    try:
+        if os.path.getsize(path) > MAX_CONFIG:
+            return None, f"{path} is over {MAX_CONFIG >> 20} MiB: not a DeepSpeed config"
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return None, f"{path} does not exist"
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}"
+    try:
+        if path.endswith(".py"):
+            data: Any = None
+            for node in ast.parse(text, filename=path).body:  # the first dict literal (a docstring is skipped)
+                if isinstance(node, (ast.Expr, ast.Assign)) and isinstance(node.value, ast.Dict):
+                    data = ast.literal_eval(node.value)  # ValueError for anything but literals (a call, a name)
+                    break
+            else:
+                raise ValueError("no dict literal in it (write `config = {...}`)")
+        else:
+            data = json.loads(text)
+    except (ValueError, SyntaxError, RecursionError) as exc:
+        kind = "a Python dict literal" if path.endswith(".py") else "JSON"
+        return None, f"{path} is not {kind} ({str(exc).splitlines()[0]})"
+    if not isinstance(data, dict):
+        return None, f"{path} holds a {type(data).__name__}, not a DeepSpeed config object"
+    return data, ""
+
+
+def explain(result: dict[str, Any], accelerator: str) -> str:
+    """One line for people: what the result means and what to do."""
+    detail = str(result.get("detail", ""))
+    first = detail.splitlines()[0] if detail else ""
+    status, jit = result["status"], list(result.get("jit", []))
+    if status == "passed":
+        return f"runs from the wheel: ops {', '.join(result.get('ops', [])) or 'none'}; {first}"
+    if status == "needs-op":
+        add = ", ".join(json.dumps(o) for o in jit)
+        return f"needs op {', '.join(jit)}, which the wheel lacks: add {add} to the recipe's ops"
+    if status == "unsupported":
+        return f"not supported by DeepSpeed on {accelerator}: {first}"
+    if status == "invalid":
+        return "DeepSpeed rejects the config: " + " ".join(detail.split())[:400]
+    return first
+
+
+def main() -> int:
+    """`--spec FILE|-|JSON` (the toolkit: the JSON report after MARKER), or config files (people,
+    on a node: a line per config, or --json; exit 14 unless every config passed)."""
+    import argparse
+
+    p = argparse.ArgumentParser(
+        description="Run DeepSpeed configs against the DeepSpeed installed for this Python: initialize and a "
+        "few steps of a small model each, with an empty TORCH_EXTENSIONS_DIR; every op DeepSpeed asks for is "
+        "recorded and every compile at first use refused. Exit 0 when every config passed, 14 otherwise."
+    )
+    p.add_argument("configs", nargs="*", metavar="CONFIG", help="DeepSpeed config files (JSON, or .py of one dict)")
+    p.add_argument("--spec", help=argparse.SUPPRESS)
+    p.add_argument("--timeout", type=float, default=180.0, help="seconds per config (default 180)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    args = p.parse_args()
+    # What DeepSpeed prints (its accelerator warning, "... built successfully") goes to stderr, in
+    # every process: stdout carries only the results, so --json is JSON.
+    sys.stdout.flush()
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    try:
+        return _main(args, p, out)
+    finally:
+        out.flush()
+
+
+def _main(args: Any, p: Any, out: Any) -> int:
+    if args.spec is not None:
+        arg = sys.stdin.read() if args.spec == "-" else args.spec
+        if not arg.lstrip().startswith("{"):
+            with open(arg, encoding="utf-8") as f:
+                arg = f.read()
+        results = run(json.loads(arg))
+        print(MARKER, file=out)
+        print(json.dumps(results), file=out)
+        return 0
+    if not args.configs:
+        p.error("name at least one config file")
+    entries = []
+    for path in args.configs:
+        config, error = read_config_file(path)
+        entries.append({"name": path, "error": error} if error else {"name": path, "config": config})
+    results = run({"configs": entries, "timeout": args.timeout, "jobs": max(2, min(8, 2 * (os.cpu_count() or 1)))})
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()._name
+    if args.json:
+        print(json.dumps([{**r, "means": explain(r, accelerator)} for r in results], indent=2), file=out)
+    else:
+        for r in results:
+            print(f"{r['status']:14} {r['name']}: {explain(r, accelerator)}", file=out)
+    return 0 if all(r["status"] == "passed" for r in results) else 14
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -35,6 +35,7 @@ from builder.coverage import parse_report
 from builder.errors import FolderError, PublishError, WheelhouseError
 from builder.files import copy_atomic, is_temp_name, make_dirs, write_atomic
 from builder.node import (
+    CONFIG_CHECK,
     IMAGES,
     INSTALLER,
     FileEntry,
@@ -49,6 +50,7 @@ from builder.node import (
     check_wheel_name,
     split_variant_name,
 )
+from builder.resources import resource
 from builder.smoke import load_report, report_path
 from builder.wheelbuild.source import sha256_of
 from builder.wheelhouse import closure, variants
@@ -305,7 +307,7 @@ def _publish_files(
             )  # fmt: skip
             if not found.missing:
                 wheels_now[name] = dataclasses.replace(entry, requires=found.files)
-    tools = {INSTALLER: FileEntry(INSTALLER, _publish_installer(wheelhouse))}
+    tools = {name: FileEntry(name, _publish_tool(wheelhouse, name)) for name in tool_sources()}
     manifest = dataclasses.replace(manifest, wheels=wheels_now, dependencies=deps, tools=tools)
     stale: list[Path] = []
     if variants or manifest.variants:
@@ -511,9 +513,15 @@ def installer_source() -> bytes:
     return Path(node.__file__).read_bytes()
 
 
-def _publish_installer(wheelhouse: Path) -> str:
-    data = installer_source()
-    write_atomic(wheelhouse / INSTALLER, data)
+def tool_sources() -> dict[str, bytes]:
+    """tools/ of a wheelhouse: the node installer and the config checker (resources/config_runner.py),
+    each byte for byte the toolkit's own file."""
+    return {INSTALLER: installer_source(), CONFIG_CHECK: resource("config_runner.py").read_bytes()}
+
+
+def _publish_tool(wheelhouse: Path, name: str) -> str:
+    data = tool_sources()[name]
+    write_atomic(wheelhouse / name, data)
     return hashlib.sha256(data).hexdigest()
 
 
@@ -563,10 +571,11 @@ def repair(wheelhouse: Path) -> list[str]:
         has_manifest = (wheelhouse / MANIFEST).is_file()
         manifest = load_manifest(wheelhouse)
         removed = _clean(wheelhouse, manifest)
-        tool = wheelhouse / INSTALLER
-        if not has_manifest and tool.is_file() and not tool.is_symlink() and tool.read_bytes() == installer_source():
-            tool.unlink()  # the installer the killed first publish wrote (these exact bytes): ours
-            removed.append(INSTALLER)
+        for name, ours in tool_sources().items():
+            tool = wheelhouse / name
+            if not has_manifest and tool.is_file() and not tool.is_symlink() and tool.read_bytes() == ours:
+                tool.unlink()  # a tool the killed first publish wrote (these exact bytes): ours
+                removed.append(name)
         stale: list[Path] = []
         if manifest.variants:  # derived files: made again from the wheels, whatever a kill left
             manifest, stale = sync_variants(wheelhouse, manifest)
