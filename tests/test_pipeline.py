@@ -351,6 +351,24 @@ def test_node_installs_its_wheel_from_the_served_wheelhouse(
             .splitlines()[-1]
         )
         assert version == VERSION
+        # Issue 29 on the node: its own configs against what is installed, with the wheelhouse's
+        # checker (tools/ds-config-check.py, its sha256 from the manifest): Adam ZeRO-0 runs from
+        # the wheel; ZeRO-3 with NVMe offload needs ops the default wheel lacks; exit 14.
+        nvme = tmp_path / "nvme.json"
+        (tmp_path / "disk").mkdir()
+        nvme.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "Adam"},
+                                    "zero_optimization": {"stage": 3, "offload_optimizer": {
+                                        "device": "nvme", "nvme_path": str(tmp_path / "disk")}}}))  # fmt: skip
+        adam = ROOT / "recipes" / "configs" / "adam-zero0.json"
+        done = subprocess.run([python, "-m", "builder", "install", "--wheelhouse", url, "--dry-run", "--json",
+                               "--check-config", str(adam), "--check-config", str(nvme)],
+                              env=env, capture_output=True, text=True)  # fmt: skip
+        assert done.returncode == 14, done.stdout + done.stderr
+        checked = {Path(r["name"]).name: r for r in json.loads(done.stdout)["configs_checked"]}
+        assert checked["adam-zero0.json"]["status"] == "passed" and "fused_adam" in checked["adam-zero0.json"]["ops"]
+        assert checked["nvme.json"]["status"] == "needs-op"
+        assert checked["nvme.json"]["jit"] == ["async_io", "pin_memory"]
+        assert "error: 1 config(s) do not run from the installed wheel" in done.stderr
         # And plain pip through the same server.
         other = tmp_path / "plain"
         venv.create(other, with_pip=True)
