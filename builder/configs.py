@@ -19,7 +19,7 @@ from typing import Any
 from builder import cmd
 from builder.contracts import Check
 from builder.errors import ConfigError, SmokeError
-from builder.resources import config_runner, resource
+from builder.resources import config_runner, report_after, resource
 
 RUNNER = resource("config_runner.py")
 MARKER = "==== config runner json ===="
@@ -121,13 +121,12 @@ def runner_spec(cases: Sequence[ConfigCase], accelerator: str | None, timeout: f
 
 
 def parse_outcomes(said: str) -> list[Outcome]:
-    _, sep, payload = said.rpartition(MARKER)
-    if not sep:
-        raise SmokeError("the config runner printed no report", "read its log")
     try:
-        data, _ = json.JSONDecoder().raw_decode(payload.lstrip())
-    except json.JSONDecodeError as exc:
-        raise SmokeError(f"the config runner's report is not valid JSON ({exc})", "read its log") from exc
+        data = report_after(said, MARKER)
+    except ValueError as exc:
+        raise SmokeError(f"the config runner {exc}", "read its log") from exc
+    if not isinstance(data, list):
+        raise SmokeError("the config runner's report is not a list", "read its log")
     outcomes = []
     for item in data:
         status = item.get("status")

@@ -25,7 +25,7 @@ from builder.contracts import BuildManifest, Check, SmokeReport, verdict
 from builder.errors import SmokeError
 from builder.files import is_file_here, write_atomic
 from builder.node import CHECK_STATUSES, Fields, ManifestError, TooLarge, format_configs, read_bounded
-from builder.resources import resource
+from builder.resources import report_after, resource
 from builder.wheelbuild.source import sha256_of
 from builder.workspace import Workspace
 
@@ -43,15 +43,10 @@ def report_path(wheel: Path) -> Path:
 
 def parse_checks(output: str) -> tuple[Check, ...]:
     """The checks the smoke script printed after its marker, each validated."""
-    _, sep, payload = output.rpartition(MARKER)
-    if not sep:
-        raise SmokeError("the smoke checks printed no report", "read the smoke log")
-    # The report is one JSON line; what follows it (warnings printed at interpreter exit, such as
-    # torch's "destroy_process_group() was not called") is not part of it.
     try:
-        data, _ = json.JSONDecoder().raw_decode(payload.lstrip())
-    except json.JSONDecodeError as exc:
-        raise SmokeError(f"the smoke report is not valid JSON ({exc})", "read the smoke log") from exc
+        data = report_after(output, MARKER)
+    except ValueError as exc:
+        raise SmokeError(f"the smoke checks {exc}", "read the smoke log") from exc
     if not isinstance(data, list):
         raise SmokeError("the smoke report is not a list of checks", "read the smoke log")
     checks = []
@@ -140,6 +135,17 @@ def no_compiler(env: Mapping[str, str], python: Path) -> dict[str, str]:
     return out
 
 
+def built_wheel(wheel: Path) -> tuple[Path, BuildManifest]:
+    """The wheel's absolute path and its embedded build manifest; SmokeError for anything else."""
+    wheel = wheel.resolve()
+    if not wheel.is_file():
+        raise SmokeError(f"no such wheel: {wheel}", "pass the path of a built wheel, e.g. work/dist/*.whl")
+    try:
+        return wheel, BuildManifest.from_wheel(wheel)
+    except ManifestError as exc:
+        raise SmokeError(exc.message, "use wheels built by build-wheel; rebuild this one") from exc
+
+
 def check_configs(files: Sequence[Path], ws: Workspace, wheel: Path | None = None, python: Path | None = None,
                   verbose: bool = False, timeout: float = configs.TIMEOUT) -> list[configs.Outcome]:  # fmt: skip
     """check-config: run each config file against a wheel (a fresh venv, as the smoke) or against
@@ -158,13 +164,7 @@ def run_cases(cases: Sequence[configs.ConfigCase], ws: Workspace, wheel: Path | 
     output.note(f"full log: {log}")
     try:
         if wheel is not None:
-            wheel = wheel.resolve()
-            if not wheel.is_file():
-                raise SmokeError(f"no such wheel: {wheel}", "pass the path of a built wheel")
-            try:
-                manifest = BuildManifest.from_wheel(wheel)
-            except ManifestError as exc:
-                raise SmokeError(exc.message, "check configs against wheels built by build-wheel") from exc
+            wheel, manifest = built_wheel(wheel)
             accelerator: str | None = manifest.accelerator
             venv, env = wheel_env(wheel, manifest, tmp, log, verbose)
             python = envs.python_in(venv)
@@ -185,13 +185,7 @@ def run_cases(cases: Sequence[configs.ConfigCase], ws: Workspace, wheel: Path | 
 def smoke(wheel: Path, ws: Workspace, verbose: bool = False, keep_env: bool = False) -> SmokeReport:
     """Install `wheel` in a fresh venv, run the checks, write and return the report."""
     start = time.monotonic()
-    wheel = wheel.resolve()
-    if not wheel.is_file():
-        raise SmokeError(f"no such wheel: {wheel}", "pass the path of a built wheel, e.g. build/dist/*.whl")
-    try:
-        manifest = BuildManifest.from_wheel(wheel)
-    except ManifestError as exc:
-        raise SmokeError(exc.message, "smoke only wheels built by build-wheel; rebuild this one") from exc
+    wheel, manifest = built_wheel(wheel)
     log = ws.logs / f"{wheel.name}.smoke.log"
     ws.logs.mkdir(parents=True, exist_ok=True)
     ws.scratch.mkdir(parents=True, exist_ok=True)

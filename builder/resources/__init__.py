@@ -13,3 +13,18 @@ RESOURCES = Path(__file__).resolve().parent
 def resource(name: str) -> Path:
     """The path of a resource script, to run with another interpreter."""
     return RESOURCES / name
+
+
+def report_after(text: str, marker: str) -> object:
+    """The JSON value a resource script printed after its marker line (what follows it, such as
+    warnings printed at interpreter exit, is not part of it); ValueError naming what is wrong."""
+    import json
+
+    _, sep, payload = text.rpartition(marker)
+    if not sep:
+        raise ValueError("printed no report")
+    try:
+        value, _ = json.JSONDecoder().raw_decode(payload.lstrip())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"printed a report that is not valid JSON ({exc})") from exc
+    return value
