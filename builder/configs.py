@@ -19,6 +19,7 @@ from typing import Any
 from builder import cmd
 from builder.contracts import Check
 from builder.errors import ConfigError, SmokeError
+from builder.node import CONFIG_OPTIMIZERS
 from builder.resources import config_runner, report_after, resource
 
 RUNNER = resource("config_runner.py")
@@ -29,7 +30,7 @@ TIMEOUT = 180.0  # seconds per config: a tiny model's initialize and steps take 
 
 # The optimizers DeepSpeed's config accepts and builds ops for (MuAdam/MuSGD come from `mup`,
 # not DeepSpeed); offload where it applies (CPU from ZeRO 1, NVMe for ZeRO 3 with async_io).
-OPTIMIZERS = ("Adam", "AdamW", "Adagrad", "Lion", "Lamb", "Muon")
+OPTIMIZERS = CONFIG_OPTIMIZERS  # Adam, AdamW, Adagrad, Lion, Lamb, Muon
 DTYPES = {"cpu": ("fp32", "bf16"), "cuda": ("fp32", "fp16", "bf16")}
 MATRIX_PREFIX = "config:matrix/"
 SITE_PREFIX = "config:site/"

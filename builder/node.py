@@ -488,10 +488,26 @@ def config_category(status: str, detail: str) -> str:
     return "skipped"
 
 
+# The smoke's matrix optimizers in the order people read them (builder.configs runs these).
+CONFIG_OPTIMIZERS = ("Adam", "AdamW", "Adagrad", "Lion", "Lamb", "Muon")
+_OFFLOAD_ORDER = {"none": 0, "cpu": 1, "nvme": 2}
+
+
+def _config_order(name: str) -> tuple[Any, ...]:
+    parts = name[len(CONFIG_MATRIX) :].split("/")
+    if len(parts) != 4:
+        return (99, name)
+    optimizer, zero, offload, dtype = parts
+    rank = CONFIG_OPTIMIZERS.index(optimizer) if optimizer in CONFIG_OPTIMIZERS else len(CONFIG_OPTIMIZERS)
+    return (rank, optimizer, zero, _OFFLOAD_ORDER.get(offload, 9), _DTYPE_ORDER.get(dtype, 9), name)
+
+
 def config_matrix(checks: Mapping[str, tuple[str, str]]) -> dict[str, dict[tuple[int, str, str], str]]:
-    """optimizer -> (ZeRO stage, offload, dtype) -> category, from the smoke's matrix checks."""
+    """optimizer -> (ZeRO stage, offload, dtype) -> category, from the smoke's matrix checks, in one
+    order whatever order the checks come in (the page must render the same from any copy)."""
     grid: dict[str, dict[tuple[int, str, str], str]] = {}
-    for name, (status, detail) in checks.items():
+    for name in sorted((n for n in checks if n.startswith(CONFIG_MATRIX)), key=_config_order):
+        status, detail = checks[name]
         if not name.startswith(CONFIG_MATRIX):
             continue
         parts = name[len(CONFIG_MATRIX) :].split("/")

@@ -47,7 +47,7 @@ def test_unknown_op_is_checked_against_deepspeeds_own_list(tmp_path: Path, works
 def test_incompatible_op_is_named_with_the_reason(tmp_path: Path, workspace: Path) -> None:
     """deepspeed_ccl_comm passes DeepSpeed's own check, then its builder raises for want of oneCCL:
     refused before anything compiles, with the reason and the fix."""
-    path = recipe(tmp_path, '"deepspeed_shm_comm"]', '"deepspeed_shm_comm", "deepspeed_ccl_comm"]')
+    path = recipe(tmp_path, '"fused_adam"]', '"fused_adam", "deepspeed_ccl_comm"]')
     result = builder("build-wheel", "--recipe", str(path), "--work-dir", str(workspace))
     assert result.returncode == 5, result.stderr[-3000:]
     assert "error: cannot build deepspeed_ccl_comm here: deepspeed_ccl_comm: it links Intel oneCCL" in result.stderr

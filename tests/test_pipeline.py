@@ -700,6 +700,11 @@ def test_the_wheelhouse_page_in_a_browser(
         for row in node.op_table(entry):
             assert grid[row["op"]] == op_cell(row, entry.archs)[1]
             assert grid[row["op"]].startswith("built") and "load passed" in grid[row["op"]]
+        # The DeepSpeed config grid (issue 29): what the smoke found running each config from the wheel.
+        assert driver.find_element(By.CSS_SELECTOR, 'td[data-config="Adam/zero0/none"]').text == "runs"
+        assert driver.find_element(By.CSS_SELECTOR, 'td[data-config="Lion/zero2/none"]').text == (
+            "not supported by DeepSpeed"
+        )
         # Every smoke check, with its result and reason, once its <details> is opened.
         details = driver.find_element(By.CSS_SELECTOR, f'details[data-wheel="{WHEEL}"]')
         details.find_element(By.TAG_NAME, "summary").click()

@@ -13,7 +13,7 @@ from builder.wheelbuild.plan import BuildPlan, job_memory, max_jobs
 
 UNIT_SCHEMA = 1
 # Build-key inputs that name or fill the assembled wheel but do not change one op's unit.
-RECIPE_ONLY = ("recipe", "ops", "narrow_ops", "on_op_failure")
+RECIPE_ONLY = ("recipe", "ops", "narrow_ops", "on_op_failure", "configs", "label")
 # Environment that changes how fast a unit builds, never what it holds.
 SPEED_ONLY = ("MAX_JOBS", "DS_BUILDER_PARALLEL")
 

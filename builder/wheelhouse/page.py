@@ -353,7 +353,8 @@ def _configs(manifest: WheelhouseManifest) -> str:
         table = _table("configs-" + name, ["optimizer", "offload", "ZeRO 0", "ZeRO 1", "ZeRO 2", "ZeRO 3"], rows)
         if site:
             table += _table("site-configs-" + name, ["site config", "result", "means", "detail"], site)
-        parts.append(f'<details data-wheel="{_e(name)}" open><summary>{_e(target_label(e))}</summary>{table}</details>')
+        parts.append(f'<details data-configs-of="{_e(name)}" open><summary>{_e(target_label(e))}</summary>{table}'
+                     "</details>")  # fmt: skip
     return "\n".join(parts) or "<p>No wheel here ran the config matrix (smoked before it existed).</p>"
 
 
