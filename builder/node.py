@@ -10,9 +10,24 @@ Everything read from a wheelhouse is hostile until checked: the manifest is vali
 field, a wheel name must parse as a wheel file name (no path separator, no `..`), the chosen
 wheel's bytes must match its sha256 (also with --dry-run), and the build manifest embedded in
 the wheel must agree with what the manifest says it was built for.
+
+It runs on Python 3.8 and newer (Ubuntu 20.04, Debian 11, RHEL 9; RHEL 8 has python38/python39
+beside its platform-python 3.6). Older interpreters get one line saying so: the file parses on
+3.6 (no `from __future__ import annotations`: annotations are quoted; no walrus), and the version
+check below runs before anything else.
 """
 
-from __future__ import annotations
+import sys
+
+if sys.version_info < (3, 8):  # noqa: UP036  (written for the interpreters it refuses)
+    _script = sys.argv[0] if sys.argv else "ds-node-install.py"
+    sys.stderr.write(
+        f"error: the DeepSpeed node installer needs Python 3.8 or newer; {sys.executable} is Python "
+        f"{sys.version_info[0]}.{sys.version_info[1]}\n  fix: run it with a newer python3 (RHEL 8: dnf install "
+        f"python39, then python3.9 {_script} ...)\n"
+    )
+    sys.exit(9)
+
 
 import argparse
 import base64
@@ -26,7 +41,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -51,7 +65,7 @@ CPU_TARGETS = ("x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4", "native")
 CHECK_STATUSES = ("passed", "failed", "skipped")
 # CPU features each portable target needs (the ones DeepSpeed's SIMD code uses). "native" has no
 # fixed list: such a wheel needs every flag of the machine that built it (recorded in cpu_flags).
-TARGET_FLAGS: dict[str, tuple[str, ...]] = {
+TARGET_FLAGS: "dict[str, tuple[str, ...]]" = {
     "x86-64": (),
     "x86-64-v2": ("sse4_2", "popcnt"),
     "x86-64-v3": ("avx2", "fma", "bmi2"),
@@ -123,7 +137,7 @@ def normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def check_wheel_name(name: object, where: str = "wheel name") -> WheelName:
+def check_wheel_name(name: object, where: str = "wheel name") -> "WheelName":
     """A wheel file name, parsed; ManifestError for anything else (paths, '..', odd characters).
 
     Only after this is a name safe to join to a folder or a URL.
@@ -151,7 +165,7 @@ def is_wheel_name(name: str) -> bool:
 class SmokeSummary:
     passed: bool
     finished_at: str
-    checks: Mapping[str, tuple[str, str]]  # name -> (status, first line of detail)
+    checks: "Mapping[str, tuple[str, str]]"  # name -> (status, first line of detail)
 
 
 @dataclass(frozen=True)
@@ -165,25 +179,25 @@ class WheelEntry:
     accelerator: str
     python_tag: str
     torch: str
-    cuda: str | None
-    archs: tuple[str, ...]
+    cuda: "str | None"
+    archs: "tuple[str, ...]"
     cpu_target: str
-    cpu_flags: tuple[str, ...]  # the build host's flags, for cpu_target = "native"
-    ops: tuple[str, ...]
-    smoke: SmokeSummary
-    metadata_sha256: str | None = None
-    report_sha256: str | None = None
+    cpu_flags: "tuple[str, ...]"  # the build host's flags, for cpu_target = "native"
+    ops: "tuple[str, ...]"
+    smoke: "SmokeSummary"
+    metadata_sha256: "str | None" = None
+    report_sha256: "str | None" = None
     published_at: str = ""
-    narrowed_ops: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # op -> the fewer archs it holds
-    missing_ops: Mapping[str, str] = field(default_factory=dict)  # op the recipe asked for -> why it is not in
+    narrowed_ops: "Mapping[str, tuple[str, ...]]" = field(default_factory=dict)  # op -> the fewer archs it holds
+    missing_ops: "Mapping[str, str]" = field(default_factory=dict)  # op the recipe asked for -> why it is not in
     # The dependency files (manifest "dependencies") this wheel installs with, its whole runtime
     # closure but torch; None where an older toolkit published it without the list.
-    requires: tuple[str, ...] | None = None
+    requires: "tuple[str, ...] | None" = None
     # Ops of a GPU wheel with no device code (cpu_adam, async_io...): host code, whatever the archs.
     # None where an older toolkit published it without the list.
-    host_ops: tuple[str, ...] | None = None
+    host_ops: "tuple[str, ...] | None" = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> "dict[str, Any]":
         return {
             **({"requires": list(self.requires)} if self.requires is not None else {}),
             **({"host_ops": list(self.host_ops)} if self.host_ops is not None else {}),
@@ -207,7 +221,7 @@ class WheelEntry:
         }
 
 
-def _smoke_json(smoke: SmokeSummary) -> dict[str, Any]:
+def _smoke_json(smoke: "SmokeSummary") -> "dict[str, Any]":
     return {
         "passed": smoke.passed,
         "finished_at": smoke.finished_at,
@@ -222,7 +236,7 @@ class FileEntry:
     name: str
     sha256: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> "dict[str, Any]":
         return {"sha256": self.sha256}
 
 
@@ -241,9 +255,9 @@ class VariantEntry:
     sha256: str
     wheel: str  # the published wheel whose files it carries
     label: str
-    properties: tuple[str, ...]  # "nvidia :: sm_arch :: 90_real", sorted
+    properties: "tuple[str, ...]"  # "nvidia :: sm_arch :: 90_real", sorted
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> "dict[str, Any]":
         return {"sha256": self.sha256, "wheel": self.wheel, "label": self.label, "properties": list(self.properties)}
 
 
@@ -265,10 +279,10 @@ class ImageEntry:
     lock_sha256: str
     wheel: str  # the DeepSpeed wheel it holds
     python_tag: str
-    smoke: SmokeSummary
+    smoke: "SmokeSummary"
     published_at: str = ""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> "dict[str, Any]":
         return {
             "sha256": self.sha256,
             "image_id": self.image_id,
@@ -288,13 +302,13 @@ class ImageEntry:
 
 @dataclass(frozen=True)
 class WheelhouseManifest:
-    wheels: Mapping[str, WheelEntry] = field(default_factory=dict)
-    dependencies: Mapping[str, FileEntry] = field(default_factory=dict)  # DeepSpeed's runtime closure
-    tools: Mapping[str, FileEntry] = field(default_factory=dict)  # path under the wheelhouse -> file
-    images: Mapping[str, ImageEntry] = field(default_factory=dict)  # images/<file> -> CI image
-    reports: Mapping[str, FileEntry] = field(default_factory=dict)  # coverage.json of the last matrix run
-    variants: Mapping[str, VariantEntry] = field(default_factory=dict)  # variant wheels (experimental)
-    variant_indexes: Mapping[str, FileEntry] = field(default_factory=dict)  # <name>-<version>-variants.json
+    wheels: "Mapping[str, WheelEntry]" = field(default_factory=dict)
+    dependencies: "Mapping[str, FileEntry]" = field(default_factory=dict)  # DeepSpeed's runtime closure
+    tools: "Mapping[str, FileEntry]" = field(default_factory=dict)  # path under the wheelhouse -> file
+    images: "Mapping[str, ImageEntry]" = field(default_factory=dict)  # images/<file> -> CI image
+    reports: "Mapping[str, FileEntry]" = field(default_factory=dict)  # coverage.json of the last matrix run
+    variants: "Mapping[str, VariantEntry]" = field(default_factory=dict)  # variant wheels (experimental)
+    variant_indexes: "Mapping[str, FileEntry]" = field(default_factory=dict)  # <name>-<version>-variants.json
     # The signed statement (schema 4): manifest.json.sig signs these bytes, so nodes trust the
     # fields below only after the signature checks out (see "trust" below).
     serial: int = 0  # grows by one with every signed write; a node refuses one older than it saw
@@ -318,7 +332,7 @@ class WheelhouseManifest:
         }  # fmt: skip
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
-    def projects(self) -> dict[str, list[str]]:
+    def projects(self) -> "dict[str, list[str]]":
         """PEP 503 project -> the file names the index must link for it."""
         out: dict[str, list[str]] = {}
         for name in [*self.wheels, *self.dependencies]:
@@ -346,10 +360,10 @@ class Fields:
         self.data: dict[str, Any] = data
         self.where = where
 
-    def fail(self, key: str, why: str) -> ManifestError:
+    def fail(self, key: str, why: str) -> "ManifestError":
         return ManifestError(f"{self.where}: field {key!r} {why}", "the file was edited or damaged: re-publish it")
 
-    def get(self, key: str, kind: type | tuple[type, ...], optional: bool = False) -> Any:
+    def get(self, key: str, kind: "type | tuple[type, ...]", optional: bool = False) -> Any:
         if key not in self.data:
             if optional:
                 return None
@@ -361,19 +375,19 @@ class Fields:
             raise self.fail(key, f"has the wrong type ({type(value).__name__})")
         return value
 
-    def text(self, key: str, pattern: re.Pattern[str] | None = None, optional: bool = False) -> Any:
+    def text(self, key: str, pattern: "re.Pattern[str] | None" = None, optional: bool = False) -> Any:
         value = self.get(key, str, optional)
         if value is not None and pattern is not None and not pattern.match(value):
             raise self.fail(key, f"is not valid: {value[:80]!r}")
         return value
 
-    def choice(self, key: str, choices: Sequence[str]) -> str:
+    def choice(self, key: str, choices: "Sequence[str]") -> str:
         value: str = self.get(key, str)
         if value not in choices:
             raise self.fail(key, f"is {value[:40]!r}, not one of {', '.join(choices)}")
         return value
 
-    def texts(self, key: str, pattern: re.Pattern[str], optional: bool = False) -> tuple[str, ...]:
+    def texts(self, key: str, pattern: "re.Pattern[str]", optional: bool = False) -> "tuple[str, ...]":
         value = self.get(key, list, optional)
         if value is None:
             return ()
@@ -382,7 +396,7 @@ class Fields:
                 raise self.fail(key, f"holds an invalid item {str(item)[:80]!r}")
         return tuple(value)
 
-    def table(self, key: str, optional: bool = False) -> dict[str, Any]:
+    def table(self, key: str, optional: bool = False) -> "dict[str, Any]":
         value = self.get(key, dict, optional)
         return value if value is not None else {}
 
@@ -397,7 +411,7 @@ NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 STAMP_RE = re.compile(r"^[0-9T:+.\-Z ]{0,40}$")
 
 
-def arch_table(f: Fields, key: str) -> dict[str, tuple[str, ...]]:
+def arch_table(f: "Fields", key: str) -> "dict[str, tuple[str, ...]]":
     """An optional {op: [arch, ...]} field, every name and arch checked."""
     table = f.table(key, optional=True)
     inner = Fields(table, f"{f.where}.{key}")
@@ -407,7 +421,7 @@ def arch_table(f: Fields, key: str) -> dict[str, tuple[str, ...]]:
     return {op: inner.texts(op, ARCH_RE) for op in table}
 
 
-def reason_table(f: Fields, key: str) -> dict[str, str]:
+def reason_table(f: "Fields", key: str) -> "dict[str, str]":
     """An optional {op: why} field: valid op names, reasons of text."""
     table = f.table(key, optional=True)
     for op, why in table.items():
@@ -419,13 +433,13 @@ def reason_table(f: Fields, key: str) -> dict[str, str]:
 
 
 def op_rows(
-    ops: Sequence[str],
-    missing: Mapping[str, str],
-    archs: Sequence[str],
-    narrowed: Mapping[str, Sequence[str]],
-    checks: Mapping[str, tuple[str, str]],
-    host_ops: Sequence[str] = (),
-) -> list[dict[str, str]]:
+    ops: "Sequence[str]",
+    missing: "Mapping[str, str]",
+    archs: "Sequence[str]",
+    narrowed: "Mapping[str, Sequence[str]]",
+    checks: "Mapping[str, tuple[str, str]]",
+    host_ops: "Sequence[str]" = (),
+) -> "list[dict[str, str]]":
     """One row per op the recipe asked for: built or why not, the archs its code holds, and what
     the smoke found when loading it and checking what it computes (`checks`: name -> (status, detail))."""
     rows = []
@@ -444,13 +458,13 @@ def op_rows(
     return rows
 
 
-def op_table(entry: WheelEntry) -> list[dict[str, str]]:
+def op_table(entry: "WheelEntry") -> "list[dict[str, str]]":
     """The op rows of a published wheel, from its manifest entry and its smoke summary."""
     return op_rows(entry.ops, entry.missing_ops, entry.archs, entry.narrowed_ops, entry.smoke.checks,
                    entry.host_ops or ())  # fmt: skip
 
 
-def format_op_rows(rows: Sequence[Mapping[str, str]]) -> list[str]:
+def format_op_rows(rows: "Sequence[Mapping[str, str]]") -> "list[str]":
     """The op table as aligned text lines (install --dry-run, build-wheel)."""
     lines = []
     for row in rows:
@@ -466,7 +480,7 @@ _OFFLOAD = {"none": "", "cpu": " + CPU offload", "nvme": " + NVMe offload"}
 _DTYPE_ORDER = {"fp32": 0, "fp16": 1, "bf16": 2}
 
 
-def dtypes_of(cells: Mapping[tuple[int, str, str], str]) -> list[str]:
+def dtypes_of(cells: "Mapping[tuple[int, str, str], str]") -> "list[str]":
     """The dtypes of a config grid, fp32 first."""
     return sorted({d for _, _, d in cells}, key=lambda d: (_DTYPE_ORDER.get(d, 9), d))
 
@@ -493,7 +507,7 @@ CONFIG_OPTIMIZERS = ("Adam", "AdamW", "Adagrad", "Lion", "Lamb", "Muon")
 _OFFLOAD_ORDER = {"none": 0, "cpu": 1, "nvme": 2}
 
 
-def _config_order(name: str) -> tuple[Any, ...]:
+def _config_order(name: str) -> "tuple[Any, ...]":
     parts = name[len(CONFIG_MATRIX) :].split("/")
     if len(parts) != 4:
         return (99, name)
@@ -502,7 +516,7 @@ def _config_order(name: str) -> tuple[Any, ...]:
     return (rank, optimizer, zero, _OFFLOAD_ORDER.get(offload, 9), _DTYPE_ORDER.get(dtype, 9), name)
 
 
-def config_matrix(checks: Mapping[str, tuple[str, str]]) -> dict[str, dict[tuple[int, str, str], str]]:
+def config_matrix(checks: "Mapping[str, tuple[str, str]]") -> "dict[str, dict[tuple[int, str, str], str]]":
     """optimizer -> (ZeRO stage, offload, dtype) -> category, from the smoke's matrix checks, in one
     order whatever order the checks come in (the page must render the same from any copy)."""
     grid: dict[str, dict[tuple[int, str, str], str]] = {}
@@ -518,14 +532,14 @@ def config_matrix(checks: Mapping[str, tuple[str, str]]) -> dict[str, dict[tuple
     return grid
 
 
-def _stages(stages: Sequence[int]) -> str:
+def _stages(stages: "Sequence[int]") -> str:
     ordered = sorted(stages)
     if len(ordered) > 1 and ordered == list(range(ordered[0], ordered[-1] + 1)):
         return f"ZeRO {ordered[0]}-{ordered[-1]}"
     return "ZeRO " + ",".join(map(str, ordered))
 
 
-def format_configs(checks: Mapping[str, tuple[str, str]]) -> list[str]:
+def format_configs(checks: "Mapping[str, tuple[str, str]]") -> "list[str]":
     """The config matrix collapsed to a line per optimizer, then one per site config:
     `Adam: runs ZeRO 1-3 + CPU offload; needs fused_adam: ZeRO 0-3`."""
     lines = []
@@ -561,7 +575,7 @@ def shorten(text: str, width: int) -> str:
     return flat[: width - 4].rsplit(" ", 1)[0] + " ..."
 
 
-def host_ops_of(build: Mapping[str, Any]) -> list[str] | None:
+def host_ops_of(build: "Mapping[str, Any]") -> "list[str] | None":
     """The ops of a GPU build with no device code in their .so (the build manifest's op_archs)."""
     op_archs = build.get("op_archs")
     if not isinstance(op_archs, dict) or not build.get("archs"):
@@ -569,7 +583,7 @@ def host_ops_of(build: Mapping[str, Any]) -> list[str] | None:
     return sorted(op for op in build.get("ops") or [] if op in op_archs and not op_archs[op])
 
 
-def parse_wheel_entry(name: str, data: object, where: str) -> WheelEntry:
+def parse_wheel_entry(name: str, data: object, where: str) -> "WheelEntry":
     wheel = check_wheel_name(name, f"{where}: wheels")
     f = Fields(data, f"{where}: wheels[{name}]")
     entry = WheelEntry(
@@ -603,7 +617,7 @@ def parse_wheel_entry(name: str, data: object, where: str) -> WheelEntry:
     return entry
 
 
-def parse_smoke_summary(f: Fields) -> SmokeSummary:
+def parse_smoke_summary(f: "Fields") -> "SmokeSummary":
     """An entry's "smoke" field: each check's status and detail, and a verdict its checks bear out."""
     smoke = Fields(f.get("smoke", dict), f"{f.where}.smoke")
     checks: dict[str, tuple[str, str]] = {}
@@ -635,7 +649,7 @@ def check_image_name(name: object, where: str) -> str:
     return name
 
 
-def parse_image_entry(name: str, data: object, where: str) -> ImageEntry:
+def parse_image_entry(name: str, data: object, where: str) -> "ImageEntry":
     check_image_name(name, f"{where}: images")
     f = Fields(data, f"{where}: images[{name}]")
     size = f.get("size", int)
@@ -669,7 +683,7 @@ _VARIANTS_JSON = re.compile(r"^(?P<name>[A-Za-z0-9](?:[A-Za-z0-9._]*[A-Za-z0-9])
                             r"-variants\.json$")  # fmt: skip
 
 
-def split_variant_name(name: object, where: str = "variant wheel name") -> tuple[WheelName, str]:
+def split_variant_name(name: object, where: str = "variant wheel name") -> "tuple[WheelName, str]":
     """A variant wheel's file name: the wheel name it extends (parsed) and its label."""
     if not isinstance(name, str) or not name.endswith(".whl") or name.count("-") < 5:
         raise ManifestError(f"{where}: {str(name)[:80]!r} is not a variant wheel name", "re-publish the wheelhouse")
@@ -679,7 +693,7 @@ def split_variant_name(name: object, where: str = "variant wheel name") -> tuple
     return check_wheel_name(f"{base}.whl", where), label
 
 
-def check_variants_json_name(name: object, where: str = "variants index name") -> tuple[str, str]:
+def check_variants_json_name(name: object, where: str = "variants index name") -> "tuple[str, str]":
     """`<name>-<version>-variants.json`: its (PEP 503 project, version)."""
     m = _VARIANTS_JSON.match(name) if isinstance(name, str) and ".." not in name else None
     if not m:
@@ -688,7 +702,7 @@ def check_variants_json_name(name: object, where: str = "variants index name") -
     return normalize(m["name"]), m["version"]
 
 
-def parse_variant_entry(name: str, data: object, where: str, wheels: Mapping[str, WheelEntry]) -> VariantEntry:
+def parse_variant_entry(name: str, data: object, where: str, wheels: "Mapping[str, WheelEntry]") -> "VariantEntry":
     wheel_name, label = split_variant_name(name, f"{where}: variants")
     f = Fields(data, f"{where}: variants[{name}]")
     entry = VariantEntry(name, f.text("sha256", SHA256_RE), f.get("wheel", str), f.text("label", VARIANT_LABEL_RE),
@@ -706,7 +720,7 @@ def parse_variant_entry(name: str, data: object, where: str, wheels: Mapping[str
     return entry
 
 
-def _requires(f: Fields) -> tuple[str, ...] | None:
+def _requires(f: "Fields") -> "tuple[str, ...] | None":
     """An entry's dependency file names, each a wheel file name; None where the field is absent."""
     if "requires" not in f.data:
         return None
@@ -720,7 +734,7 @@ def _requires(f: Fields) -> tuple[str, ...] | None:
 _LABEL = re.compile(r"^(?:(?P<cpu>cpu)|cu(?P<cuda>\d{2,4}))\.torch(?P<torch>\d+\.\d+)(?:\..*)?$")
 
 
-def label_contradictions(entry: WheelEntry) -> list[tuple[str, str]]:
+def label_contradictions(entry: "WheelEntry") -> "list[tuple[str, str]]":
     """Fields that contradict what the wheel's own file name says it was built for (its local label).
 
     The name is what pip and every reader see; a manifest whose fields say otherwise was edited.
@@ -739,8 +753,8 @@ def label_contradictions(entry: WheelEntry) -> list[tuple[str, str]]:
 
 
 def _file_entries(
-    table: Mapping[str, Any], where: str, names_are_wheels: bool, allowed: Sequence[str] = (INSTALLER, CONFIG_CHECK)
-) -> dict[str, FileEntry]:
+    table: "Mapping[str, Any]", where: str, names_are_wheels: bool, allowed: "Sequence[str]" = (INSTALLER, CONFIG_CHECK)
+) -> "dict[str, FileEntry]":
     out = {}
     for name, value in table.items():
         if names_are_wheels:
@@ -751,7 +765,7 @@ def _file_entries(
     return out
 
 
-def parse_manifest(text: str | bytes, where: str = MANIFEST_FILE) -> WheelhouseManifest:
+def parse_manifest(text: "str | bytes", where: str = MANIFEST_FILE) -> "WheelhouseManifest":
     """Validate a wheelhouse manifest; ManifestError naming the file and field of the first problem."""
     try:
         data = json.loads(text)
@@ -815,7 +829,7 @@ def parse_manifest(text: str | bytes, where: str = MANIFEST_FILE) -> WheelhouseM
 # ---------------------------------------------------------------- the build manifest inside a wheel
 
 
-def embedded_build_manifest(wheel: zipfile.ZipFile, where: str) -> dict[str, Any]:
+def embedded_build_manifest(wheel: "zipfile.ZipFile", where: str) -> "dict[str, Any]":
     """The ds_builder.json inside a wheel (the top-level *.dist-info only), as a JSON object."""
     names = [n for n in wheel.namelist() if n.count("/") == 1 and n.endswith(f".dist-info/{BUILD_MANIFEST}")]
     if len(names) != 1:
@@ -829,7 +843,7 @@ def embedded_build_manifest(wheel: zipfile.ZipFile, where: str) -> dict[str, Any
     return data
 
 
-def read_member(wheel: zipfile.ZipFile, name: str, where: str) -> bytes:
+def read_member(wheel: "zipfile.ZipFile", name: str, where: str) -> bytes:
     """A small file inside a wheel (a manifest, METADATA), refused past the report limit before it is
     inflated: a zip member's declared size is checked, and what is read is capped all the same."""
     limit = LIMITS["report"]
@@ -839,7 +853,7 @@ def read_member(wheel: zipfile.ZipFile, name: str, where: str) -> bytes:
         return read_limited(member, "report", where)
 
 
-def facts_of_build(build: Mapping[str, Any]) -> dict[str, Any]:
+def facts_of_build(build: "Mapping[str, Any]") -> "dict[str, Any]":
     """The fields a wheelhouse entry repeats from the wheel's own build manifest."""
     torch: Mapping[str, Any] = build["torch"] if isinstance(build.get("torch"), dict) else {}
     recipe: Mapping[str, Any] = build["recipe"] if isinstance(build.get("recipe"), dict) else {}
@@ -860,7 +874,7 @@ def facts_of_build(build: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def entry_differences(entry: WheelEntry, build: Mapping[str, Any]) -> list[str]:
+def entry_differences(entry: "WheelEntry", build: "Mapping[str, Any]") -> "list[str]":
     """Fields where the manifest entry and the wheel's embedded build manifest disagree."""
     mine = {k: v for k, v in entry.to_json().items() if k in facts_of_build({})}
     theirs = facts_of_build(build)
@@ -873,11 +887,11 @@ def entry_differences(entry: WheelEntry, build: Mapping[str, Any]) -> list[str]:
 @dataclass(frozen=True)
 class Node:
     python_tag: str
-    torch: str | None
-    cuda: str | None
-    gpus: tuple[str, ...] = ()
-    cpu_flags: frozenset[str] = field(default_factory=frozenset)
-    glibc: str | None = None  # "2.36"; None where the C library is not glibc or unknown
+    torch: "str | None"
+    cuda: "str | None"
+    gpus: "tuple[str, ...]" = ()
+    cpu_flags: "frozenset[str]" = field(default_factory=frozenset)
+    glibc: "str | None" = None  # "2.36"; None where the C library is not glibc or unknown
 
     def describe(self) -> str:
         gpus = ", ".join(self.gpus) or "none"
@@ -885,7 +899,7 @@ class Node:
         return (f"python {self.python_tag}, torch {self.torch or 'not installed'}, CUDA {self.cuda or 'none'}, "
                 f"GPU compute capabilities {gpus}, CPU {simd}, glibc {self.glibc or 'unknown'}")  # fmt: skip
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> "dict[str, Any]":
         return {"python_tag": self.python_tag, "torch": self.torch, "cuda": self.cuda, "gpus": list(self.gpus),
                 "cpu_flags": sorted(self.cpu_flags), "glibc": self.glibc}  # fmt: skip
 
@@ -894,7 +908,7 @@ _MANYLINUX = re.compile(r"^manylinux_(\d+)_(\d+)_")
 _LEGACY_MANYLINUX = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
 
 
-def glibc_floor(platform_tag: str) -> tuple[int, int] | None:
+def glibc_floor(platform_tag: str) -> "tuple[int, int] | None":
     """The glibc (major, minor) a wheel's platform tag needs (manylinux_2_35_x86_64: 2.35); None
     for a plain linux tag, which promises nothing."""
     floors = []
@@ -907,7 +921,7 @@ def glibc_floor(platform_tag: str) -> tuple[int, int] | None:
     return min(floors) if floors else None
 
 
-def glibc_mismatch(entry_name: str, node: Node) -> str | None:
+def glibc_mismatch(entry_name: str, node: "Node") -> "str | None":
     """Why a wheel's glibc floor rules this node out (None: it does not)."""
     floor = glibc_floor(check_wheel_name(entry_name).platform)
     if floor is None or node.glibc is None:
@@ -923,12 +937,12 @@ def _public(version: str) -> str:
     return version.split("+", 1)[0]
 
 
-def _cc(text: str) -> tuple[int, int]:
+def _cc(text: str) -> "tuple[int, int]":
     major, minor = text.split("+")[0].rstrip("af").split(".")
     return int(major), int(minor)
 
 
-def arch_covers(archs: Sequence[str], gpu: str) -> bool:
+def arch_covers(archs: "Sequence[str]", gpu: str) -> bool:
     """Whether code for `archs` runs on a GPU of capability `gpu`.
 
     SASS runs on the same major version at an equal or higher minor (sm_80 on 8.6); PTX is
@@ -948,7 +962,7 @@ def arch_covers(archs: Sequence[str], gpu: str) -> bool:
     return False
 
 
-def cpu_mismatch(entry: WheelEntry, node: Node) -> str | None:
+def cpu_mismatch(entry: "WheelEntry", node: "Node") -> "str | None":
     """Why the wheel's CPU code cannot run on the node's CPU, or None."""
     if entry.cpu_target == "native":
         if not entry.cpu_flags:
@@ -964,7 +978,7 @@ def cpu_mismatch(entry: WheelEntry, node: Node) -> str | None:
     return f"CPU ops built for {entry.cpu_target}, node CPU lacks {', '.join(lacking)}" if lacking else None
 
 
-def mismatches(entry: WheelEntry, node: Node) -> list[str]:
+def mismatches(entry: "WheelEntry", node: "Node") -> "list[str]":
     """Why a wheelhouse entry does not fit the node (empty: it fits)."""
     why = []
     if entry.python_tag != node.python_tag:
@@ -993,14 +1007,15 @@ def mismatches(entry: WheelEntry, node: Node) -> list[str]:
     return why
 
 
-def narrowed_for(entry: WheelEntry, node: Node) -> list[str]:
+def narrowed_for(entry: "WheelEntry", node: "Node") -> "list[str]":
     """Ops of a fitting wheel that hold no code for one of the node's GPUs (the recipe let them
     build for fewer archs): they would fail to load there, everything else works."""
-    return [
-        f"op {op} has code only for {', '.join(archs)}, not for this node's GPU {', '.join(missing)}"
-        for op, archs in sorted(entry.narrowed_ops.items())
-        if (missing := sorted({g for g in node.gpus if not arch_covers(archs, g)}))
-    ]
+    out = []
+    for op, archs in sorted(entry.narrowed_ops.items()):
+        missing = sorted({g for g in node.gpus if not arch_covers(archs, g)})
+        if missing:
+            out.append(f"op {op} has code only for {', '.join(archs)}, not for this node's GPU {', '.join(missing)}")
+    return out
 
 
 _PEP440 = re.compile(
@@ -1010,7 +1025,7 @@ _PEP440 = re.compile(
 )
 
 
-def version_key(version: str) -> tuple[Any, ...]:
+def version_key(version: str) -> "tuple[Any, ...]":
     """A sort key that orders versions as PEP 440 does (0.19.10 after 0.19.9, 1.0rc1 before 1.0),
     standard library only; a version it cannot read sorts first."""
     m = _PEP440.match(version.strip())
@@ -1033,12 +1048,12 @@ def version_key(version: str) -> tuple[Any, ...]:
     return (0, int(m["epoch"] or 0), tuple(release), pre, post, dev, local)
 
 
-def choose(manifest: WheelhouseManifest, node: Node, ops: Sequence[str] = ()) -> WheelEntry:
+def choose(manifest: "WheelhouseManifest", node: "Node", ops: "Sequence[str]" = ()) -> "WheelEntry":
     """The newest fitting wheel by version (never by publish time or file-name text); among op sets
     of one target (labelled wheels: +cpu.torch2.13 and +cpu.torch2.13.all) the one with the most ops,
     or with `ops` the ones holding all of them. InstallError listing what the wheelhouse has when none fits."""
 
-    def why_not(e: WheelEntry) -> list[str]:
+    def why_not(e: "WheelEntry") -> "list[str]":
         lacking = [op for op in ops if op not in e.ops]
         return mismatches(e, node) + ([f"lacks op {', '.join(lacking)} (--ops)"] if lacking else [])
 
@@ -1077,21 +1092,21 @@ print(json.dumps(out))
 """
 
 
-def parse_cpu_flags(cpuinfo: str) -> frozenset[str]:
+def parse_cpu_flags(cpuinfo: str) -> "frozenset[str]":
     for line in cpuinfo.splitlines():
         if line.startswith("flags"):
             return frozenset(line.split(":", 1)[1].split())
     return frozenset()
 
 
-def cpu_flags() -> frozenset[str]:
+def cpu_flags() -> "frozenset[str]":
     try:
         return parse_cpu_flags(Path("/proc/cpuinfo").read_text())
     except OSError:
         return frozenset()
 
 
-def parse_node_probe(output: str, flags: frozenset[str]) -> Node:
+def parse_node_probe(output: str, flags: "frozenset[str]") -> "Node":
     lines = output.strip().splitlines()
     try:
         data = json.loads(lines[-1]) if lines else None
@@ -1106,7 +1121,7 @@ def parse_node_probe(output: str, flags: frozenset[str]) -> Node:
         ) from exc
 
 
-def probe_node(python: str) -> Node:
+def probe_node(python: str) -> "Node":
     """This node's Python, torch, CUDA and GPUs (asked of `python`), and its CPU flags."""
     try:
         done = subprocess.run([python, "-c", _NODE_PROBE], capture_output=True, text=True, errors="replace",
@@ -1141,7 +1156,7 @@ _ARMOR = ("-----BEGIN SSH SIGNATURE-----", "-----END SSH SIGNATURE-----")
 _ED25519_SPKI = bytes.fromhex("302a300506032b6570032100")  # DER prefix of an Ed25519 public key for OpenSSL
 
 
-def _ssh_string(buf: bytes, pos: int) -> tuple[bytes, int]:
+def _ssh_string(buf: bytes, pos: int) -> "tuple[bytes, int]":
     """One SSH wire-format string of `buf` at `pos`, and the position after it."""
     if pos + 4 > len(buf):
         raise ValueError("it ends inside a field")
@@ -1171,7 +1186,7 @@ class PublicKey:
         return "SHA256:" + base64.b64encode(hashlib.sha256(self.blob).digest()).decode("ascii").rstrip("=")
 
 
-def key_from_line(kind: str, encoded: str, where: str) -> PublicKey:
+def key_from_line(kind: str, encoded: str, where: str) -> "PublicKey":
     """A public key from its type and base64 text (a .pub file's first two fields)."""
     try:
         blob = base64.b64decode(encoded, validate=True)
@@ -1195,7 +1210,7 @@ def fingerprint_of(line: str) -> str:
 class Signature:
     """An SSHSIG signature (OpenSSH's PROTOCOL.sshsig): who signed, for what purpose, and the bytes."""
 
-    key: PublicKey
+    key: "PublicKey"
     namespace: str
     hash_alg: str
     blob: bytes  # string key type, string signature bytes
@@ -1207,7 +1222,7 @@ class Signature:
                 + _string(digest))  # fmt: skip
 
 
-def parse_signature(text: bytes, where: str) -> Signature:
+def parse_signature(text: bytes, where: str) -> "Signature":
     """An armored SSHSIG file, parsed (ManifestError for anything else); nothing is verified yet."""
     lines = text.decode("ascii", errors="replace").strip().splitlines()
     if len(lines) < 3 or lines[0].strip() != _ARMOR[0] or lines[-1].strip() != _ARMOR[1]:
@@ -1240,14 +1255,14 @@ def parse_signature(text: bytes, where: str) -> Signature:
 class Trust:
     """The keys a node accepts signatures from, and keys it refuses even where listed (revoked)."""
 
-    keys: tuple[PublicKey, ...]
-    revoked: tuple[PublicKey, ...] = ()
+    keys: "tuple[PublicKey, ...]"
+    revoked: "tuple[PublicKey, ...]" = ()
 
     def describe(self) -> str:
         return ", ".join(k.fingerprint() for k in self.keys if k not in self.revoked) or "none"
 
 
-def parse_trust(text: str, where: str) -> Trust:
+def parse_trust(text: str, where: str) -> "Trust":
     """OpenSSH allowed-signers lines (`principals [options] keytype base64`), bare public-key lines
     (`keytype base64 [comment]`, a .pub file), and `@revoked keytype base64` lines. A line whose
     namespaces= option leaves out this toolkit's namespace grants nothing here."""
@@ -1275,7 +1290,7 @@ def parse_trust(text: str, where: str) -> Trust:
     return Trust(tuple(keys), tuple(revoked))
 
 
-def load_trust(values: Sequence[str]) -> Trust | None:
+def load_trust(values: "Sequence[str]") -> "Trust | None":
     """The node's trust: each --trust value is a file or a key line; with none, DEFAULT_TRUST if
     it exists; None when the node was given no key at all."""
     if not values:
@@ -1305,7 +1320,7 @@ def load_trust(values: Sequence[str]) -> Trust | None:
     return Trust(tuple(keys), tuple(revoked))
 
 
-def _run_verifier(args: Sequence[str], stdin: bytes | None = None) -> tuple[int, str] | None:
+def _run_verifier(args: "Sequence[str]", stdin: "bytes | None" = None) -> "tuple[int, str] | None":
     """(exit status, output) of a verifying tool; None where it is missing."""
     if shutil.which(args[0]) is None:
         return None
@@ -1320,7 +1335,7 @@ def _unsupported(said: str) -> bool:
     return any(w in said.lower() for w in ("unknown option", "illegal option", "usage:", "unknown argument"))
 
 
-def _verify_ssh_keygen(message: bytes, text: bytes, trust: Trust, tmp: str, namespace: str) -> bool | None:
+def _verify_ssh_keygen(message: bytes, text: bytes, trust: "Trust", tmp: str, namespace: str) -> "bool | None":
     signers, sig, revoked = (os.path.join(tmp, n) for n in ("allowed_signers", "sig", "revoked"))
     with open(signers, "w", encoding="ascii") as f:
         f.writelines(f'{namespace} namespaces="{namespace}" {k.line()}\n' for k in trust.keys)
@@ -1337,7 +1352,7 @@ def _verify_ssh_keygen(message: bytes, text: bytes, trust: Trust, tmp: str, name
     return done[0] == 0
 
 
-def _verify_openssl(message: bytes, signature: Signature, tmp: str) -> bool | None:
+def _verify_openssl(message: bytes, signature: "Signature", tmp: str) -> "bool | None":
     """Ed25519 through OpenSSL (for nodes whose OpenSSH predates -Y, RHEL 8's 8.0)."""
     kind, pos = _ssh_string(signature.key.blob, 0)
     raw_key = _ssh_string(signature.key.blob, pos)[0]
@@ -1360,7 +1375,7 @@ def _verify_openssl(message: bytes, signature: Signature, tmp: str) -> bool | No
     return done[0] == 0 and "Verified Successfully" in done[1]
 
 
-def check_signature(message: bytes, text: bytes, trust: Trust, where: str, namespace: str = NAMESPACE) -> Signature:
+def check_signature(message: bytes, text: bytes, trust: "Trust", where: str, namespace: str = NAMESPACE) -> "Signature":
     """The signature of `message` (the exact bytes of manifest.json), checked: made for this
     toolkit's namespace, by a trusted key that is not revoked, over these bytes. Anything else is a
     ManifestError naming the problem (exit 8); no tool to check with is an InstallError (exit 9)."""
@@ -1395,7 +1410,7 @@ def check_signature(message: bytes, text: bytes, trust: Trust, where: str, names
     return sig
 
 
-def parse_stamp(text: str) -> datetime.datetime | None:
+def parse_stamp(text: str) -> "datetime.datetime | None":
     """A UTC time as the manifest writes it (2026-12-22T10:00:00Z), or None."""
     try:
         when = datetime.datetime.strptime(text.replace("+00:00", "Z"), "%Y-%m-%dT%H:%M:%SZ")
@@ -1404,17 +1419,17 @@ def parse_stamp(text: str) -> datetime.datetime | None:
     return when.replace(tzinfo=datetime.timezone.utc)
 
 
-def stamp(when: datetime.datetime) -> str:
+def stamp(when: "datetime.datetime") -> str:
     return when.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def check_statement(manifest: WheelhouseManifest, sig: Signature, where: str, now: datetime.datetime) -> None:
+def check_statement(manifest: "WheelhouseManifest", sig: "Signature", where: str, now: "datetime.datetime") -> None:
     """The signed statement itself: a serial, the signer it names, an expiry not passed."""
     check_signer(manifest, sig, where)
     check_expiry(manifest, where, now)
 
 
-def check_signer(manifest: WheelhouseManifest, sig: Signature, where: str) -> None:
+def check_signer(manifest: "WheelhouseManifest", sig: "Signature", where: str) -> None:
     if not manifest.serial:
         raise ManifestError(f"{where} is signed but carries no serial or expiry (an older toolkit wrote it)",
                             "re-sign it on the build host: `python -m builder sign`")  # fmt: skip
@@ -1423,7 +1438,7 @@ def check_signer(manifest: WheelhouseManifest, sig: Signature, where: str) -> No
                             "signed it", "re-sign it on the build host: `python -m builder sign`")  # fmt: skip
 
 
-def check_expiry(manifest: WheelhouseManifest, where: str, now: datetime.datetime) -> None:
+def check_expiry(manifest: "WheelhouseManifest", where: str, now: "datetime.datetime") -> None:
     expires = parse_stamp(manifest.expires)
     if expires is None or expires <= now:
         raise ManifestError(f"{where} expired at {manifest.expires} (serial {manifest.serial}; now {stamp(now)}): "
@@ -1432,7 +1447,7 @@ def check_expiry(manifest: WheelhouseManifest, where: str, now: datetime.datetim
                             "if it was re-signed, check this machine's clock")  # fmt: skip
 
 
-def state_dir(env: Mapping[str, str]) -> Path:
+def state_dir(env: "Mapping[str, str]") -> "Path":
     """Where this node keeps the serials it accepted: DS_NODE_STATE_DIR, /var/lib for root, else
     the user's state folder."""
     if env.get(STATE_ENV):
@@ -1444,7 +1459,7 @@ def state_dir(env: Mapping[str, str]) -> Path:
     )
 
 
-def read_serials(folder: Path) -> dict[str, Any]:
+def read_serials(folder: "Path") -> "dict[str, Any]":
     path = folder / SERIALS_FILE
     try:
         with open(path, "rb") as f:
@@ -1463,7 +1478,7 @@ def read_serials(folder: Path) -> dict[str, Any]:
     return data
 
 
-def check_serial(manifest: WheelhouseManifest, digest: str, serials: Mapping[str, Any], where: str) -> None:
+def check_serial(manifest: "WheelhouseManifest", digest: str, serials: "Mapping[str, Any]", where: str) -> None:
     """Refuse a manifest older than the one this node last accepted from the same wheelhouse."""
     seen = serials.get(manifest.wheelhouse_id)
     if not seen:
@@ -1479,7 +1494,7 @@ def check_serial(manifest: WheelhouseManifest, digest: str, serials: Mapping[str
                             "contents: two different manifests carry one serial", fix)  # fmt: skip
 
 
-def remember_serial(folder: Path, manifest: WheelhouseManifest, digest: str, sig: Signature) -> None:
+def remember_serial(folder: "Path", manifest: "WheelhouseManifest", digest: str, sig: "Signature") -> None:
     """Record the accepted serial (a temporary file renamed over the old record)."""
     serials = read_serials(folder)
     serials[manifest.wheelhouse_id] = {"serial": manifest.serial, "sha256": digest, "key": sig.key.fingerprint(),
@@ -1518,7 +1533,7 @@ def wheelhouse_base(source: str) -> str:
     return source
 
 
-def too_big(what: str, where: str) -> ManifestError:
+def too_big(what: str, where: str) -> "ManifestError":
     limit = LIMITS[what]
     return ManifestError(
         f"{where} is larger than the {limit >> 20} MiB limit for a {what}: no real wheelhouse has one that large",
@@ -1526,7 +1541,7 @@ def too_big(what: str, where: str) -> ManifestError:
     )
 
 
-def read_limited(stream: IO[bytes], what: str, where: str) -> bytes:
+def read_limited(stream: "IO[bytes]", what: str, where: str) -> bytes:
     """All of `stream`, or ManifestError once it passes the limit for `what` (nothing more is read)."""
     data = stream.read(LIMITS[what] + 1)
     if len(data) > LIMITS[what]:
@@ -1538,7 +1553,7 @@ class TooLarge(ValueError):
     """A file past its limit (LIMITS); a ValueError, as unreadable JSON is, wherever files are parsed."""
 
 
-def read_bounded(path: Path, what: str) -> bytes:
+def read_bounded(path: "Path", what: str) -> bytes:
     """A local file another machine or job wrote, up to the limit for `what` (TooLarge past it)."""
     with open(path, "rb") as f:
         try:
@@ -1575,12 +1590,12 @@ class _RootLinks(html.parser.HTMLParser):
         super().__init__()
         self.hrefs: list[str] = []
 
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+    def handle_starttag(self, tag: str, attrs: "list[tuple[str, str | None]]") -> None:
         if tag == "a":
             self.hrefs.append(dict(attrs).get("href") or "")
 
 
-def unlisted_projects(root_page: str, manifest: WheelhouseManifest) -> list[str]:
+def unlisted_projects(root_page: str, manifest: "WheelhouseManifest") -> "list[str]":
     """Projects the index's root page links that the manifest does not list (an injected project)."""
     parser = _RootLinks()
     parser.feed(root_page)
@@ -1597,12 +1612,12 @@ def say(message: str) -> None:
 class Verified:
     """What the signature check found: who signed which manifest (None fields: not checked)."""
 
-    manifest: WheelhouseManifest
+    manifest: "WheelhouseManifest"
     digest: str  # sha256 of manifest.json's bytes
-    signature: Signature | None = None
+    signature: "Signature | None" = None
 
 
-def _signed_manifest(base: str, trust: Trust | None, where: str) -> tuple[bytes, Signature | None]:
+def _signed_manifest(base: str, trust: "Trust | None", where: str) -> "tuple[bytes, Signature | None]":
     """manifest.json's bytes, checked against manifest.json.sig when the node trusts a key. A publish
     renames the manifest and then its signature: a check that fails is tried again (up to three
     times, half a second apart) only while either file is changing."""
@@ -1635,12 +1650,12 @@ def _signed_manifest(base: str, trust: Trust | None, where: str) -> tuple[bytes,
     raise AssertionError("unreachable")
 
 
-def load_wheelhouse(base: str) -> WheelhouseManifest:
+def load_wheelhouse(base: str) -> "WheelhouseManifest":
     """The validated manifest of a wheelhouse, its signature not checked (see load_verified)."""
     return load_verified(base, None).manifest
 
 
-def load_verified(base: str, trust: Trust | None, now: datetime.datetime | None = None) -> Verified:
+def load_verified(base: str, trust: "Trust | None", now: "datetime.datetime | None" = None) -> "Verified":
     """The validated manifest of a wheelhouse whose index lists nothing the manifest does not; with
     `trust`, only after its signature checks out, and only if it is signed, fresh and not older
     than what this node accepted before (the caller records it once installed)."""
@@ -1664,7 +1679,7 @@ def load_verified(base: str, trust: Trust | None, now: datetime.datetime | None 
     return Verified(manifest, digest, sig)
 
 
-def checked_wheel(base: str, entry: WheelEntry) -> bytes:
+def checked_wheel(base: str, entry: "WheelEntry") -> bytes:
     """The wheel's bytes, after its sha256 and its embedded build manifest agree with the entry."""
     data = fetch(base, entry.name, "wheel")
     digest = hashlib.sha256(data).hexdigest()
@@ -1687,7 +1702,7 @@ def checked_wheel(base: str, entry: WheelEntry) -> bytes:
     return data
 
 
-def checked_dependencies(base: str, manifest: WheelhouseManifest, entry: WheelEntry) -> dict[str, bytes]:
+def checked_dependencies(base: str, manifest: "WheelhouseManifest", entry: "WheelEntry") -> "dict[str, bytes]":
     """The dependency files the wheel installs with, each checked against its manifest sha256."""
     if entry.requires is None:
         raise ManifestError(
@@ -1707,7 +1722,7 @@ def checked_dependencies(base: str, manifest: WheelhouseManifest, entry: WheelEn
     return files
 
 
-def hashed_requirements(files: Mapping[str, str]) -> str:
+def hashed_requirements(files: "Mapping[str, str]") -> str:
     """A pip requirements file pinning every file (name -> sha256) by version and hash: in pip's
     hash-checking mode nothing else can be installed, from anywhere."""
     lines = []
@@ -1717,7 +1732,7 @@ def hashed_requirements(files: Mapping[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def images_of(manifest: WheelhouseManifest, wheel: str) -> list[ImageEntry]:
+def images_of(manifest: "WheelhouseManifest", wheel: str) -> "list[ImageEntry]":
     """The published CI images holding this wheel, newest first."""
     found = [i for i in manifest.images.values() if i.wheel == wheel]
     return sorted(found, key=lambda i: (i.published_at, i.name), reverse=True)
@@ -1727,10 +1742,10 @@ def install(
     wheelhouse: str,
     python: str,
     dry_run: bool = False,
-    pip_args: Sequence[str] = (),
-    trust: Trust | None = None,
-    ops: Sequence[str] = (),
-) -> dict[str, Any]:
+    pip_args: "Sequence[str]" = (),
+    trust: "Trust | None" = None,
+    ops: "Sequence[str]" = (),
+) -> "dict[str, Any]":
     """Pick, fetch, check and pip-install the wheel for this node, with its dependencies from the
     wheelhouse alone (hash-checked; no index is asked); returns what was done. With `trust`, the
     manifest is read only after its signature, expiry and serial check out."""
@@ -1802,8 +1817,8 @@ def install(
     return {**result, "installed": True}
 
 
-def check_configs(base: str, manifest: WheelhouseManifest, python: str, files: Sequence[str],
-                  timeout: float = 180.0) -> tuple[int, list[dict[str, Any]]]:  # fmt: skip
+def check_configs(base: str, manifest: "WheelhouseManifest", python: str, files: "Sequence[str]",
+                  timeout: float = 180.0) -> "tuple[int, list[dict[str, Any]]]":  # fmt: skip
     """Run `files` (DeepSpeed configs) against the DeepSpeed installed for `python`, with the
     wheelhouse's config checker, checked against the sha256 of the manifest (verified before)."""
     tool = manifest.tools.get(CONFIG_CHECK)
@@ -1846,7 +1861,7 @@ def _check_pip(python: str) -> None:
                            "--python with an interpreter that has pip")  # fmt: skip
 
 
-def _run_pip(cmd: Sequence[str]) -> tuple[int, str]:
+def _run_pip(cmd: "Sequence[str]") -> "tuple[int, str]":
     """pip's exit status and its output, shown as it comes (on stderr: stdout is for --json)."""
     proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     assert proc.stdout is not None
@@ -1858,7 +1873,7 @@ def _run_pip(cmd: Sequence[str]) -> tuple[int, str]:
     return proc.wait(), "".join(tail)
 
 
-def _pip_fix(said: str, python: str, entry: WheelEntry) -> str:
+def _pip_fix(said: str, python: str, entry: "WheelEntry") -> str:
     """The fix for the failure pip's output shows (read-only site-packages, no torch, ...)."""
     if "Read-only file system" in said or "Permission denied" in said or "EACCES" in said:
         return (
@@ -1874,7 +1889,7 @@ def _pip_fix(said: str, python: str, entry: WheelEntry) -> str:
     return "read pip's output above; run the installer again with --debug for more"
 
 
-def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+def main(argv: "Sequence[str] | None" = None, prog: "str | None" = None) -> int:
     p = argparse.ArgumentParser(
         prog=prog,
         description="On a node: detect Python, torch, CUDA, GPU compute capabilities and CPU features, pick the "

@@ -452,3 +452,30 @@ def test_a_unit_cache_in_a_system_folder_or_behind_another_users_link_is_refused
         os.lchown(other, 65534, 65534)
         with pytest.raises(FolderError, match="a link made by another user"):
             cache_folder(tmp_path, {UNIT_CACHE_ENV: str(other / "units")})
+
+
+@pytest.mark.parametrize("version", ["3.6", "3.7", "3.8", "3.9"])
+def test_the_installer_on_the_pythons_nodes_have(house: Path, keys: signing.Keys, version: str) -> None:
+    """Issue 30 item 4: the oldest Python the node installer supports is 3.8 (Ubuntu 20.04; Debian 11
+    and RHEL 9 have 3.9; RHEL 8 has python39 beside its platform-python 3.6). On 3.8 and 3.9 it
+    checks the signed manifest and says why nothing fits (the wheel is for cp311); on 3.6 and 3.7 one
+    line says what it needs, never a SyntaxError. Real interpreters (pyenv), skipped where absent."""
+    from builder.errors import ToolError
+    from builder.targets import find_interpreter
+
+    try:
+        python = str(find_interpreter(version).path)
+    except ToolError:
+        pytest.skip(f"no Python {version} on this machine (pyenv install {version} to run this case)")
+    done = installer(house, "--dry-run", "--trust", keys.key().line(), python=python)
+    assert done.returncode == 9, done.stderr
+    assert "Traceback" not in done.stderr and "SyntaxError" not in done.stderr
+    if version in ("3.6", "3.7"):
+        assert done.stderr == (f"error: the DeepSpeed node installer needs Python 3.8 or newer; {python} is Python "
+                               f"{version}\n  fix: run it with a newer python3 (RHEL 8: dnf install python39, then "
+                               f"python3.9 {house / INSTALLER} ...)\n")  # fmt: skip
+        return
+    tag = "cp3" + version.split(".")[1]
+    assert f"==> manifest signed by {keys.key().fingerprint()}" in done.stderr
+    assert f"error: no wheel in the wheelhouse fits this node (python {tag}, " in done.stderr
+    assert f"{NAME}: built for cp311, node has {tag}" in done.stderr
