@@ -219,3 +219,48 @@ def test_a_unit_cache_that_cannot_be_written_is_one_message(tmp_path: Path) -> N
     assert "cannot store op unit cpu_adam in the unit cache" in err.value.message
     assert "No space left on device" in err.value.message and "DS_BUILDER_UNIT_CACHE" in err.value.fix
     assert list((tmp_path / "units").iterdir()) == []
+
+
+def test_a_compiler_the_kernel_killed_is_memory_not_the_op() -> None:
+    """Issue 30: three builds at once drove this machine into the OOM killer; the unit log held gcc's
+    "Killed signal" line and the toolkit said the op failed to compile and advised dropping it. The
+    lines are found as they are printed (gcc, an ICE, nvcc's cicc)."""
+    from builder.wheelbuild.diagnose import find_failures, find_killed
+
+    log = (
+        "[3/4] c++ -MMD -MF cpu_adam_impl.o.d -O3 -c /tmp/u/src/csrc/adam/cpu_adam_impl.cpp -o cpu_adam_impl.o\n"
+        "FAILED: [code=1] /tmp/u/src/build/temp.linux-x86_64-cpython-311/csrc/adam/cpu_adam_impl.o\n"
+        "c++: fatal error: Killed signal terminated program cc1plus\n"
+        "compilation terminated.\n"
+        "g++: internal compiler error: Killed (program cc1plus)\n"
+        "nvcc error   : 'cicc' died due to signal 9 (Kill signal)\n"
+        "ninja: build stopped: subcommand failed.\n"
+    )
+    assert find_killed(log) == [
+        "c++: fatal error: Killed signal terminated program cc1plus",
+        "g++: internal compiler error: Killed (program cc1plus)",
+        "nvcc error   : 'cicc' died due to signal 9 (Kill signal)",
+    ]
+    assert find_killed("csrc/x.cpp:3:1: error: 'foo' was not declared in this scope\n") == []
+    (failure,) = find_failures(log, (OPS["cpu_adam"],))  # what was said before: no compiler line
+    assert failure.errors == ()
+
+
+def test_a_killed_unit_stops_the_build_with_the_memory_fix_even_where_ops_may_be_dropped(tmp_path: Path) -> None:
+    from builder.errors import BuildError
+    from builder.units.runner import UnitResult
+    from builder.wheelbuild.wheel import refuse_failed
+
+    (adam, lion), _ = plan_units(plan_for("cpu_adam", "cpu_lion"), {}, 2, None)
+    built = UnitResult(adam, "built", tmp_path / "a.whl", 1.0, tmp_path / "a.log")
+    killed = UnitResult(lion, "failed", None, 1.0, tmp_path / "l.log", "op cpu_lion: the kernel killed its compiler",
+                        killed=True)  # fmt: skip
+    for policy in ("fail", "drop"):
+        with pytest.raises(BuildError) as err:
+            refuse_failed([built, killed], policy)
+        assert "the kernel killed its compiler" in err.value.message
+        assert err.value.fix.startswith("free memory for the build") and "drop" not in err.value.fix
+    broken = UnitResult(lion, "failed", None, 1.0, tmp_path / "l.log", "op cpu_lion failed to compile")
+    assert refuse_failed([built, broken], "drop") == [broken]
+    with pytest.raises(BuildError, match="drop cpu_lion from the recipe"):
+        refuse_failed([built, broken], "fail")

@@ -83,6 +83,7 @@ class UnitResult:
     log: Path
     failure: str = ""  # for a failed unit: what failed, in the compiler's or linker's words
     ccache_hits: tuple[int, int] | None = None  # (hits, misses) of this unit's compiles
+    killed: bool = False  # the kernel killed its compiler (out of memory): the machine's fault, not the op's
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,9 @@ def _build(unit: Unit, job: UnitJob, folder: Path, log: Path) -> UnitResult:
         raw = single_wheel(raw_dir)
         artifacts.verify(raw, (unit.op,), job.version)
     except ToolError:
-        return UnitResult(unit, "failed", None, time.monotonic() - start, log, describe_failure(unit, log))
+        killed = killed_lines(log)
+        failure = describe_killed(unit, killed) if killed else describe_failure(unit, log)
+        return UnitResult(unit, "failed", None, time.monotonic() - start, log, failure, killed=bool(killed))
     except BuilderError as exc:
         return UnitResult(unit, "failed", None, time.monotonic() - start, log, f"op {name}: {exc.message}")
     stats = ccache.stats(env)
@@ -169,6 +172,19 @@ def _build(unit: Unit, job: UnitJob, folder: Path, log: Path) -> UnitResult:
     shutil.rmtree(folder / "src", ignore_errors=True)
     output.note(f"unit {name}: built in {seconds:.0f}s" + (f"; {stats.describe()}" if stats else ""))
     return UnitResult(unit, "built", cached, seconds, log, "", (stats.hits, stats.misses) if stats else None)
+
+
+def killed_lines(log: Path) -> list[str]:
+    try:
+        return diagnose.find_killed(log.read_text(encoding="utf-8", errors="replace"))
+    except OSError:
+        return []
+
+
+def describe_killed(unit: Unit, lines: Sequence[str]) -> str:
+    quoted = "\n".join(f"    {line}" for line in lines)
+    return (f"op {unit.op.name}: the kernel killed its compiler (out of memory: the OOM killer or a memory limit), "
+            f"not a fault of the op:\n{quoted}")  # fmt: skip
 
 
 def describe_failure(unit: Unit, log: Path) -> str:

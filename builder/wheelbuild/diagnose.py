@@ -92,3 +92,19 @@ def find_link_errors(log: str) -> list[str]:
             if len(found) == MAX_QUOTED:
                 break
     return found
+
+
+# A compiler the kernel killed (its OOM killer, or a cgroup's memory limit), as gcc and nvcc say it:
+# "c++: fatal error: Killed signal terminated program cc1plus",
+# "g++: internal compiler error: Killed (program cc1plus)", "nvcc error   : 'cicc' died due to signal 9 (Kill signal)".
+_KILLED = re.compile(
+    r"(?:fatal error: Killed signal terminated program (?P<gcc>\S+)"
+    r"|internal compiler error: Killed \(program (?P<ice>[^)\s]+)\)"
+    r"|'(?P<nvcc>[^']+)' died due to signal 9)"
+)
+
+
+def find_killed(log: str) -> list[str]:
+    """The lines saying the kernel killed a compiler: memory, not the op's source, and never a
+    reason to drop the op."""
+    return list(dict.fromkeys(line.strip() for line in log.splitlines() if _KILLED.search(line)))[:MAX_QUOTED]

@@ -15,7 +15,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -206,15 +206,7 @@ def build_wheel(
     )
     src, env_python = planned.src, planned.python
     results = run_units(units, parallel, job)
-    failed = [r for r in results if r.status == "failed"]
-    if failed and (recipe.on_op_failure != "drop" or len(failed) == len(results)):
-        logs = "\n".join(f"  log of {r.unit.op.name}: {r.log}" for r in failed)
-        raise BuildError(
-            "the build failed: " + "\n".join(r.failure for r in failed) + f"\n{logs}",
-            f"drop {', '.join(r.unit.op.name for r in failed)} from the recipe (or build it with a CUDA toolkit / "
-            f'compiler it supports, or set on_op_failure = "drop" to ship the wheel without it); the other '
-            f"{len(results) - len(failed)} op units are cached and not rebuilt",
-        )
+    failed = refuse_failed(results, recipe.on_op_failure)
     if failed:  # on_op_failure = "drop": the wheel goes on without them, and says so
         for r in failed:
             output.warn(f'dropped, as the recipe allows (on_op_failure = "drop"): {r.failure}\n  log: {r.log}')
@@ -298,6 +290,30 @@ def build_unit_group(
         return run_units(mine, min(planned.parallel, len(mine)) or 1, planned.job)
     finally:
         shutil.rmtree(src_dir, ignore_errors=True)
+
+
+def refuse_failed(results: Sequence[UnitResult], on_op_failure: str) -> list[UnitResult]:
+    """The failed units the wheel goes on without (on_op_failure = "drop"); BuildError when the build
+    must stop: a unit whose compiler the kernel killed (memory: never dropped, never "drop the op"),
+    any failure without "drop", or every unit failed."""
+    failed = [r for r in results if r.status == "failed"]
+    killed = [r for r in failed if r.killed]
+    if killed:
+        logs = "\n".join(f"  log of {r.unit.op.name}: {r.log}" for r in killed)
+        raise BuildError(
+            "the build failed: " + "\n".join(r.failure for r in killed) + f"\n{logs}",
+            "free memory for the build (fewer builds at once on this machine) or give it more, then run it again: "
+            f"the {len(results) - len(failed)} op units built are cached and only the killed ones compile",
+        )
+    if failed and (on_op_failure != "drop" or len(failed) == len(results)):
+        logs = "\n".join(f"  log of {r.unit.op.name}: {r.log}" for r in failed)
+        raise BuildError(
+            "the build failed: " + "\n".join(r.failure for r in failed) + f"\n{logs}",
+            f"drop {', '.join(r.unit.op.name for r in failed)} from the recipe (or build it with a CUDA toolkit / "
+            f'compiler it supports, or set on_op_failure = "drop" to ship the wheel without it); the other '
+            f"{len(results) - len(failed)} op units are cached and not rebuilt",
+        )
+    return failed
 
 
 def built_from(recipe: Recipe, target: Target) -> dict[str, str | None]:
