@@ -264,3 +264,55 @@ def test_a_killed_unit_stops_the_build_with_the_memory_fix_even_where_ops_may_be
     assert refuse_failed([built, broken], "drop") == [broken]
     with pytest.raises(BuildError, match="drop cpu_lion from the recipe"):
         refuse_failed([built, broken], "fail")
+
+
+def test_memory_is_the_least_of_the_machine_its_cgroup_and_its_slurm_job(tmp_path: Path) -> None:
+    """Issue 30: a build on a shared login node or in a Slurm job must size itself by its own room.
+    On a FAKE /proc and /sys tree: cgroup v1 (this machine's layout) and v2, "no limit" values, Slurm."""
+    from builder.detect import available_memory_gb
+    from builder.detect.parsers import cgroup_memory_files, slurm_memory_gb
+
+    gib = 1024**3
+    (tmp_path / "proc" / "self").mkdir(parents=True)
+    (tmp_path / "proc" / "meminfo").write_text("MemTotal: 25165824 kB\nMemAvailable: 16777216 kB\n")  # 16 GB
+    (tmp_path / "proc" / "self" / "cgroup").write_text("4:memory:/process_api/abc\n0::/\n")
+    v1 = tmp_path / "sys" / "fs" / "cgroup" / "memory" / "process_api" / "abc"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text(f"{9223372036854771712}\n")  # no limit
+    (v1 / "memory.usage_in_bytes").write_text(f"{3 * gib}\n")
+    assert available_memory_gb({}, tmp_path) == 16.0
+    (v1 / "memory.limit_in_bytes").write_text(f"{10 * gib}\n")  # a 10 GB limit, 3 GB used: 7 GB of room
+    assert available_memory_gb({}, tmp_path) == 7.0
+    assert available_memory_gb({"SLURM_MEM_PER_NODE": "4096"}, tmp_path) == 4.0
+    (tmp_path / "proc" / "self" / "cgroup").write_text("0::/slurm/job_42/step_0\n")
+    v2 = tmp_path / "sys" / "fs" / "cgroup" / "slurm" / "job_42" / "step_0"
+    v2.mkdir(parents=True)
+    (v2 / "memory.max").write_text(f"{6 * gib}\n")
+    (v2 / "memory.current").write_text(f"{gib}\n")
+    assert available_memory_gb({}, tmp_path) == 5.0
+    (v2 / "memory.max").write_text("max\n")
+    assert available_memory_gb({}, tmp_path) == 16.0
+    assert available_memory_gb({}, tmp_path / "nothing") is None
+    assert slurm_memory_gb({"SLURM_MEM_PER_CPU": "2048", "SLURM_CPUS_ON_NODE": "4"}) == 8.0
+    assert slurm_memory_gb({"SLURM_MEM_PER_NODE": "0"}) is None
+    assert cgroup_memory_files("12:cpu,cpuacct:/x\n") == []
+
+
+def test_a_unit_asks_for_memory_again_before_it_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three builds started minutes apart drove this 24 GB machine into the OOM killer: each had
+    sized itself from the free memory at its start. A unit now looks again: it waits while units of
+    its build compile, and with none to wait for starts with the jobs the free memory holds."""
+    from builder.units import runner
+
+    (unit,), _ = plan_units(plan_for("cpu_adam"), {}, 8, None)
+    unit = dataclasses.replace(unit, env={**unit.env, "MAX_JOBS": "4"})
+    slept: list[float] = []
+    assert runner.room_for(unit, 2.0, lambda: 9.0, slept.append) is unit  # 8 GB needed, 9 free
+    assert runner.room_for(unit, 2.0, lambda: None, slept.append) is unit  # nothing known: as planned
+    fewer = runner.room_for(unit, 2.0, lambda: 5.0, slept.append)  # nothing of ours compiling
+    assert fewer.env["MAX_JOBS"] == "2" and fewer.key == unit.key and slept == []
+    assert runner.room_for(unit, 2.0, lambda: 0.5, slept.append).env["MAX_JOBS"] == "1"
+    frees = iter([3.0, 3.0, 12.0])
+    monkeypatch.setattr(runner, "_COMPILING", [1])  # another unit of this build is compiling
+    assert runner.room_for(unit, 2.0, lambda: next(frees), slept.append) is unit
+    assert slept == [runner.MEMORY_POLL_S, runner.MEMORY_POLL_S]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from packaging.version import Version
 
@@ -95,4 +96,43 @@ def parse_meminfo(text: str) -> float | None:
     for line in text.splitlines():
         if line.startswith("MemAvailable:"):
             return int(line.split()[1]) / 1024**2
+    return None
+
+
+def cgroup_memory_files(text: str) -> list[tuple[str, str]]:
+    """(limit file, usage file) of this process's memory cgroup, from /proc/self/cgroup, relative to
+    /sys/fs/cgroup: v1's memory controller ("4:memory:/slurm/uid_0/job_42") and v2's unified one
+    ("0::/system.slice/x.scope")."""
+    files = []
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        path = parts[2].strip().rstrip("/")
+        if "memory" in parts[1].split(","):
+            files.append((f"memory{path}/memory.limit_in_bytes", f"memory{path}/memory.usage_in_bytes"))
+        elif parts[0] == "0" and not parts[1]:
+            files.append(
+                (f"{path.lstrip('/')}/memory.max".lstrip("/"), f"{path.lstrip('/')}/memory.current".lstrip("/"))
+            )
+    return files
+
+
+def cgroup_room_gb(limit: str, current: str) -> float | None:
+    """What a cgroup memory limit leaves (limit - usage), in GB; None for no limit (v2 "max", v1's
+    page-rounded 2**63)."""
+    limit, current = limit.strip(), current.strip()
+    if not limit.isdigit() or not current.isdigit() or int(limit) >= 1 << 60:
+        return None
+    return max(0.0, (int(limit) - int(current)) / 1024**3)
+
+
+def slurm_memory_gb(env: Mapping[str, str]) -> float | None:
+    """A Slurm job's memory (SLURM_MEM_PER_NODE, or SLURM_MEM_PER_CPU x SLURM_CPUS_ON_NODE; MB), in GB."""
+    per_node = env.get("SLURM_MEM_PER_NODE", "")
+    if per_node.isdigit() and int(per_node) > 0:
+        return int(per_node) / 1024
+    per_cpu, cpus = env.get("SLURM_MEM_PER_CPU", ""), env.get("SLURM_CPUS_ON_NODE", "")
+    if per_cpu.isdigit() and cpus.isdigit() and int(per_cpu) > 0:
+        return int(per_cpu) * int(cpus) / 1024
     return None

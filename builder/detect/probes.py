@@ -24,6 +24,8 @@ from builder.detect.model import (
     TorchFacts,
 )
 from builder.detect.parsers import (
+    cgroup_memory_files,
+    cgroup_room_gb,
     host_range_fallback,
     parse_compiler_version,
     parse_gpu_archs,
@@ -32,6 +34,7 @@ from builder.detect.parsers import (
     parse_nvcc_version,
     parse_smi,
     parse_smi_cuda,
+    slurm_memory_gb,
 )
 from builder.files import is_file_here
 from builder.resources import resource
@@ -205,9 +208,26 @@ def probe_libraries(toolkit_root: str | None, site_packages: str | None, nccl: s
     return Libraries(libaio=aio, cufile=cufile, nccl=nccl)
 
 
-def available_memory_gb() -> float | None:
-    """Memory free for compile jobs now; None where /proc/meminfo cannot be read."""
-    try:
-        return parse_meminfo(Path("/proc/meminfo").read_text(encoding="utf-8"))
-    except OSError:
-        return None
+def available_memory_gb(env: Mapping[str, str] | None = None, root: Path = Path("/")) -> float | None:
+    """Memory free for compile jobs now: the least of the machine's MemAvailable, what this process's
+    cgroup (v2) memory limit leaves, and a Slurm job's memory. A login node other builds share, or a
+    Slurm job confined to its allocation, gets its own room, not the machine's. None where nothing
+    can be read. Asked again before each unit starts (units.runner), not only once."""
+
+    def read(rel: str) -> str | None:
+        try:
+            return (root / rel).read_text(encoding="utf-8")
+        except OSError:
+            return None
+
+    found = []
+    meminfo = read("proc/meminfo")
+    if meminfo is not None:
+        found.append(parse_meminfo(meminfo))
+    for limit_file, usage_file in cgroup_memory_files(read("proc/self/cgroup") or ""):
+        limit, current = read(f"sys/fs/cgroup/{limit_file}"), read(f"sys/fs/cgroup/{usage_file}")
+        if limit is not None and current is not None:
+            found.append(cgroup_room_gb(limit, current))
+    found.append(slurm_memory_gb(os.environ if env is None else env))
+    known = [gb for gb in found if gb is not None]
+    return min(known) if known else None

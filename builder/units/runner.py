@@ -10,10 +10,12 @@ build compiles only what failed or changed.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +23,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from builder import cmd, output
+from builder.detect import available_memory_gb
 from builder.errors import BuilderError, BuildError, ToolError
 from builder.files import make_dirs
 from builder.units import cache
@@ -100,6 +103,7 @@ class UnitJob:
     use_ccache: bool
     ccache_dir: Path
     verbose: bool = False
+    job_gb: float = 2.0  # memory one compile job takes (plan.job_memory): a unit needs MAX_JOBS of these
 
 
 def run_units(units: Sequence[Unit], parallel: int, job: UnitJob) -> list[UnitResult]:
@@ -126,7 +130,48 @@ def run_unit(unit: Unit, job: UnitJob) -> UnitResult:
         folder = job.work / name
         make_dirs(folder)
         with FileLock(str(job.work / f".{name}.lock")):
-            return _build(unit, job, folder, log)
+            unit = room_for(unit, job.job_gb)
+            with _COMPILING_LOCK:
+                _COMPILING[0] += 1
+            try:
+                return _build(unit, job, folder, log)
+            finally:
+                with _COMPILING_LOCK:
+                    _COMPILING[0] -= 1
+
+
+# Units of this process compiling now, and how often a unit waiting for memory looks again.
+_COMPILING = [0]
+_COMPILING_LOCK = threading.Lock()
+MEMORY_POLL_S = 5.0
+
+
+def room_for(unit: Unit, job_gb: float, free_gb: Callable[[], float | None] = available_memory_gb,
+             sleep: Callable[[float], None] = time.sleep) -> Unit:  # fmt: skip
+    """The unit, once the memory its MAX_JOBS compile jobs need is free: asked again now, not taken
+    from the start of the build (other builds on a shared login node, a Slurm or cgroup limit:
+    available_memory_gb). While units of this build are compiling it waits for them; with none left
+    to wait for it starts with as many jobs as the free memory holds (at least one)."""
+    jobs = int(unit.env["MAX_JOBS"])
+    said = False
+    while True:
+        free = free_gb()
+        if free is None or free >= jobs * job_gb:
+            return unit
+        with _COMPILING_LOCK:
+            others = _COMPILING[0]
+        if not others:
+            fewer = max(1, min(jobs, int(free // job_gb)))
+            if fewer < jobs:
+                output.note(f"unit {unit.op.name}: {free:.1f} GB free, {jobs * job_gb:.0f} GB wanted for "
+                            f"MAX_JOBS={jobs}: building with MAX_JOBS={fewer}")  # fmt: skip
+                return dataclasses.replace(unit, env={**unit.env, "MAX_JOBS": str(fewer)})
+            return unit
+        if not said:
+            output.note(f"unit {unit.op.name}: waiting for memory ({free:.1f} GB free, {jobs * job_gb:.0f} GB for "
+                        f"MAX_JOBS={jobs}; {others} unit(s) of this build compiling)")  # fmt: skip
+            said = True
+        sleep(MEMORY_POLL_S)
 
 
 def _build(unit: Unit, job: UnitJob, folder: Path, log: Path) -> UnitResult:

@@ -35,7 +35,7 @@ from builder.units.plan import describe as describe_units
 from builder.units.runner import DEFAULT_SOURCE_DATE_EPOCH, UnitJob, UnitResult, run_units
 from builder.wheelbuild import artifacts, buildkey, ccache, cudakit, glibc, graft, needs, ops, source
 from builder.wheelbuild.artifacts import verify
-from builder.wheelbuild.plan import BuildPlan, plan_build, resolve_archs
+from builder.wheelbuild.plan import BuildPlan, job_memory, plan_build, resolve_archs
 from builder.wheelbuild.toolchain import ToolchainPlan, apply, compose_env, plan_toolchain
 from builder.workspace import Workspace
 
@@ -162,7 +162,7 @@ def plan_target(
         sdist=source.fetch(recipe.deepspeed, source.sdist_folder(ws.cache, os.environ), log),
         python=env_python, env=env, work=ws.root / "units", cache=unit_cache(ws.cache, os.environ), logs=ws.logs,
         version=plan.version, use_ccache=use_ccache, ccache_dir=ccache.cache_dir(ws.cache, os.environ),
-        verbose=verbose,
+        verbose=verbose, job_gb=job_memory(plan.archs),
     )  # fmt: skip
     return Planned(plan, units, parallel, job, env, machine, toolchain, src, env_python)
 
