@@ -1066,8 +1066,21 @@ def choose(manifest: "WheelhouseManifest", node: "Node", ops: "Sequence[str]" = 
     lines = [f"  {name}: {'; '.join(why_not(e))}" for name, e in sorted(manifest.wheels.items())]
     raise InstallError(
         f"no wheel in the wheelhouse fits this node ({node.describe()}); it has:\n" + ("\n".join(lines) or "  nothing"),
-        "build one for this node (a recipe with its torch, CUDA and GPU archs), smoke it and publish it",
+        "build one for this node, smoke it and publish it: " + build_for(node),
     )
+
+
+def build_for(node: "Node") -> str:
+    """What a wheel for this node takes, in recipe and build-host terms (the fix of "nothing fits")."""
+    parts = [f'python = ["{node.python_tag[2]}.{node.python_tag[3:]}"]']
+    if node.torch:
+        parts.append(f'[torch] version = "{_public(node.torch)}"' + (f" (CUDA {node.cuda})" if node.cuda else ""))
+    if node.gpus:
+        parts.append(f"arch = {json.dumps(sorted(set(node.gpus)))}")
+    if node.glibc:
+        parts.append(f"built on a host (or image) with glibc {node.glibc} or older, so it is tagged "
+                     f"manylinux_{node.glibc.replace('.', '_')} or lower")  # fmt: skip
+    return "a recipe with " + "; ".join(parts)
 
 
 # ---------------------------------------------------------------- probing the node

@@ -136,7 +136,17 @@ def test_no_fit_says_what_the_node_needs_and_what_the_wheelhouse_has() -> None:
     assert f"{H100.name}: no code for GPU compute capability 7.0 (wheel has 9.0)" in text
     assert f"{CPU.name}: built for torch 2.13.0+cpu, node has 2.14.1+cu130" in text
     assert f"{FAILED.name}:" in text and "its smoke tests did not pass" in text
-    assert "build one for this node" in err.value.fix
+    assert err.value.fix == (
+        'build one for this node, smoke it and publish it: a recipe with python = ["3.11"]; '
+        '[torch] version = "2.14.1" (CUDA 13.0); arch = ["7.0", "9.0"]'
+    )
+    # A Debian 11 node (Python 3.9, glibc 2.31, no torch yet): the fix names the build host it needs.
+    bullseye = Node("cp39", None, None, (), AVX2, glibc="2.31")
+    with pytest.raises(InstallError) as err:
+        choose(MANIFEST, bullseye)
+    assert err.value.fix == ('build one for this node, smoke it and publish it: a recipe with python = ["3.9"]; '
+                             "built on a host (or image) with glibc 2.31 or older, so it is tagged manylinux_2_31 "
+                             "or lower")  # fmt: skip
 
 
 def test_cpu_features_and_python_tag() -> None:
