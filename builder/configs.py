@@ -10,7 +10,7 @@ into smoke checks and one-line summaries; `run` is the one side effect, in the e
 from __future__ import annotations
 
 import json
-import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,11 +19,11 @@ from typing import Any
 from builder import cmd
 from builder.contracts import Check
 from builder.errors import ConfigError, SmokeError
-from builder.node import CONFIG_OPTIMIZERS
+from builder.node import CONFIG_OPTIMIZERS, OP_RE, Fields, ManifestError
 from builder.resources import config_runner, report_after, resource
 
 RUNNER = resource("config_runner.py")
-MARKER = "==== config runner json ===="
+MARKER = config_runner.MARKER
 STATUSES = ("passed", "needs-op", "needs-compiler", "unsupported", "invalid", "no-gpu", "failed")
 MAX_CONFIG = config_runner.MAX_CONFIG
 TIMEOUT = 180.0  # seconds per config: a tiny model's initialize and steps take under 2 s here
@@ -34,7 +34,9 @@ OPTIMIZERS = CONFIG_OPTIMIZERS  # Adam, AdamW, Adagrad, Lion, Lamb, Muon
 DTYPES = {"cpu": ("fp32", "bf16"), "cuda": ("fp32", "fp16", "bf16")}
 MATRIX_PREFIX = "config:matrix/"
 SITE_PREFIX = "config:site/"
-SCRATCH = "@scratch"  # the runner puts an NVMe folder on its work disk here
+# What a refused compile is named by: an op builder, or the name given to torch.utils.cpp_extension.load.
+COMPILED = re.compile(r"^[\w.+-]{1,128}$")
+SCRATCH = config_runner.SCRATCH  # the runner puts an NVMe folder on its work disk here
 
 
 @dataclass(frozen=True)
@@ -117,25 +119,25 @@ def runner_spec(cases: Sequence[ConfigCase], accelerator: str | None, timeout: f
         if max_world:
             entry["max_world"] = max_world
         entries.append(entry)
-    jobs = jobs or max(2, min(8, 2 * (os.cpu_count() or 1)))
+    jobs = jobs or config_runner.default_jobs()
     return {"configs": entries, "accelerator": accelerator, "timeout": timeout, "jobs": jobs}
 
 
 def parse_outcomes(said: str) -> list[Outcome]:
+    """The runner's results, each validated (they come from another process)."""
     try:
         data = report_after(said, MARKER)
     except ValueError as exc:
         raise SmokeError(f"the config runner {exc}", "read its log") from exc
-    if not isinstance(data, list):
-        raise SmokeError("the config runner's report is not a list", "read its log")
     outcomes = []
-    for item in data:
-        status = item.get("status")
-        if status not in STATUSES:
-            raise SmokeError(f"the config runner reported status {status!r}", "read its log")
-        outcomes.append(Outcome(str(item["name"]), status, str(item.get("detail", "")),
-                                tuple(item.get("ops", ())), tuple(item.get("jit", ())),
-                                int(item.get("world_size", 1)), float(item.get("seconds", 0.0))))  # fmt: skip
+    for i, item in enumerate(data):
+        try:
+            f = Fields(item, f"config runner result {i}")
+            outcomes.append(Outcome(f.get("name", str), f.choice("status", STATUSES), f.get("detail", str),
+                                    f.texts("ops", OP_RE), f.texts("jit", COMPILED),
+                                    f.get("world_size", int), float(f.get("seconds", (int, float)))))  # fmt: skip
+        except ManifestError as exc:
+            raise SmokeError(exc.message, "read its log") from exc
     return outcomes
 
 

@@ -47,8 +47,6 @@ def parse_checks(output: str) -> tuple[Check, ...]:
         data = report_after(output, MARKER)
     except ValueError as exc:
         raise SmokeError(f"the smoke checks {exc}", "read the smoke log") from exc
-    if not isinstance(data, list):
-        raise SmokeError("the smoke report is not a list of checks", "read the smoke log")
     checks = []
     for i, item in enumerate(data):
         f = Fields(item, f"smoke check {i}")

@@ -193,9 +193,22 @@ def test_the_runner_sorts_deepspeeds_errors() -> None:
 def test_parse_outcomes_refuses_a_bad_report() -> None:
     from builder.errors import SmokeError
 
-    good = f'noise\n{configs.MARKER}\n[{{"name": "a", "status": "passed", "detail": "ok", "ops": ["cpu_adam"]}}]\n'
-    assert configs.parse_outcomes(good) == [Outcome("a", "passed", "ok", ("cpu_adam",))]
-    for bad in ("no marker", f'{configs.MARKER}\n[{{"name": "a", "status": "great"}}]', f"{configs.MARKER}\n{{"):
+    record = {"name": "a", "status": "passed", "detail": "ok", "ops": ["cpu_adam"], "jit": [], "world_size": 1,
+              "seconds": 0.25}  # fmt: skip
+    good = f"noise\n{configs.MARKER}\n{json.dumps([record])}\nwarning printed at exit\n"
+    assert configs.parse_outcomes(good) == [Outcome("a", "passed", "ok", ("cpu_adam",), (), 1, 0.25)]
+    # What another process printed is validated item by item (it may be damaged, or not ours).
+    hostile = {
+        "no marker": "no marker",
+        "not JSON": f"{configs.MARKER}\n{{",
+        "not a list": f'{configs.MARKER}\n{{"name": "a"}}',
+        "an unknown status": f"{configs.MARKER}\n{json.dumps([{**record, 'status': 'great'}])}",
+        "an item that is no object": f"{configs.MARKER}\n[1]",
+        "an op name with a path in it": f"{configs.MARKER}\n{json.dumps([{**record, 'ops': ['../../x']}])}",
+        "a missing field": f"{configs.MARKER}\n{json.dumps([{k: v for k, v in record.items() if k != 'jit'}])}",
+        "a world size that is text": f"{configs.MARKER}\n{json.dumps([{**record, 'world_size': '2'}])}",
+    }
+    for bad in hostile.values():
         with pytest.raises(SmokeError):
             configs.parse_outcomes(bad)
 

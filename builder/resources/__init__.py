@@ -15,9 +15,10 @@ def resource(name: str) -> Path:
     return RESOURCES / name
 
 
-def report_after(text: str, marker: str) -> object:
-    """The JSON value a resource script printed after its marker line (what follows it, such as
-    warnings printed at interpreter exit, is not part of it); ValueError naming what is wrong."""
+def report_after(text: str, marker: str) -> list[object]:
+    """The JSON list a resource script printed after its marker line (what follows it, such as
+    warnings printed at interpreter exit, is not part of it); ValueError naming what is wrong.
+    Each item is the caller's to validate: it came from another process."""
     import json
 
     _, sep, payload = text.rpartition(marker)
@@ -27,4 +28,6 @@ def report_after(text: str, marker: str) -> object:
         value, _ = json.JSONDecoder().raw_decode(payload.lstrip())
     except json.JSONDecodeError as exc:
         raise ValueError(f"printed a report that is not valid JSON ({exc})") from exc
+    if not isinstance(value, list):
+        raise ValueError(f"printed a {type(value).__name__} as its report, not a list")
     return value

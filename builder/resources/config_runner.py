@@ -403,6 +403,11 @@ def run(spec: dict[str, Any]) -> list[dict[str, Any]]:
     return [r for r in results if r is not None]
 
 
+def default_jobs() -> int:
+    """Configs run at once: two per core (each is mostly waiting on its process group), 2 to 8."""
+    return max(2, min(8, 2 * (os.cpu_count() or 1)))
+
+
 MAX_CONFIG = 1 << 20  # a DeepSpeed config is a few KB
 
 
@@ -498,7 +503,7 @@ def _main(args: Any, p: Any, out: Any) -> int:
     for path in args.configs:
         config, error = read_config_file(path)
         entries.append({"name": path, "error": error} if error else {"name": path, "config": config})
-    results = run({"configs": entries, "timeout": args.timeout, "jobs": max(2, min(8, 2 * (os.cpu_count() or 1)))})
+    results = run({"configs": entries, "timeout": args.timeout, "jobs": default_jobs()})
     from deepspeed.accelerator import get_accelerator
 
     accelerator = get_accelerator()._name
