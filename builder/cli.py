@@ -387,6 +387,9 @@ def parser() -> argparse.ArgumentParser:
     pv.add_argument("--nodelist", help="with --launcher slurm: install on these nodes (Slurm's syntax: n[01-04])")
     pv.add_argument("--python", help="with --launcher slurm: the nodes' Python (default: python3)")
     pv.add_argument("--url", help="the wheelhouse as the hosts reach it (default: WHEELHOUSE's absolute path)")
+    pv.add_argument("--ssh-config", type=Path, metavar="FILE",
+                    help="with --launcher ssh: the ssh config pdsh's ssh reads (ssh -F FILE: the cluster's host "
+                    "names, user, key and known hosts), instead of ~/.ssh/config")  # fmt: skip
     pv.add_argument("--out", type=Path, default=Path("provision"), help="where the scripts go (default: %(default)s)")
     pv.add_argument("--run", action="store_true", help="execute the scripts on the hosts with pdsh")
     pv.add_argument(

@@ -489,14 +489,22 @@ def provision(args: argparse.Namespace) -> int:
     scripts = prov.write(hosts, url, args.out, _provision_trust())
     output.step(f"wrote {len(scripts)} host scripts in {args.out}/ for wheelhouse {url}")
     if args.run:
-        said = prov.run(hosts, args.out, args.launcher, ws.logs / "provision.log")
-        done = [h.name for h in hosts if f"{h.name}: ==> installed" in said]
-        output.step(f"installed on {len(done)}/{len(hosts)} hosts: {', '.join(done)}")
-        if len(done) != len(hosts):
-            raise ToolError(
-                f"provisioning did not finish on every host (log {ws.logs / 'provision.log'})",
-                "read the log for the hosts missing above",
-            )
+        outcomes = prov.run(hosts, args.out, args.launcher, ws.logs / "provision.log", args.ssh_config)
+        return _provision_report(outcomes, "hosts", ws.logs / "provision.log")
+    return 0
+
+
+def _provision_report(outcomes: list[Any], what: str, log: Path) -> int:
+    """One line per host or node: the wheel it installed, or why not; an error unless all installed."""
+    done = [o.node for o in outcomes if o.installed]
+    output.step(f"installed on {len(done)}/{len(outcomes)} {what}: {', '.join(done) or 'none'}")
+    for o in outcomes:
+        output.note(f"  {o.node}: {'installed ' if o.installed else 'NOT installed: '}{o.detail}")
+    failed = [o.node for o in outcomes if not o.installed]
+    if failed:
+        raise ToolError(f"provisioning did not finish on {len(failed)} of {len(outcomes)} {what}: "
+                        f"{', '.join(failed)} (log {log})",
+                        "fix what each one's line above says, then run provision again: the others are left as they are")  # fmt: skip
     return 0
 
 
@@ -530,15 +538,7 @@ def _provision_slurm(args: argparse.Namespace, ws: Workspace, url: str) -> int:
     if down:
         output.warn(f"skipping {len(down)} nodes Slurm reports down or draining: {', '.join(down)}")
     outcomes = prov.run_slurm(nodes, args.partition, script.resolve(), args.out, ws.logs / "provision.log")
-    for o in outcomes:
-        output.note(f"  {o.node}: {'installed ' if o.installed else 'FAILED: '}{o.detail}")
-    done = [o.node for o in outcomes if o.installed]
-    output.step(f"installed on {len(done)}/{len(outcomes)} nodes: {', '.join(done)}")
-    if len(done) != len(outcomes):
-        failed = [o.node for o in outcomes if not o.installed]
-        raise ToolError(f"provisioning failed on {len(failed)} nodes: {', '.join(failed)}",
-                        f"read each node's reason above and its log in {args.out / 'logs'}")  # fmt: skip
-    return 0
+    return _provision_report(outcomes, "nodes", args.out / "logs")
 
 
 def bench(args: argparse.Namespace) -> int:

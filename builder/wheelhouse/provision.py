@@ -33,6 +33,13 @@ class Host:
     python: str = "python3"  # our extension of DeepSpeed's hostfile: python=/path/to/python
 
 
+@dataclass(frozen=True)
+class NodeOutcome:
+    node: str
+    installed: bool
+    detail: str  # the wheel installed, or the installer's error and fix
+
+
 def parse_hostfile(text: str, where: str = "hostfile") -> list[Host]:
     """DeepSpeed's hostfile format: `name slots=N`, one host a line, '#' comments."""
     hosts: list[Host] = []
@@ -142,31 +149,59 @@ def write(hosts: list[Host], wheelhouse: str, out: Path, trust: Trust) -> list[P
     return [write_atomic(out / f"{h.name}.sh", host_script(h, wheelhouse, trust), mode=0o755) for h in hosts]
 
 
-def pdsh_command(hosts: list[Host], out: Path, launcher: str) -> list[str]:
-    """pdsh over all hosts at once. 'ssh': each script is piped to `sh -s` on its host;
+def pdsh_command(hosts: list[Host], out: Path, launcher: str, ssh_config: Path | None = None) -> list[str]:
+    """pdsh over all hosts at once. 'ssh': each script is piped to `sh -s` on its host (with
+    `ssh -F ssh_config` where the site keeps its cluster's ssh settings in a file of their own);
     'local': run each host's script in a local shell (for tests and single-node setups)."""
     names = ",".join(h.name for h in hosts)
     script = shlex.quote(str(out.resolve())) + "/%h.sh"
-    remote = f"ssh -o BatchMode=yes %h sh -s < {script}" if launcher == "ssh" else f"sh {script}"
+    config = f"-F {shlex.quote(str(ssh_config.resolve()))} " if ssh_config is not None else ""
+    remote = f"ssh {config}-o BatchMode=yes %h sh -s < {script}" if launcher == "ssh" else f"sh {script}"
     return ["pdsh", "-S", "-R", "exec", "-f", str(min(len(hosts), 64)), "-w", names, "sh", "-c", remote]
 
 
-def run(hosts: list[Host], out: Path, launcher: str, log: Path) -> str:
-    return cmd.run(
-        pdsh_command(hosts, out, launcher),
-        log=log,
-        fix="install pdsh (apt-get install pdsh) and make sure every host is reachable",
-    )
+def host_outcomes(hosts: list[Host], said: str) -> list[NodeOutcome]:
+    """What became of each host, from pdsh's output (every line `host: text`; pure): the wheel it
+    installed, or the installer's error and fix, or the host's last words."""
+    lines: dict[str, list[str]] = {h.name: [] for h in hosts}
+    for raw in said.splitlines():
+        name, sep, text = raw.partition(": ")
+        if sep and name in lines:
+            lines[name].append(text)
+    outcomes = []
+    for host in hosts:
+        got = lines[host.name]
+        wheel = next((t.split("==> installed ", 1)[1].strip() for t in got if t.startswith("==> installed ")), None)
+        if wheel is not None:
+            outcomes.append(NodeOutcome(host.name, True, wheel))
+            continue
+        error = next((i for i in range(len(got) - 1, -1, -1) if got[i].startswith("error: ")), None)
+        if error is not None:
+            fix = got[error + 1].strip() if error + 1 < len(got) and got[error + 1].strip().startswith("fix:") else ""
+            detail = got[error][len("error: ") :] + (f" ({fix})" if fix else "")
+        else:
+            detail = (got[-1] if got else "no output") + " (read the provision log)"
+        outcomes.append(NodeOutcome(host.name, False, detail[:800]))
+    return outcomes
+
+
+def run(hosts: list[Host], out: Path, launcher: str, log: Path, ssh_config: Path | None = None) -> list[NodeOutcome]:
+    """pdsh the scripts on every host at once; each host's outcome, even where some failed."""
+    start = log.stat().st_size if log.exists() else 0
+    try:
+        said = cmd.run(pdsh_command(hosts, out, launcher, ssh_config), log=log,
+                       fix="install pdsh (apt-get install pdsh) and make sure every host is reachable")  # fmt: skip
+    except ToolError as exc:
+        if not log.exists():
+            raise
+        with log.open("rb") as f:
+            f.seek(start)
+            said = f.read().decode("utf-8", "replace")
+        output.note(f"pdsh: {exc.message.splitlines()[0]}")
+    return host_outcomes(hosts, said)
 
 
 # ---------------------------------------------------------------- through Slurm
-
-
-@dataclass(frozen=True)
-class NodeOutcome:
-    node: str
-    installed: bool
-    detail: str  # the wheel installed, or the installer's error and fix
 
 
 _DOWN = ("down", "drain", "fail", "maint", "unk", "futr", "reboot")
