@@ -504,7 +504,8 @@ def _provision_report(outcomes: list[Any], what: str, log: Path) -> int:
     if failed:
         raise ToolError(f"provisioning did not finish on {len(failed)} of {len(outcomes)} {what}: "
                         f"{', '.join(failed)} (log {log})",
-                        "fix what each one's line above says, then run provision again: the others are left as they are")  # fmt: skip
+                        "fix what each one's line above says, then run provision again (the others are left as "
+                        "they are)")  # fmt: skip
     return 0
 
 

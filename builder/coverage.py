@@ -85,13 +85,16 @@ def wheel_ops(wheel: Path) -> list[dict[str, str]]:
                    host_ops_of(manifest.data) or ())  # fmt: skip
 
 
+SLURM_KEYS = ("job", "node", "units_on", "smoke_on")  # a target's Slurm columns, in order
+
+
 def table(results: Sequence[TargetResult]) -> list[str]:
     """The Markdown table, one row per target, one column per stage."""
     slurm = any(r.slurm for r in results)
-    job = " slurm job | node | smoked on |" if slurm else ""
+    job = " slurm job | node | op units on | smoked on |" if slurm else ""
     rows = [
         f"| target | python | {' | '.join(STAGES)} | wheel |{job}",
-        "|---|---|" + "---|" * (len(STAGES) + 1 + 3 * slurm),
+        "|---|---|" + "---|" * (len(STAGES) + 1 + 4 * slurm),
     ]
     for r in results:
         cells = []
@@ -99,7 +102,7 @@ def table(results: Sequence[TargetResult]) -> list[str]:
             s = r.stages[stage]
             cells.append(_MARK[s.status] + (f" {s.seconds:.0f}s" if s.seconds >= 1 else ""))
         where = r.slurm or {}
-        tail = "".join(f" {where.get(k) or '-'} |" for k in ("job", "node", "smoke_on")) if slurm else ""
+        tail = "".join(f" {where.get(k) or '-'} |" for k in SLURM_KEYS) if slurm else ""
         rows.append(
             f"| {r.target} | {r.python} | " + " | ".join(cells) + f" | {r.wheel.name if r.wheel else '-'} |{tail}"
         )
@@ -162,6 +165,7 @@ class Row:
     job: str | None  # Slurm job id, node and the GPU partition it was smoked on, when it ran there
     node: str | None
     smoke_on: str | None
+    units_on: str | None = None  # which node compiled which op unit: "cpu_adam (node2), ..."
 
 
 @dataclass(frozen=True)
@@ -186,7 +190,7 @@ def load(folder: Path) -> Report | None:
 
 
 _PYTHON = re.compile(r"^[0-9A-Za-z._/+-]{1,200}$")
-_SLURM_VALUE = re.compile(r"^[A-Za-z0-9._:+,()\[\] -]{0,300}$")  # job ids, node names, "h100 (1234), cpu"
+_SLURM_VALUE = re.compile(r"^[A-Za-z0-9._:+,()\[\] -]{0,2000}$")  # job ids, node names, "h100 (1234), cpu"
 
 
 def parse_report(data: object, where: str) -> Report:
@@ -204,8 +208,8 @@ def parse_report(data: object, where: str) -> Report:
         if wheel is not None and not is_wheel_name(Path(wheel).name):
             raise r.fail("wheel", f"is not the path of a wheel: {wheel[:80]!r}")
         slurm = Fields(r.get("slurm", dict, optional=True) or {}, f"{r.where}.slurm")
-        found = {k: slurm.text(k, _SLURM_VALUE, optional=True) or None for k in ("job", "node", "smoke_on")}
+        found = {k: slurm.text(k, _SLURM_VALUE, optional=True) or None for k in SLURM_KEYS}
         rows.append(Row(target, r.text("python", _PYTHON), Path(wheel).name if wheel else None,
-                        found["job"], found["node"], found["smoke_on"]))  # fmt: skip
+                        found["job"], found["node"], found["smoke_on"], found["units_on"]))  # fmt: skip
     matrix = f.get("matrix", str, optional=True)
     return Report(stages, f.texts("failed", TARGET_NAME), matrix, f.text("finished_at", STAMP_RE), tuple(rows))

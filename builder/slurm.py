@@ -46,6 +46,7 @@ SCHEMA = 2
 _JOB_ID = re.compile(r"^\d{1,12}(_\d{1,6})?$")
 _SHA = re.compile(r"^[0-9a-f]{64}$")
 _NODE = re.compile(r"^[A-Za-z0-9._-]{0,128}$")
+_OP = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 _GPUS = re.compile(r"^[A-Za-z0-9,:_-]{0,200}$")
 
 
@@ -411,6 +412,25 @@ def read_build(run: Path, item: Mapping[str, Any]) -> tuple[TargetResult, str | 
     return TargetResult(item["name"], item["recipe"], item["python"], wheel, stages, slurm=slurm), sha
 
 
+def units_on(run: Path, name: str) -> str:
+    """Which node compiled which op unit of a target ("cpu_adam (node2), ..."), from what its unit
+    tasks wrote (checked like every file a job wrote; a damaged one is left out, never believed)."""
+    placed = []
+    for path in sorted(results_dir(run).glob(f"{name}.units-*.json")):
+        data = _read(path)
+        if data is None:
+            continue
+        try:
+            f = Fields(data, str(path))
+            node = f.text("node", _NODE)
+            for i, unit in enumerate(f.get("units", list)):
+                op = Fields(unit, f"{path}: units[{i}]").text("op", _OP)
+                placed.append(f"{op} ({node})")
+        except ManifestError as exc:
+            output.warn(f"{exc.message}: not shown")
+    return ", ".join(placed)
+
+
 @dataclass(frozen=True)
 class SmokeResult:
     partition: str
@@ -628,6 +648,8 @@ def _outcome(run: Path, item: Mapping[str, Any]) -> tuple[TargetResult, str | No
                             {"build": bad, "smoke": skipped, "publish": skipped}, slurm=slurm), None  # fmt: skip
     result, sha = built
     slurm = dict(result.slurm or {})
+    if placed := units_on(run, item["name"]):
+        slurm["units_on"] = placed
     stages = dict(result.stages)
     if result.wheel is None:
         stages["smoke"] = skipped

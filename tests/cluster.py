@@ -90,7 +90,9 @@ def _run(args: list[str], log: Path | None = None, **kw: object) -> str:
         with log.open("a") as f:
             f.write(f"+ {' '.join(map(str, args))}\n{done.stdout}{done.stderr}")
     if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(map(str, args))} failed ({done.returncode}): {(done.stderr or done.stdout)[-1500:]}")
+        raise RuntimeError(
+            f"{' '.join(map(str, args))} failed ({done.returncode}): {(done.stderr or done.stdout)[-1500:]}"
+        )
     return str(done.stdout)
 
 
@@ -195,8 +197,8 @@ def _node_root(folder: Path, node: Node, image: Path, log: Path) -> Path:
     for d in (upper, work, root):
         d.mkdir(parents=True, exist_ok=True)
     if not os.path.ismount(root):
-        _run(["mount", "-t", "overlay", "overlay", "-o", f"lowerdir={image},upperdir={upper},workdir={work}", str(root)],
-             log=log)  # fmt: skip
+        layers = f"lowerdir={image},upperdir={upper},workdir={work}"
+        _run(["mount", "-t", "overlay", "overlay", "-o", layers, str(root)], log=log)
     hostkey = root / "etc" / "ssh" / "ssh_host_ed25519_key"
     if not hostkey.exists():
         _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", node.name, "-f", str(hostkey)])
@@ -374,7 +376,9 @@ def wait_idle(folder: Path, count: int, timeout: float = 90.0) -> None:
     raise RuntimeError(f"the Slurm nodes did not come up idle in {timeout:.0f} s ({state!r}); see {folder}/slurm")
 
 
-def ssh(folder: Path, node: str, command: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
+def ssh(
+    folder: Path, node: str, command: str, timeout: float = 600, check: bool = True
+) -> subprocess.CompletedProcess[str]:
     """Run `command` on `node` over ssh, as pdsh does."""
     done = subprocess.run(["ssh", "-F", str(folder / "ssh" / "config"), node, command], capture_output=True,
                           text=True, timeout=timeout)  # fmt: skip

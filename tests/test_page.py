@@ -29,7 +29,8 @@ def _report(tmp_path: Path, **row: object) -> Path:
     data = {
         "schema": 1, "matrix": "recipes/matrices/slurm-two-partitions.toml", "finished_at": "2026-11-24T10:00:00+00:00",
         "targets": [{"target": "cpu", "python": "3.11", "wheel": f"/work/dist/{NAME}", "stages": STAGES,
-                     "slurm": {"job": "4711", "node": "node1", "smoke_on": "h100 (4712)", "log": "/x"}, **row}],
+                     "slurm": {"job": "4711", "node": "node1", "smoke_on": "h100 (4712)", "log": "/x",
+                               "units_on": "cpu_adam (node2), fused_adam (node3)"}, **row}],
         "failed": [],
     }  # fmt: skip
     path = tmp_path / "coverage.json"
@@ -94,7 +95,9 @@ def test_a_matrix_runs_coverage_is_published_and_shown_with_its_job_ids(tmp_path
     publish([fake_wheel(tmp_path)], house)
     assert publish_coverage(house, _report(tmp_path)) == house / "coverage.json"
     text = (house / PAGE).read_text()
-    assert "slurm-two-partitions.toml" in text and "<td>4711</td><td>node1</td><td>h100 (4712)</td>" in text
+    assert "slurm-two-partitions.toml" in text and (
+        "<td>4711</td><td>node1</td><td>cpu_adam (node2), fused_adam (node3)</td><td>h100 (4712)</td>" in text
+    )
     assert f"<code>{NAME}</code></td><td>4711" in text  # the wheel's file name, not the build host's path
     assert load_manifest(house).reports["coverage.json"].sha256 == sha256_of(house / "coverage.json")
     assert verify(house) == []

@@ -185,11 +185,17 @@ def run_rank(config: dict[str, Any], rank: int, world: int, port: int, send: Any
     ext = tempfile.mkdtemp(prefix="config-ext-")
     os.environ.update({"TORCH_EXTENSIONS_DIR": ext, "RANK": str(rank), "LOCAL_RANK": str(rank),
                        "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})  # fmt: skip
+    send.send(_one_rank(config, result, ext))
+    send.close()
+
+
+def _one_rank(config: dict[str, Any], result: dict[str, Any], ext: str) -> dict[str, Any]:
+    """Initialize and step in this process (its rank's environment set), every outcome a result."""
     del _loaded[:], _jit[:], _refused[:], _stack[:]
     try:
         intercept()  # already done before a fork; a spawned process does it here
         result.update(_steps(config))
-    except BaseException as exc:  # every outcome is reported to the parent
+    except BaseException as exc:  # every outcome is reported
         result["status"], result["detail"] = _classify(exc)
     compiled = sorted(os.listdir(ext))
     if _jit and result.get("status") == "passed":  # DeepSpeed caught the refusal and fell back
@@ -199,8 +205,28 @@ def run_rank(config: dict[str, Any], rank: int, world: int, port: int, send: Any
     if compiled and result.get("status") == "passed":
         result["status"], result["detail"] = "needs-op", f"files appeared in TORCH_EXTENSIONS_DIR: {compiled}"
     result.update({"ops": list(_loaded), "jit": list(_jit)})
-    send.send(result)
-    send.close()
+    return result
+
+
+def run_launched(name: str, config: dict[str, Any]) -> dict[str, Any]:
+    """One rank of a config in a world a launcher started (torchrun across nodes: RANK, WORLD_SIZE,
+    MASTER_ADDR and MASTER_PORT in the environment), in this process, its JIT folder empty."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    result: dict[str, Any] = {"name": name, "rank": rank, "world": world, "host": socket.gethostname()}
+    wanted = world_size_of(config)
+    if wanted != world:
+        return {**result, "status": "invalid", "ops": [], "jit": [],
+                "detail": f"the config's batch sizes give {wanted} processes (train_batch_size / (micro batch x "
+                f"accumulation)); the launcher started {world}"}  # fmt: skip
+    ext = tempfile.mkdtemp(prefix="config-ext-")
+    os.environ["TORCH_EXTENSIONS_DIR"] = ext
+    result = _one_rank(config, result, ext)
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():  # the backend that carried the steps, and where to
+        result["backend"] = dist.get_backend()
+        result["master"] = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+    return result
 
 
 def _steps(config: dict[str, Any]) -> dict[str, Any]:
@@ -475,6 +501,9 @@ def main() -> int:
     p.add_argument("--spec", help=argparse.SUPPRESS)
     p.add_argument("--timeout", type=float, default=180.0, help="seconds per config (default 180)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--launched", action="store_true",
+                   help="run one config as this process's rank of a world a launcher started (torchrun across "
+                   "nodes: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set): a line (or JSON) per rank")  # fmt: skip
     args = p.parse_args()
     # What DeepSpeed prints (its accelerator warning, "... built successfully") goes to stderr, in
     # every process: stdout carries only the results, so --json is JSON.
@@ -499,6 +528,8 @@ def _main(args: Any, p: Any, out: Any) -> int:
         return 0
     if not args.configs:
         p.error("name at least one config file")
+    if args.launched:
+        return _main_launched(args, p, out)
     entries = []
     for path in args.configs:
         config, error = read_config_file(path)
@@ -513,6 +544,27 @@ def _main(args: Any, p: Any, out: Any) -> int:
         for r in results:
             print(f"{r['status']:14} {r['name']}: {explain(r, accelerator)}", file=out)
     return 0 if all(r["status"] == "passed" for r in results) else 14
+
+
+def _main_launched(args: Any, p: Any, out: Any) -> int:
+    if len(args.configs) != 1 or "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        p.error("--launched runs one config in a world a launcher started (torchrun sets RANK and WORLD_SIZE)")
+    config, error = read_config_file(args.configs[0])
+    if config is None:
+        result = {"name": args.configs[0], "rank": int(os.environ["RANK"]), "status": "invalid", "detail": error}
+    else:
+        result = run_launched(args.configs[0], config)
+    from deepspeed.accelerator import get_accelerator
+
+    means = explain(result, get_accelerator()._name)
+    if args.json:
+        print(json.dumps({**result, "means": means}), file=out)
+    else:
+        where = f"rank {result['rank']}/{result.get('world', '?')} on {result.get('host', '?')}"
+        if "backend" in result:
+            where += f", {result['backend']} via {result['master']}"
+        print(f"{result['status']:14} {result['name']} ({where}): {means}", file=out)
+    return 0 if result["status"] == "passed" else 14
 
 
 if __name__ == "__main__":

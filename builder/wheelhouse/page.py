@@ -295,13 +295,15 @@ def _coverage(facts: PageFacts) -> str:
 
     rows = [
         _row("target", r.target, [_e(r.target), _e(r.python), *(stage_cell(report.stages[r.target][s]) for s in STAGES),
-             _code(r.wheel or "-"), *(_e(v or "-") for v in (r.job, r.node, r.smoke_on))])
+             _code(r.wheel or "-"), *(_e(v or "-") for v in (r.job, r.node, r.units_on, r.smoke_on))])
         for r in report.rows
     ]  # fmt: skip
     passed = len(report.rows) - len(report.failed)
     head = (f"<p>Matrix <code>{_e(report.matrix or 'build-wheel')}</code>, finished {_e(report.finished_at)}: "
             f"{passed} of {len(report.rows)} targets passed every stage they ran.</p>")  # fmt: skip
-    return head + _table("coverage", ["target", "python", *STAGES, "wheel", "slurm job", "node", "smoked on"], rows)
+    return head + _table(
+        "coverage", ["target", "python", *STAGES, "wheel", "slurm job", "node", "op units on", "smoked on"], rows
+    )
 
 
 def _variants(manifest: WheelhouseManifest) -> str:

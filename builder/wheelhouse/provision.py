@@ -176,12 +176,14 @@ def host_outcomes(hosts: list[Host], said: str) -> list[NodeOutcome]:
             outcomes.append(NodeOutcome(host.name, True, wheel))
             continue
         error = next((i for i in range(len(got) - 1, -1, -1) if got[i].startswith("error: ")), None)
-        if error is not None:
-            fix = got[error + 1].strip() if error + 1 < len(got) and got[error + 1].strip().startswith("fix:") else ""
-            detail = got[error][len("error: ") :] + (f" ({fix})" if fix else "")
+        if error is not None:  # the error, its indented lines (each wheel and why it does not fit), its fix
+            said_more = [t.strip() for t in got[error + 1 :] if t.startswith("  ")]
+            fix = next((t for t in said_more if t.startswith("fix:")), "")
+            more = said_more[: said_more.index(fix)] if fix else said_more
+            detail = " ".join([got[error][len("error: ") :], *more]) + (f" ({fix})" if fix else "")
         else:
             detail = (got[-1] if got else "no output") + " (read the provision log)"
-        outcomes.append(NodeOutcome(host.name, False, detail[:800]))
+        outcomes.append(NodeOutcome(host.name, False, detail[:2000]))
     return outcomes
 
 

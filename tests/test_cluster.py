@@ -1,0 +1,343 @@
+"""The cluster test: a cluster of Linux namespaces on this machine (tests/cluster.py brings it up
+and down: four nodes with their own addresses, hostnames and Debian roots, sshd on each, nginx on
+node1, slurmd on the three Debian 12 nodes, one slurmctld; node4 runs Debian 11).
+
+The matrix goes through sbatch, each op compiled by a task of the unit array on whichever node
+Slurm gives it, into the unit cache every job shares: `adam` (cpu_adam and the shm comm op)
+builds and smokes in its array task; `cuadam` (a CUDA recipe for sm_90) builds in its array task
+and is smoked by its own job on the `h100` partition with --gres=gpu:1, whose GPUs are FAKE (so
+the smoke inside honestly sees none, and the matrix says require_gpu = false); `ccl`
+(deepspeed_ccl_comm, which needs Intel oneCCL: refused before compiling) fails in its task and
+the run goes on. The collect job publishes the two that passed into the cluster's shared folder.
+Then what a site does with it, on the nodes' own roots (no compiler there): provision over pdsh and
+ssh from the shared folder and over HTTP from nginx, ds_report on each node, torchrun across
+three nodes running a ZeRO step with the CPU optimizer from the wheel, and 64 installs at once
+against nginx and against `serve`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import cluster as box
+import pytest
+from fakes import default_recipe_text
+from nodes import node_venv
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(box.missing() is not None, reason=str(box.missing())),
+    pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="the cpu recipe's local torch wheel is for Python 3.11"),
+]
+
+
+_CCACHE_BOOKS = {"stats", "CACHEDIR.TAG", "lock"}  # ccache's own bookkeeping, not cached objects
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The cluster's folder (its shared folder, ssh config, Slurm files, node roots), while it is up."""
+    folder = tmp_path_factory.mktemp("cluster")
+    try:
+        box.up(folder)
+        yield folder
+    finally:
+        box.down(folder)
+
+
+@pytest.fixture(scope="module")
+def cluster(up: Path) -> dict[str, str]:
+    """The environment a Slurm client of the cluster runs in."""
+    return box.environ(up)
+
+
+def _variant(source: str, folder: Path, name: str, ops: list[str], arch: list[str] | None = None) -> None:
+    text = default_recipe_text(source)
+    start = text.index("ops = [")
+    end = text.index("]", start) + 1
+    text = text[:start] + f"ops = {json.dumps(ops)}" + text[end:]
+    old = tomllib.loads(text)["name"]
+    text = text.replace(f'name = "{old}"', f'name = "{name}"')
+    if arch is not None:
+        start = text.index("arch = [")
+        text = text[:start] + f"arch = {json.dumps(arch)}" + text[text.index("]", start) + 1 :]
+    (folder / f"{name}.toml").write_text(text)
+
+
+@pytest.fixture(scope="module")
+def matrix_run(up: Path, cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    folder = tmp_path_factory.mktemp("slurm-matrix")
+    _variant("cpu.toml", folder, "adam", ["cpu_adam", "deepspeed_shm_comm"])
+    _variant("cpu.toml", folder, "ccl", ["deepspeed_ccl_comm"])
+    _variant("cu130-multi-min.toml", folder, "cuadam", ["cpu_adam"], ["9.0"])
+    matrix = folder / "matrix.toml"
+    matrix.write_text(
+        'recipes = ["adam.toml", "ccl.toml", "cuadam.toml"]\n\n[slurm]\ncpus = 2\nmem = "6G"\ntime = "00:40:00"\n\n'
+        "[slurm.gpu]  # FAKE GPUs (see tests/cluster.py): the smoke job runs there, its torch sees none\n"
+        '"9.0" = { partition = "h100", gres = "gpu:1", require_gpu = false }\n'
+    )
+    work, house = folder / "work", up / "shared" / "wheelhouse"  # the nodes see it at /shared/wheelhouse
+    done = subprocess.run(
+        [sys.executable, "-m", "builder", "build-wheel", "--matrix", str(matrix), "--slurm", "--wait",
+         "--work-dir", str(work), "--wheelhouse", str(house)],
+        cwd=ROOT, capture_output=True, text=True, env=cluster, timeout=2400,
+    )  # fmt: skip
+    return {"done": done, "work": work, "house": house, "folder": folder}
+
+
+def test_a_matrix_runs_as_a_job_array_gpu_smoke_jobs_and_one_collect_job(
+    cluster: dict[str, str], matrix_run: dict[str, object]
+) -> None:
+    done = matrix_run["done"]
+    assert isinstance(done, subprocess.CompletedProcess)
+    work, house = Path(str(matrix_run["work"])), Path(str(matrix_run["house"]))
+    assert done.returncode == 11, done.stderr[-5000:]
+    assert "submitted 3 targets: build array " in done.stderr and "GPU smoke jobs: cuadam on h100 (" in done.stderr
+    assert "1 of 3 targets failed: ccl" in done.stderr
+    assert "cuadam: build passed, smoke on h100 " in done.stderr  # --wait's progress line per target
+    (run,) = (work / "slurm").glob("run-*")
+    record = json.loads((run / "run.json").read_text())
+    report = json.loads((run / "coverage" / "coverage.json").read_text())
+    rows = {t["target"]: t for t in report["targets"]}
+    status = {name: {s: v["status"] for s, v in row["stages"].items()} for name, row in rows.items()}
+    assert status["adam"] == status["cuadam"] == {"build": "passed", "smoke": "passed", "publish": "passed"}
+    # Op units (issue 21): each target's op compiled in a unit task of the unit array, into the unit
+    # cache every job shares; the build task then assembled its wheel from the cache.
+    (units,) = record["unit_arrays"]
+    assert units["tasks"] == [["adam", 0, 2], ["adam", 1, 2], ["ccl", 0, 1], ["cuadam", 0, 1]] and units["job"]
+    # Spread over the nodes: each unit task records the node it ran on (its slurmd's hostname).
+    placed = {}
+    for name in ("adam.units-0", "adam.units-1", "cuadam.units-0"):
+        task = json.loads((run / "results" / f"{name}.json").read_text())
+        assert task["node"] in ("node1", "node2", "node3"), task
+        placed.update({(name.split(".")[0], u["op"]): (u["status"], task["node"]) for u in task["units"]})
+    assert {k: v[0] for k, v in placed.items()} == {
+        ("adam", "cpu_adam"): "built", ("adam", "deepspeed_shm_comm"): "built", ("cuadam", "cpu_adam"): "built"
+    }  # fmt: skip
+    assert len({node for _, node in placed.values()}) >= 2, placed  # three tasks of 2 CPUs on nodes of 2 CPUs
+    units_on = rows["adam"]["slurm"]["units_on"]
+    assert f"cpu_adam ({placed['adam', 'cpu_adam'][1]})" in units_on
+    assert f"deepspeed_shm_comm ({placed['adam', 'deepspeed_shm_comm'][1]})" in units_on
+    (built,) = (work / "slurm" / "targets" / "adam" / "dist").glob("*.whl.build.json")
+    assert {op: u["status"] for op, u in json.loads(built.read_text())["units"].items()} == {
+        "cpu_adam": "cached", "deepspeed_shm_comm": "cached"
+    }  # fmt: skip
+    assert not (run / "results" / "ccl.units-0.json").exists()  # refused before compiling: the build task says so
+    assert (
+        rows["adam"]["slurm"]["job"] == f"{record['arrays'][0]['job']}_0"
+        and Path(rows["adam"]["slurm"]["log"]).is_file()
+    )
+    assert rows["adam"]["slurm"]["smoke_on"] == "cpu"
+    # The GPU smoke ran in its own job on the h100 partition with the GPUs Slurm gave it (fake ones).
+    (smoke,) = record["targets"][2]["smoke"]
+    assert smoke["partition"] == "h100" and rows["cuadam"]["slurm"]["smoke_on"] == f"h100 ({smoke['job']})"
+    gpu = json.loads((run / "results" / "cuadam.smoke.h100.json").read_text())
+    assert gpu["gpus"] and gpu["saw_gpu"] is False  # Slurm set CUDA_VISIBLE_DEVICES; torch honestly saw none
+    assert "saw no GPU" in rows["cuadam"]["stages"]["smoke"]["reason"] and "require_gpu = false" in done.stderr
+    ccl_build = rows["ccl"]["stages"]["build"]
+    assert ccl_build["status"] == "failed" and "deepspeed_ccl_comm" in ccl_build["reason"]
+    assert rows["ccl"]["stages"]["publish"]["status"] == "skipped"
+    table = (run / "coverage" / "coverage.md").read_text()
+    assert "| adam | 3.11." in table and "| op units on | smoked on |" in table and units_on in table
+    # One compiler cache for every build task; each target in its own folder, the same in every run.
+    cached = [p for p in (work / "cache" / "ccache").rglob("*") if p.is_file() and p.name not in _CCACHE_BOOKS]
+    assert len(cached) >= 4 and not (work / "slurm" / "targets" / "adam" / "cache" / "ccache").exists()
+    # Each unit task counts its own compiles (adam's is the unit array's first task).
+    assert re.search(r"ccache: \d+ hits, \d+ misses", (run / "logs" / f"units-{units['job']}_0.log").read_text())
+    # The collect job was the wheelhouse's only writer, and what it published verifies.
+    wheels = json.loads((house / "manifest.json").read_text())["wheels"]
+    assert sorted(e["recipe"] for e in wheels.values()) == ["adam", "cuadam"]
+    # The run's coverage is published with them and shown on the wheelhouse page, job ids and all.
+    assert (house / "coverage.json").read_bytes() == (run / "coverage" / "coverage.json").read_bytes()
+    page = (house / "index.html").read_text()
+    assert '<tr data-target="adam">' in page and f"<td>{rows['adam']['slurm']['job']}</td>" in page
+    assert f"<td>h100 ({smoke['job']})</td>" in page and f"<td>{units_on}</td>" in page
+    assert "2 of 3 targets passed every stage they ran" in page
+    verify = subprocess.run([sys.executable, "-m", "builder", "verify", "--wheelhouse", str(house)],
+                            cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    assert verify.returncode == 0, verify.stderr[-2000:]
+    status_cmd = subprocess.run([sys.executable, "-m", "builder", "slurm-status", str(run)], cwd=ROOT,
+                                capture_output=True, text=True, env=cluster)  # fmt: skip
+    assert "cuadam: build passed, smoke passed, publish passed" in status_cmd.stdout, status_cmd.stderr
+
+
+def test_a_second_run_reuses_unchanged_targets_and_their_gpu_smoke(
+    cluster: dict[str, str], matrix_run: dict[str, object]
+) -> None:
+    folder, work = Path(str(matrix_run["folder"])), Path(str(matrix_run["work"]))
+    again = folder / "again.toml"
+    again.write_text((folder / "matrix.toml").read_text().replace('"ccl.toml", ', ""))  # adam and cuadam again
+    done = subprocess.run(
+        [sys.executable, "-m", "builder", "build-wheel", "--matrix", str(again), "--slurm", "--wait",
+         "--work-dir", str(work), "--wheelhouse", str(matrix_run["house"])],
+        cwd=ROOT, capture_output=True, text=True, env=cluster, timeout=1200,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-5000:]
+    run = max((work / "slurm").glob("run-*"), key=lambda p: p.stat().st_mtime)
+    rows = json.loads((run / "coverage" / "coverage.json").read_text())["targets"]
+    assert [(r["target"], r["stages"]["build"]["status"], r["stages"]["smoke"]["status"]) for r in rows] == [
+        ("adam", "reused", "reused"), ("cuadam", "reused", "reused")
+    ]  # fmt: skip
+    # The GPU smoke job still ran on h100, and found these bytes already smoked there.
+    assert "passed on node1 in an earlier run, for these bytes" in rows[1]["stages"]["smoke"]["reason"]
+
+
+def test_provisioning_through_srun_installs_on_every_node(
+    cluster: dict[str, str], matrix_run: dict[str, object], tmp_path: Path
+) -> None:
+    house = Path(str(matrix_run["house"]))
+    python = node_venv(tmp_path / "node", "torch==2.13.0")  # the node's Python, with the torch the wheel needs
+    out = tmp_path / "provision"
+    done = subprocess.run(
+        [sys.executable, "-m", "builder", "provision", "--launcher", "slurm", "--nodelist", "node2",
+         "--python", python, "--wheelhouse", str(house), "--out", str(out), "--run",
+         "--work-dir", str(tmp_path / "work")],
+        cwd=ROOT, capture_output=True, text=True, env=cluster, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-5000:]
+    assert "installed on 1/1 nodes: node2" in done.stderr
+    result = json.loads((out / "results" / "node2.json").read_text())
+    assert result["installed"] is True and result["wheel"].startswith("deepspeed-")
+    shown = subprocess.run([python, "-m", "pip", "show", "deepspeed"],
+                           capture_output=True, text=True)  # fmt: skip
+    assert "Version: 0.19.8+" in shown.stdout
+
+
+def test_a_submission_sbatch_refuses_leaves_no_job_and_no_run(cluster: dict[str, str], tmp_path: Path) -> None:
+    """The build array goes in, then the GPU smoke job's partition does not exist: sbatch's own
+    message is shown, the array is cancelled and the run folder removed."""
+    _variant("cu130-multi-min.toml", tmp_path, "cuadam", ["cpu_adam"], ["9.0"])
+    matrix = tmp_path / "matrix.toml"
+    matrix.write_text('recipes = ["cuadam.toml"]\n\n[slurm.gpu]\n"9.0" = { partition = "nope" }\n')
+    done = subprocess.run(
+        [sys.executable, "-m", "builder", "build-wheel", "--matrix", str(matrix), "--slurm",
+         "--work-dir", str(tmp_path / "work")],
+        cwd=ROOT, capture_output=True, text=True, env=cluster, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr[-3000:]
+    # The unit array and the build array went in first: both cancelled.
+    assert "invalid partition" in done.stderr.lower() and "(cancelled the 2 jobs already submitted)" in done.stderr
+    assert list((tmp_path / "work" / "slurm").glob("run-*")) == []
+    queued = subprocess.run(["squeue", "-h", "-n", "ds-build", "-t", "PENDING,RUNNING"], capture_output=True,
+                            text=True, env=cluster)  # fmt: skip
+    assert queued.stdout.strip() == ""
+
+
+# ---------------------------------------------------------------- on the nodes' own roots
+
+
+def _builder(*args: str, env: dict[str, str] | None = None, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "builder", *args], cwd=ROOT, capture_output=True, text=True,
+                          env=env, timeout=timeout)  # fmt: skip
+
+
+def _on(up: Path, node: str, command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return box.ssh(up, node, command, check=check)
+
+
+INSTALLED = ("node1", "node2", "node3")
+
+
+@pytest.fixture(scope="module")
+def provisioned(
+    up: Path, matrix_run: dict[str, object], tmp_path_factory: pytest.TempPathFactory
+) -> subprocess.CompletedProcess[str]:
+    """`provision --hostfile` with pdsh over ssh, every node reading the shared folder at /shared."""
+    tmp = tmp_path_factory.mktemp("provision-shared")
+    return _builder("provision", "--hostfile", str(up / "hostfile"), "--wheelhouse", str(matrix_run["house"]),
+                    "--url", "/shared/wheelhouse", "--ssh-config", str(up / "ssh" / "config"),
+                    "--out", str(tmp / "scripts"), "--run", "--work-dir", str(tmp / "work"))  # fmt: skip
+
+
+def test_provision_over_ssh_installs_on_every_node_and_tells_the_debian_11_node_why_not(
+    up: Path, provisioned: subprocess.CompletedProcess[str]
+) -> None:
+    done = provisioned
+    assert done.returncode == 3, done.stderr[-5000:]  # not every host installed: a tool error, each host's line
+    assert "installed on 3/4 hosts: node1, node2, node3" in done.stderr
+    (node4,) = [line for line in done.stderr.splitlines() if line.strip().startswith("node4: NOT installed")]
+    # Node 4's own python3 (3.9) ran the installer, which says why nothing fits and what to build.
+    assert "python cp39" in node4 and "glibc 2.31" in node4 and "built for cp311, node has cp39" in node4
+    assert "needs glibc 2.35 or newer" in node4 and 'python = ["3.9"]' in node4 and "manylinux_2_31" in node4
+    assert "provisioning did not finish on 1 of 4 hosts: node4" in done.stderr
+    # Nothing half-installed there: no deepspeed, no files of it.
+    left = _on(
+        up, "node4", "python3 -c 'import deepspeed' 2>&1; ls /usr/local/lib/python3.9/dist-packages", check=False
+    )
+    assert "No module named 'deepspeed'" in left.stdout and "deepspeed" not in left.stdout.replace("'deepspeed'", "")
+    for node in INSTALLED:
+        os_line = _on(up, node, ". /etc/os-release && echo $VERSION_CODENAME; command -v cc gcc g++ nvcc || true")
+        assert os_line.stdout.split() == ["bookworm"], os_line.stdout  # the node has no compiler at all
+        shown = _on(up, node, "/opt/ds/bin/python -m pip show deepspeed")
+        assert "Version: 0.19.8+cpu" in shown.stdout
+
+
+def test_ds_report_on_each_node_lists_the_wheels_ops_and_compiles_nothing(
+    up: Path, provisioned: subprocess.CompletedProcess[str]
+) -> None:
+    for node in INSTALLED:
+        report = re.sub(r"\x1b\[[0-9;]*m", "", _on(up, node, "cd /tmp && /opt/ds/bin/ds_report 2>&1").stdout)
+        ops = {m[1]: m[2] for m in re.finditer(r"^(\w+) \.+ \[(\w+)\]", report, re.M)}
+        assert ops.get("cpu_adam") == "YES" and ops.get("deepspeed_shm_comm") == "YES", report[-3000:]
+        assert ops.get("fused_adam") == "NO"  # not in this wheel, and ds_report did not build it
+        # No JIT folder anywhere in the node's root (its writes are the overlay's upper layer).
+        upper = up / "nodes" / node / "upper"
+        assert not list(upper.rglob("torch_extensions")), node
+
+
+def test_provision_over_http_from_nginx(up: Path, matrix_run: dict[str, object], tmp_path: Path) -> None:
+    """The same wheelhouse, served by nginx on node1 as a plain static folder, unchanged."""
+    done = _builder("provision", "--hostfile", str(up / "hostfile"), "--wheelhouse", str(matrix_run["house"]),
+                    "--url", "http://node1/wheelhouse", "--ssh-config", str(up / "ssh" / "config"),
+                    "--out", str(tmp_path / "scripts"), "--run", "--work-dir", str(tmp_path / "work"))  # fmt: skip
+    assert "installed on 3/4 hosts: node1, node2, node3" in done.stderr, done.stderr[-4000:]
+    log = (up / "nodes" / "node1" / "upper" / "var" / "log" / "nginx" / "access.log").read_text()
+    wheel = next(n for n in json.loads((Path(str(matrix_run["house"])) / "manifest.json").read_text())["wheels"]
+                 if "+cpu" in n)  # fmt: skip
+    for node in (*INSTALLED, "node4"):
+        addr = next(n.addr for n in box.NODES if n.name == node)
+        assert re.search(rf"^{re.escape(addr)} .*\"GET /wheelhouse/manifest.json.sig HTTP/1.1\" 200 ", log, re.M), node
+    for node in INSTALLED:
+        addr = next(n.addr for n in box.NODES if n.name == node)
+        assert re.search(rf"^{re.escape(addr)} .*\"GET /wheelhouse/{re.escape(wheel)} HTTP/1.1\" 200 ", log, re.M)
+
+
+ZERO_STEP = {
+    "train_batch_size": 3, "train_micro_batch_size_per_gpu": 1,
+    "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
+    "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+}  # fmt: skip
+
+
+def test_torchrun_across_three_nodes_runs_a_zero_step_with_the_cpu_optimizer_from_the_wheel(
+    up: Path, provisioned: subprocess.CompletedProcess[str]
+) -> None:
+    """torchrun on each node (c10d rendezvous at node1, gloo between the nodes' own addresses) runs the
+    wheelhouse's config checker as one rank each: ZeRO-2 with the optimizer offloaded to DeepSpeedCPUAdam."""
+    (up / "shared" / "zero2-cpu-offload.json").write_text(json.dumps(ZERO_STEP))
+    command = ("cd /tmp && /opt/ds/bin/torchrun --nnodes 3 --nproc-per-node 1 --rdzv-backend c10d "
+               "--rdzv-endpoint node1:29400 --rdzv-id ds-cluster-test /shared/wheelhouse/tools/ds-config-check.py "
+               "--launched --json /shared/zero2-cpu-offload.json")  # fmt: skip
+    ssh = ["ssh", "-F", str(up / "ssh" / "config")]
+    procs = {n: subprocess.Popen([*ssh, n, command], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for n in INSTALLED}  # fmt: skip
+    said = {n: p.communicate(timeout=600) for n, p in procs.items()}
+    ranks = {}
+    for node, (out, err) in said.items():
+        assert procs[node].returncode == 0, (node, out, err[-3000:])
+        result = json.loads(out.strip().splitlines()[-1])
+        assert result["host"] == node and result["status"] == "passed", result
+        ranks[result["rank"]] = result
+    assert sorted(ranks) == [0, 1, 2] and {r["world"] for r in ranks.values()} == {3}
+    for r in ranks.values():
+        assert r["backend"] == "gloo" and r["master"].split(":")[0] in ("10.77.0.11", "node1"), r
+        assert r["ops"] == ["deepspeed_shm_comm", "cpu_adam"] and r["jit"] == [], r
+        assert "with DeepSpeedCPUAdam" in r["detail"]
+    assert len({r["detail"] for r in ranks.values()}) == 1  # one model, one loss on every rank: they talked
