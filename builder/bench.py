@@ -666,3 +666,73 @@ def render_image(result: dict[str, Any]) -> str:
         f"{result['archive_bytes'] / 1e6:.0f} MB | |",
         "",
     ])  # fmt: skip
+
+
+def bench_cluster(folder: Path, out: Path, installs: int = 64) -> dict[str, Any]:
+    """`installs` nodes' worth of installs at once from a test cluster's nodes (tests/cluster.py:
+    FOLDER/cluster.json, its ssh config, the wheelhouse in its shared folder), against nginx on
+    its web node and against `serve` on this host, one after the other in the same run."""
+    import socket
+    import subprocess
+
+    from builder import signing
+    from builder.wheelhouse import fanout
+    from builder.wheelhouse.layout import load_manifest
+
+    state = json.loads((folder / "cluster.json").read_text(encoding="utf-8"))
+    house = folder / "shared" / "wheelhouse"
+    load_manifest(house)  # its signature and form checked before anything is asked of it
+    manifest = json.loads((house / "manifest.json").read_text(encoding="utf-8"))
+    nodes = [(name, str(n["python"])) for name, n in state["nodes"].items() if n.get("torch")]
+    key = signing.keys().key().line()
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "bench-cluster.log"
+    ssh = folder / "ssh" / "config"
+    with socket.socket() as s:
+        s.bind((state["host_addr"], 0))
+        port = int(s.getsockname()[1])
+    server = subprocess.Popen(
+        [sys.executable, "-m", "builder", "serve", "--wheelhouse", str(house), "--bind", state["host_addr"],
+         "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=log.open("a"),
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while socket.socket().connect_ex((state["host_addr"], port)) != 0:
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise ToolError(f"serve did not start on {state['host_addr']}:{port}", f"read {log}")
+            time.sleep(0.2)
+        urls = {"nginx": f"http://{state['web']}/wheelhouse", "serve": f"http://{state['host_addr']}:{port}"}
+        nginx = fanout.run(ssh, nodes, urls["nginx"], installs, key, manifest, log)
+        served = fanout.run(ssh, nodes, urls["serve"], installs, key, manifest, log)
+        # The same files without the installer's Python and torch start-up: the servers alone.
+        files = nginx.files or served.files
+        nginx_dl = fanout.run(ssh, nodes, urls["nginx"], installs, key, manifest, log, files)
+        served_dl = fanout.run(ssh, nodes, urls["serve"], installs, key, manifest, log, files)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    result = {"installs": installs, "nodes": [n for n, _ in nodes], "nginx": nginx.to_json(),
+              "serve": served.to_json(), "nginx_downloads": nginx_dl.to_json(), "serve_downloads": served_dl.to_json(),
+              "ratios": {"serve_vs_nginx": served.seconds / max(nginx.seconds, 1e-9),
+                         "serve_vs_nginx_downloads": served_dl.seconds / max(nginx_dl.seconds, 1e-9)}}  # fmt: skip
+    return _report(out / "bench-cluster", result, render_cluster(result))
+
+
+def render_cluster(result: dict[str, Any]) -> str:
+    n, nodes = result["installs"], result["nodes"]
+    files = result["nginx_downloads"]["files"]
+    rows = [f"{n} at once from {len(nodes)} nodes ({', '.join(nodes)}), against nginx (Debian's, the wheelhouse as a "
+            "static folder) and `python -m builder serve`, in the same run:", "",
+            "| what each of the 64 does | server | all done in | one (median) | sha256 right | ratio |",
+            "|---|---|---|---|---|---|"]  # fmt: skip
+    install = "the node installer's dry run (signature, manifest, wheel and dependencies fetched and checked)"
+    download = f"download the {len(files)} files an install fetches and check each sha256"
+    for key, what, ratio in (("", install, "serve_vs_nginx"), ("_downloads", download, "serve_vs_nginx_downloads")):
+        for server in ("nginx", "serve"):
+            r = result[server + key]
+            mb = f", {r['megabytes']:.0f} MB" if r.get("megabytes") else ""
+            tail = f"serve {result['ratios'][ratio]:.2f}x nginx" if server == "serve" else ""
+            rows.append(f"| {what} | {server} | {r['seconds']:.1f} s{mb} | {r['median_install_s']:.1f} s | "
+                        f"{r['ok']}/{r['installs']} | {tail} |")  # fmt: skip
+    return "\n".join([*rows, ""])

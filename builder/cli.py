@@ -432,6 +432,15 @@ def parser() -> argparse.ArgumentParser:
         help="instead: the CI image of the wheelhouse's newest wheel for this Python, cold (the toolkit's "
         "debootstrap base made anew) and rebuilt with the base cached, not published; writes OUT/bench-image.md",
     )
+    bn.add_argument(
+        "--cluster",
+        type=Path,
+        metavar="FOLDER",
+        help="instead: on a test cluster (python tests/cluster.py up FOLDER, with a wheel published into "
+        "FOLDER/shared/wheelhouse), --installs installs at once from its nodes against nginx on its web node and "
+        "against serve on this host; writes OUT/bench-cluster.md",
+    )
+    bn.add_argument("--installs", type=int, default=64, help="with --cluster: installs at once (default: %(default)s)")
 
     sub.add_parser(
         "install",

@@ -163,16 +163,17 @@ def _stop(proc: subprocess.Popen[str]) -> None:
 
 
 def ask(
-    args: Sequence[str], timeout: float = 60, env: Mapping[str, str] | None = None
+    args: Sequence[str], timeout: float = 60, env: Mapping[str, str] | None = None, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """A short query whose failure matters (squeue while following jobs): silent, its exit status
-    and both streams returned; ToolError only when the program is missing or hangs."""
+    """A short query whose failure matters (squeue while following jobs, a script piped to ssh):
+    silent, its exit status and both streams returned; ToolError only when the program is missing
+    or hangs."""
     if which(args[0], env) is None:
         raise ToolError(f"'{args[0]}' was not found on PATH", f"install {args[0]} or put it on PATH")
     try:
         return subprocess.run(
             list(args), capture_output=True, text=True, errors="replace", timeout=timeout, check=False,
-            env=dict(env) if env is not None else None,
+            env=dict(env) if env is not None else None, input=stdin,
         )  # fmt: skip
     except subprocess.TimeoutExpired as exc:
         raise ToolError(f"{quote(list(args))} did not answer in {timeout:.0f} s", "check the service it asks") from exc

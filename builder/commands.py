@@ -553,6 +553,11 @@ def bench(args: argparse.Namespace) -> int:
     if args.slurm_matrix:
         bench_slurm(args.slurm_matrix.resolve(), args.out.resolve())
         return 0
+    if args.cluster:
+        from builder.bench import bench_cluster
+
+        bench_cluster(args.cluster.resolve(), args.out.resolve(), args.installs)
+        return 0
     if args.image:
         from builder.bench import bench_image
 

@@ -1162,6 +1162,18 @@ SIGNATURE_FILE = MANIFEST_FILE + ".sig"
 NAMESPACE = "ds-wheelhouse"  # a signature made for anything else (git, file, ...) is refused
 DEFAULT_TRUST = "/etc/ds-node-install/allowed_signers"  # used when --trust is not given and it exists
 STATE_ENV = "DS_NODE_STATE_DIR"  # where a node keeps the serial it last accepted per wheelhouse
+TIMEOUT_ENV = "DS_NODE_FETCH_TIMEOUT"  # seconds a download may stall before it fails (default 120)
+
+
+def fetch_timeout() -> float:
+    """How long a download from the wheelhouse may wait for data: a link that goes down fails the
+    install cleanly after this long instead of hanging it."""
+    try:
+        return max(1.0, float(os.environ.get(TIMEOUT_ENV, "120")))
+    except ValueError:
+        return 120.0
+
+
 SERIALS_FILE = "serials.json"
 KEY_TYPES = ("ssh-ed25519", "ssh-rsa", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521",
              "sk-ssh-ed25519@openssh.com")  # fmt: skip
@@ -1581,13 +1593,15 @@ def fetch(base: str, name: str, what: str = "manifest") -> bytes:
     if base.startswith(("http://", "https://")):
         url = base + "/".join(urllib.parse.quote(part) for part in name.split("/"))
         try:
-            with urllib.request.urlopen(url, timeout=120) as response:
+            with urllib.request.urlopen(url, timeout=fetch_timeout()) as response:
                 return read_limited(response, what, url)
         except urllib.error.HTTPError as exc:
             raise InstallError(f"{url}: HTTP {exc.code} {exc.reason}", "run `verify` on the served wheelhouse") from exc
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
-            raise InstallError(f"cannot reach {url}: {reason}", "check the wheelhouse URL and the network") from exc
+            raise InstallError(f"cannot reach {url}: {reason}",
+                               "check the wheelhouse URL and the network, then run the install again (nothing was "
+                               "installed)") from exc  # fmt: skip
     path = Path(base) / name
     try:
         with open(path, "rb") as f:

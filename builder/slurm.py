@@ -417,15 +417,14 @@ def units_on(run: Path, name: str) -> str:
     tasks wrote (checked like every file a job wrote; a damaged one is left out, never believed)."""
     placed = []
     for path in sorted(results_dir(run).glob(f"{name}.units-*.json")):
-        data = _read(path)
-        if data is None:
-            continue
         try:
+            data = _read(path)
+            if data is None:
+                continue
             f = Fields(data, str(path))
             node = f.text("node", _NODE)
-            for i, unit in enumerate(f.get("units", list)):
-                op = Fields(unit, f"{path}: units[{i}]").text("op", _OP)
-                placed.append(f"{op} ({node})")
+            ops = [Fields(u, f"{path}: units[{i}]").text("op", _OP) for i, u in enumerate(f.get("units", list))]
+            placed += [f"{op} ({node})" for op in ops]
         except ManifestError as exc:
             output.warn(f"{exc.message}: not shown")
     return ", ".join(placed)
@@ -726,20 +725,29 @@ def collect(run: Path, wheelhouse: Path) -> list[TargetResult]:
 ACTIVE = "PENDING,RUNNING,CONFIGURING,COMPLETING,SUSPENDED,REQUEUED,RESIZING"
 
 
-def queue(jobs: Sequence[str], tries: int = 5, poll: float = 2.0) -> dict[str, str]:
+def queue(jobs: Sequence[str], patience: float = 180.0, poll: float = 2.0) -> dict[str, str]:
     """Slurm's state of each job still queued or running ({} when none is). Slurm forgets
     finished jobs (MinJobAge): "Invalid job id" then means done. Any other failure of squeue
-    (controller unreachable) is retried, then reported, never taken for the end."""
-    for attempt in range(tries):
+    (the controller restarting, unreachable) is retried for `patience` seconds, then reported,
+    never taken for the end: jobs wait in the controller's saved state while it restarts."""
+    deadline = time.monotonic() + patience
+    said = False
+    while True:
         done = cmd.ask(["squeue", "-h", "-r", "-j", ",".join(jobs), "-t", ACTIVE, "-o", "%i %T"])
         if done.returncode == 0:
+            if said:
+                output.note("squeue answers again")
             return dict(line.split(maxsplit=1) for line in done.stdout.splitlines() if len(line.split()) == 2)
         if "Invalid job id" in done.stderr:
             return {}
-        if attempt + 1 < tries:
-            time.sleep(poll)
-    raise ToolError(f"squeue failed {tries} times: {done.stderr.strip()[-300:]}",
-                    f"the jobs may still run: squeue -j {','.join(jobs)}")  # fmt: skip
+        why = (done.stderr.strip().splitlines() or ["no output"])[-1][-300:]
+        if time.monotonic() >= deadline:
+            raise ToolError(f"squeue failed for {patience:.0f} s: {why}",
+                            f"the jobs may still run: squeue -j {','.join(jobs)}")  # fmt: skip
+        if not said:
+            output.note(f"squeue failed ({why}); asking again for up to {patience:.0f} s (is slurmctld restarting?)")
+            said = True
+        time.sleep(poll)
 
 
 def states(run: Path, record: Mapping[str, Any], active: Mapping[str, str]) -> dict[str, str]:

@@ -211,6 +211,8 @@ def _node_root(folder: Path, node: Node, image: Path, log: Path) -> Path:
     (root / "etc" / "hostname").write_text(node.name + "\n")
     hosts = "127.0.0.1 localhost\n" + "".join(f"{n.addr} {n.name}\n" for n in NODES) + f"{HOST_ADDR} buildhost\n"
     (root / "etc" / "hosts").write_text(hosts)
+    (root / "etc" / "resolv.conf").unlink(missing_ok=True)  # no DNS on the nodes (see _names)
+    (root / "etc" / "resolv.conf").write_text("nameserver 127.0.0.1\n")
     (root / "shared").mkdir(exist_ok=True)
     if node.web:
         (root / "etc" / "nginx" / "ds-cluster.conf").write_text(NGINX_CONF)
@@ -231,6 +233,12 @@ http {
     server {
         listen 80;
         root /shared;
+        # The same folder through a congested link (64 kB/s a download): the fault tests cut a node's
+        # network while its install is still fetching.
+        location /slow/ {
+            alias /shared/;
+            limit_rate 64k;
+        }
     }
 }
 """
@@ -323,17 +331,86 @@ def slurm_config(folder: Path, nodes: tuple[Node, ...], cpus: int, mem_mb: int) 
 
 
 def environ(folder: Path) -> dict[str, str]:
-    """The environment a Slurm client (sbatch, squeue, srun) of this cluster runs in."""
-    return {**os.environ, "SLURM_CONF": str(folder / "slurm" / "slurm.conf")}
+    """The environment a Slurm client (sbatch, squeue, srun) of this cluster runs in, and its jobs
+    (sbatch passes it on): the nodes reach nothing beyond the bridge but the build host's proxy,
+    which the build's package downloads (uv, pip) go through, as on a site whose compute nodes
+    reach the internet only through the login node's proxy."""
+    env = {**os.environ, "SLURM_CONF": str(folder / "slurm" / "slurm.conf")}
+    try:
+        port = json.loads((folder / "cluster.json").read_text())["proxy_port"]
+    except (OSError, ValueError, KeyError):
+        return env
+    proxy = f"http://{HOST_ADDR}:{port}"
+    local = ",".join(["localhost", "127.0.0.1", f"{SUBNET}.0/24", *(n.name for n in NODES)])
+    return {**env, "HTTPS_PROXY": proxy, "https_proxy": proxy, "NO_PROXY": local, "no_proxy": local}
+
+
+def serve_proxy(bind: str, port: int, log: Path) -> None:
+    """A CONNECT-only HTTP proxy on the build host's bridge address (the login node's proxy of a
+    cluster whose compute nodes have no route out): HTTPS tunnels to the package index, each logged."""
+    import select
+    import socketserver
+
+    class Tunnel(socketserver.StreamRequestHandler):
+        def handle(self) -> None:
+            request = self.rfile.readline(65536).decode("latin-1").split()
+            while self.rfile.readline(65536) not in (b"\r\n", b"\n", b""):
+                pass
+            if len(request) < 2 or request[0] != "CONNECT":
+                self.wfile.write(b"HTTP/1.1 405 CONNECT only\r\n\r\n")
+                return
+            host, _, port_text = request[1].rpartition(":")
+            with log.open("a") as f:
+                f.write(f"{time.strftime('%H:%M:%S')} {self.client_address[0]} CONNECT {request[1]}\n")
+            try:
+                upstream = socket.create_connection((host, int(port_text)), timeout=30)
+            except (OSError, ValueError) as exc:
+                self.wfile.write(f"HTTP/1.1 502 {exc}\r\n\r\n".encode("latin-1", "replace"))
+                return
+            self.wfile.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            self.wfile.flush()
+            ends = [self.connection, upstream]
+            with upstream:
+                while True:
+                    ready, _, _ = select.select(ends, [], [], 300)
+                    if not ready:
+                        return
+                    for end in ready:
+                        data = end.recv(65536)
+                        if not data:
+                            return
+                        (upstream if end is self.connection else self.connection).sendall(data)
+
+    class Server(socketserver.ThreadingTCPServer):
+        daemon_threads = True
+        allow_reuse_address = True
+
+    with Server((bind, port), Tunnel) as server:
+        server.serve_forever()
+
+
+def _names(folder: Path) -> tuple[Path, Path]:
+    """The cluster's /etc/hosts (the host's own lines, then every node and the build host on the
+    bridge) and a resolv.conf that answers at once: the nodes have no DNS server to reach, and a
+    lookup sent to an unreachable one waits out its timeouts (torchrun's rendezvous does several)."""
+    hosts, resolv = folder / "etc-hosts", folder / "resolv.conf"
+    own = Path("/etc/hosts").read_text() if Path("/etc/hosts").exists() else "127.0.0.1 localhost\n"
+    hosts.write_text(own + "".join(f"{n.addr} {n.name}\n" for n in NODES) + f"{HOST_ADDR} buildhost\n")
+    resolv.write_text("# the cluster's nodes have no DNS: names come from /etc/hosts\nnameserver 127.0.0.1\n")
+    return hosts, resolv
 
 
 def _start_slurmd(folder: Path, node: Node) -> int:
+    """slurmd in the node's network namespace and hostname, with the build host's files but the
+    cluster's names (its own mount namespace, /etc/hosts and /etc/resolv.conf bound over)."""
     conf = folder / "slurm" / "slurm.conf"
     log = (folder / "slurm" / f"slurmd-{node.name}.out").open("a")
+    hosts, resolv = _names(folder)
     proc = subprocess.Popen(
         # nsenter, not `ip netns exec`: that one mounts a sysfs of the netns over /sys, hiding the
         # host's /sys/fs/cgroup, and slurmd refuses to start without it.
-        ["nsenter", f"--net=/run/netns/{node.netns}", "unshare", "--uts", "sh", "-c",
+        ["nsenter", f"--net=/run/netns/{node.netns}", "unshare", "--uts", "--mount", "sh", "-c",
+         f"mount --make-rprivate / && mount --bind {hosts} /etc/hosts && mount --bind {resolv} /etc/resolv.conf && "
          f"hostname {node.name} && exec slurmd -D -f {conf} -N {node.name}"],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         env=environ(folder),
@@ -403,17 +480,25 @@ def up(folder: Path, log: Path | None = None) -> dict[str, object]:
     os.chmod(folder / "shared", 0o755)
     _ssh_files(folder, NODES)
     (folder / "ssh" / "known_hosts").write_text("")
-    state: dict[str, object] = {"folder": str(folder), "nodes": {}, "images_s": round(made, 1)}
+    web = next(n.name for n in NODES if n.web)
+    state: dict[str, object] = {"folder": str(folder), "nodes": {}, "images_s": round(made, 1), "host_addr": HOST_ADDR,
+                                "web": web}  # fmt: skip
     (folder / "cluster.json").write_text(json.dumps(state))
     _run(["ip", "link", "add", BRIDGE, "type", "bridge"], log=log)
     _run(["ip", "addr", "add", f"{HOST_ADDR}/24", "dev", BRIDGE], log=log)
     _run(["ip", "link", "set", BRIDGE, "up"], log=log)
+    proxy_port = _free_port()
+    proxy = subprocess.Popen([sys.executable, __file__, "proxy", str(folder), str(proxy_port)],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=(folder / "proxy.err").open("a"), start_new_session=True)  # fmt: skip
+    state.update({"proxy_port": proxy_port, "proxy_pid": proxy.pid})
     nodes: dict[str, dict[str, object]] = {}
     for node in NODES:
         root = _node_root(folder, node, images[node.suite], log)
         _network(node, log)
         nodes[node.name] = {"pid": _start_node(folder, node, root), "addr": node.addr, "suite": node.suite,
-                            "root": str(root), "python": node.python}  # fmt: skip
+                            "root": str(root), "python": node.python,
+                            "torch": IMAGES[node.suite]["venv"] == TORCH}  # fmt: skip
         state["nodes"] = nodes
         (folder / "cluster.json").write_text(json.dumps(state, indent=1))
     (folder / "hostfile").write_text("".join(f"{n.name} slots=1 python={n.python}\n" for n in NODES))
@@ -466,6 +551,11 @@ def node_pids(node: Node | str) -> list[int]:
     return [int(p) for p in said.stdout.split()]
 
 
+def set_link(node: str, up: bool) -> None:
+    """Cable in or out: the host side of the node's veth pair up or down."""
+    _run(["ip", "link", "set", f"dsc{node[-1]}h", "up" if up else "down"])
+
+
 def kill_node(node: str) -> list[int]:
     """Every process of the node dies at once (SIGKILL): its sshd, slurmd and their jobs."""
     pids = node_pids(node)
@@ -483,6 +573,10 @@ def down(folder: Path) -> None:
     for node in NODES:
         kill_node(node.name)
     stop_slurmctld(folder)
+    try:
+        os.kill(int(json.loads((folder / "cluster.json").read_text())["proxy_pid"]), signal.SIGTERM)
+    except (OSError, ValueError, KeyError):
+        pass
     if (folder / "slurm" / "started-munged").exists():  # machine-wide: stopped only if up() started it
         _kill_pidfile(Path("/run/munge/munged.pid"))
         (folder / "slurm" / "started-munged").unlink()
@@ -499,6 +593,8 @@ def down(folder: Path) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "proxy":  # started by up(), in a session of its own
+        serve_proxy(HOST_ADDR, int(sys.argv[3]), Path(sys.argv[2]) / "proxy.log")
     if len(sys.argv) != 3 or sys.argv[1] not in ("up", "down", "images"):
         raise SystemExit("usage: python tests/cluster.py up|down FOLDER   (images FOLDER: make the node images only)")
     where = Path(sys.argv[2]).resolve()

@@ -19,11 +19,15 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import sys
+import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote
 
 import cluster as box
 import pytest
@@ -306,7 +310,9 @@ def test_provision_over_http_from_nginx(up: Path, matrix_run: dict[str, object],
         assert re.search(rf"^{re.escape(addr)} .*\"GET /wheelhouse/manifest.json.sig HTTP/1.1\" 200 ", log, re.M), node
     for node in INSTALLED:
         addr = next(n.addr for n in box.NODES if n.name == node)
-        assert re.search(rf"^{re.escape(addr)} .*\"GET /wheelhouse/{re.escape(wheel)} HTTP/1.1\" 200 ", log, re.M)
+        assert re.search(
+            rf"^{re.escape(addr)} .*\"GET /wheelhouse/{re.escape(quote(wheel))} HTTP/1.1\" 200 ", log, re.M
+        )
 
 
 ZERO_STEP = {
@@ -341,3 +347,140 @@ def test_torchrun_across_three_nodes_runs_a_zero_step_with_the_cpu_optimizer_fro
         assert r["ops"] == ["deepspeed_shm_comm", "cpu_adam"] and r["jit"] == [], r
         assert "with DeepSpeedCPUAdam" in r["detail"]
     assert len({r["detail"] for r in ranks.values()}) == 1  # one model, one loss on every rank: they talked
+
+
+def test_64_installs_at_once_against_nginx_and_against_serve(
+    up: Path, matrix_run: dict[str, object], tmp_path: Path
+) -> None:
+    """The bench's cluster row, run here: 64 dry-run installs at once (a share on each Debian 12
+    node; each checks the signature and fetches and checks every file), first against nginx on
+    node1, then against `serve` on the build host; every result checked against the manifest."""
+    done = _builder("bench", "--cluster", str(up), "--out", str(tmp_path), "--installs", "64", timeout=1200)
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads((tmp_path / "bench-cluster.json").read_text())
+    assert result["nodes"] == list(INSTALLED)
+    for server in ("nginx", "serve", "nginx_downloads", "serve_downloads"):
+        got = result[server]
+        assert got["installs"] == got["ok"] == 64 and got["problems"] == [], got
+        assert 0 < got["median_install_s"] <= got["seconds"]
+    # Downloads only: the files one install fetched (the wheel and its dependencies), 64 times over.
+    files = result["nginx_downloads"]["files"]
+    assert files == result["nginx"]["files"] and files[0].startswith("deepspeed-") and len(files) > 5
+    assert result["serve_downloads"]["megabytes"] == result["nginx_downloads"]["megabytes"] > 64
+    assert result["nginx"]["url"] == "http://node1/wheelhouse" and result["serve"]["url"].startswith(
+        "http://10.77.0.1:"
+    )
+    log = (up / "nodes" / "node1" / "upper" / "var" / "log" / "nginx" / "access.log").read_text()
+    wheel = next(n for n in json.loads((Path(str(matrix_run["house"])) / "manifest.json").read_text())["wheels"]
+                 if "+cpu" in n)  # fmt: skip
+    assert len(re.findall(rf"\"GET /wheelhouse/{re.escape(quote(wheel))} HTTP/1.1\" 200 ", log)) >= 64
+    print((tmp_path / "bench-cluster.md").read_text())  # the figures, in the test's output
+
+
+# ---------------------------------------------------------------- faults
+
+
+def _trust_line() -> str:
+    shown = _builder("key", "show")
+    assert shown.returncode == 0, shown.stderr
+    return shown.stdout.strip().splitlines()[-1]
+
+
+def _wait_for(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"waited {timeout:.0f} s for {what}"
+        time.sleep(0.2)
+
+
+def test_a_node_whose_network_goes_down_during_an_install_fails_cleanly_and_a_rerun_succeeds(
+    up: Path, provisioned: subprocess.CompletedProcess[str]
+) -> None:
+    """node3 installs through a slow link (nginx's /slow/, 64 kB/s); once it has chosen its wheel
+    and is fetching it, its cable is pulled: the download stalls, the installer gives up after its
+    fetch timeout (5 s here) with one clear line, pip never ran, nothing is left; with the cable
+    back the same command installs."""
+    _on(up, "node3", "/opt/ds/bin/python -m pip uninstall -y -q deepspeed")
+    out, rc = up / "shared" / "net-fault.out", up / "shared" / "net-fault.rc"
+    install = (f"/opt/ds/bin/python /shared/wheelhouse/tools/ds-node-install.py --trust {shlex.quote(_trust_line())} "
+               "--wheelhouse http://node1/slow/wheelhouse")  # fmt: skip
+    background = shlex.quote(f"{install} > /shared/{out.name} 2>&1; echo $? > /shared/{rc.name}")
+    _on(up, "node3", f"DS_NODE_FETCH_TIMEOUT=5 nohup sh -c {background} > /dev/null 2>&1 &")
+    _wait_for(lambda: out.exists() and "==> chosen: " in out.read_text(), 120, "node3 to choose its wheel")
+    box.set_link("node3", False)
+    try:
+        _wait_for(rc.exists, 60, "the installer on node3 to give up")
+    finally:
+        box.set_link("node3", True)
+    said = out.read_text()
+    assert rc.read_text().strip() == "9", said[-3000:]
+    assert re.search(r"error: cannot reach http://node1/slow/wheelhouse/deepspeed-\S+\.whl: .*timed out", said), said
+    assert "nothing was installed" in said and "pip install" not in said
+    left = _on(up, "node3", "/opt/ds/bin/python -m pip show deepspeed; ls /tmp", check=False)
+    assert "Name: deepspeed" not in left.stdout and "ds-install-" not in left.stdout
+    again = _on(up, "node3", install.replace("/slow/", "/"), check=False)
+    assert again.returncode == 0 and "==> installed deepspeed-" in again.stderr, again.stderr[-3000:]
+
+
+def test_a_publish_into_a_share_that_stops_taking_writes_says_so_and_leaves_the_wheelhouse_as_it_was(
+    up: Path, matrix_run: dict[str, object]
+) -> None:
+    """The shared folder stops taking writes in the middle of a publish, once its journal is
+    written. Remounting the share read-only at that moment is what a failing NFS server does, but
+    the kernel refuses to remount a mount read-only while a file on it is open for writing (the
+    publish lock is, throughout: "mount point is busy"), so the folder is made immutable instead
+    (chattr +i: every new file and rename in it refused, as on a read-only share)."""
+    house = Path(str(matrix_run["house"]))
+    before = {p.name: p.read_bytes() for p in (house / "manifest.json", house / "manifest.json.sig")}
+    work = Path(str(matrix_run["work"])) / "slurm" / "targets" / "adam"
+    publisher = subprocess.Popen([sys.executable, "-m", "builder", "publish", "--work-dir", str(work),
+                                  "--wheelhouse", str(house)], cwd=ROOT, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        journal, deadline = house / ".publish-journal.json", time.monotonic() + 120
+        while not journal.exists() and publisher.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.001)  # the journal is written a fraction of a second before the first copy
+        subprocess.run(["chattr", "+i", str(house)], check=True)
+        said = publisher.communicate(timeout=300)[0]
+    finally:
+        subprocess.run(["chattr", "-i", str(house)], check=True)
+    assert publisher.returncode == 7, said[-3000:]
+    assert "Traceback" not in said and f"error: the wheelhouse {house} refused a write during the update" in said
+    assert "its signed manifest, what nodes read, is still the one it had" in said and "repair --wheelhouse" in said
+    assert {p: (house / p).read_bytes() for p in before} == before  # nodes still read the previous wheelhouse
+    repaired = _builder("repair", "--wheelhouse", str(house))
+    assert repaired.returncode == 0, repaired.stderr
+    verified = _builder("verify", "--wheelhouse", str(house))
+    assert verified.returncode == 0, verified.stderr[-3000:]
+
+
+def test_the_slurm_controller_restarted_while_jobs_wait(
+    up: Path, cluster: dict[str, str], matrix_run: dict[str, object]
+) -> None:
+    """The matrix is submitted and followed (--wait); slurmctld is stopped as soon as the jobs are
+    in and started again 25 s later: the jobs wait in its saved state, `--wait` asks again until it
+    answers, and the run ends as it would have."""
+    folder = Path(str(matrix_run["folder"]))
+    matrix = folder / "restart.toml"
+    matrix.write_text((folder / "matrix.toml").read_text().replace('"ccl.toml", ', "").replace(', "cuadam.toml"', ""))
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "builder", "build-wheel", "--matrix", str(matrix), "--slurm", "--wait",
+         "--work-dir", str(matrix_run["work"]), "--wheelhouse", str(matrix_run["house"])],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=cluster,
+    )  # fmt: skip
+    assert follow.stderr is not None
+    said = []
+    for line in follow.stderr:
+        said.append(line)
+        if "submitted 1 targets" in line or "submitted 1 target" in line:
+            break
+    box.stop_slurmctld(up)
+    time.sleep(25)  # past SlurmctldTimeout (20 s), as long as Slurm's clients wait for a controller
+    box.start_slurmctld(up)
+    rest = follow.communicate(timeout=900)[1]
+    text = "".join(said) + rest
+    assert follow.returncode == 0, text[-4000:]
+    if "squeue failed" in text:  # the controller was away when squeue asked: asked again until it answered
+        assert "asking again" in text and "squeue answers again" in text
+    assert "adam: build reused, smoke reused, publish passed" in text
+    assert re.search(r"Recovered (state|information) of \d+ jobs", (up / "slurm" / "slurmctld.log").read_text())

@@ -264,3 +264,15 @@ def test_a_recipes_configs_add_the_ops_they_load_round_by_round(
     plain = dataclasses.replace(base, configs=())
     pipeline.build_for_configs(Target(plain, this_interpreter()), ws, pipeline.Stages(), 1)
     assert built == [("cpu_adam",)]
+
+
+def test_a_launched_rank_whose_world_does_not_fit_the_config_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under torchrun across nodes the launcher decides the world: a config whose batch sizes give
+    another number of processes is invalid, said before DeepSpeed is imported."""
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    config = {"train_batch_size": 3, "train_micro_batch_size_per_gpu": 1}
+    got = config_runner.run_launched("zero2.json", config)
+    assert got["status"] == "invalid" and got["rank"] == 1 and got["world"] == 2 and got["ops"] == []
+    assert got["detail"] == ("the config's batch sizes give 3 processes (train_batch_size / (micro batch x "
+                             "accumulation)); the launcher started 2")  # fmt: skip

@@ -828,37 +828,6 @@ def test_the_pages_node_installer_command_installs_on_an_air_gapped_node(
     assert "==> chosen" not in refused.stderr and "pip install" not in refused.stderr
 
 
-@pytest.mark.skipif(not shutil.which("pdsh"), reason="pdsh is not installed (apt-get install pdsh)")
-def test_provision_installs_on_every_host_through_pdsh(
-    pipeline: tuple[Path, subprocess.CompletedProcess[str]], workspace: Path, tmp_path: Path
-) -> None:
-    """Two hosts as local shells (pdsh's exec module), each with its own Python and torch."""
-    house, _ = pipeline
-    pythons = {}
-    for host in ("node-a", "node-b"):
-        pythons[host] = node_venv(tmp_path / host, "torch==2.13.0")
-    hostfile = tmp_path / "hostfile"
-    hostfile.write_text("".join(f"{h} slots=1 python={py}\n" for h, py in pythons.items()))
-    out = tmp_path / "provision"
-    done = builder("provision", "--hostfile", str(hostfile), "--wheelhouse", str(house), "--out", str(out),
-                   "--run", "--launcher", "local", "--work-dir", str(workspace))  # fmt: skip
-    assert done.returncode == 0, done.stderr[-4000:]
-    assert "==> installed on 2/2 hosts: node-a, node-b" in done.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["node-a.sh", "node-b.sh"]
-    for python in pythons.values():
-        version = (
-            subprocess.run(
-                [python, "-c", "import deepspeed; print(deepspeed.__version__)"],
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            .stdout.strip()
-            .splitlines()[-1]
-        )
-        assert version == VERSION
-
-
 def test_adding_an_op_compiles_that_op_alone(
     pipeline: tuple[Path, subprocess.CompletedProcess[str]], workspace: Path, tmp_path: Path
 ) -> None:

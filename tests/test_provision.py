@@ -56,6 +56,39 @@ def test_host_script_and_pdsh_command(tmp_path: Path) -> None:
     assert ssh[:7] == ["pdsh", "-S", "-R", "exec", "-f", "2", "-w"] and ssh[7] == "a,b"
     assert ssh[-1] == f"ssh -o BatchMode=yes %h sh -s < {tmp_path.resolve()}/%h.sh"
     assert pdsh_command(hosts, tmp_path, "local")[-1] == f"sh {tmp_path.resolve()}/%h.sh"
+    config = tmp_path / "my cluster" / "ssh_config"
+    with_config = pdsh_command(hosts, tmp_path, "ssh", config)[-1]
+    assert with_config.startswith(f"ssh -F '{config.resolve()}' -o BatchMode=yes %h sh -s < ")
+
+
+def test_each_hosts_outcome_is_read_from_pdshs_output() -> None:
+    """pdsh prefixes every line with its host: the wheel installed, or the installer's error, the
+    lines under it (each wheel and why it does not fit) and its fix; a host that said nothing else
+    gets its last words and the log."""
+    from builder.wheelhouse.provision import host_outcomes
+
+    wheel = "deepspeed-0.19.8+cpu-cp311-cp311-manylinux_2_35_x86_64.whl"
+    said = "\n".join([
+        "node1: ==> manifest signed by SHA256:abc: serial 3",
+        f"node1: ==> installed {wheel}",
+        "node2: ==> node: python cp39, glibc 2.31",
+        "node2: error: no wheel in the wheelhouse fits this node (python cp39, glibc 2.31); it has:",
+        f"node2:   {wheel}: built for cp311, node has cp39; needs glibc 2.35 or newer, node has 2.31",
+        'node2:   fix: build one for this node: a recipe with python = ["3.9"]',
+        "node3: ssh: connect to host node3 port 22: No route to host",
+        "pdsh@build: node3: ssh exited with exit code 255",
+        f"node9: ==> installed {wheel}",  # a host not asked about: ignored
+    ])  # fmt: skip
+    hosts = [Host("node1"), Host("node2"), Host("node3"), Host("node4")]
+    got = {o.node: o for o in host_outcomes(hosts, said)}
+    assert got["node1"].installed and got["node1"].detail == wheel
+    assert not got["node2"].installed and got["node2"].detail == (
+        f"no wheel in the wheelhouse fits this node (python cp39, glibc 2.31); it has: {wheel}: built for cp311, "
+        "node has cp39; needs glibc 2.35 or newer, node has 2.31 "
+        '(fix: build one for this node: a recipe with python = ["3.9"])'
+    )
+    assert got["node3"].detail == "ssh: connect to host node3 port 22: No route to host (read the provision log)"
+    assert got["node4"].detail == "no output (read the provision log)"
 
 
 def test_srun_runs_one_install_per_node_with_a_result_file_each(tmp_path: Path) -> None:
@@ -92,3 +125,27 @@ def test_each_nodes_result_is_checked_before_it_is_believed(tmp_path: Path) -> N
         assert got.installed is installed and detail in got.detail, (node, got)
     assert "not the installer's JSON" in node_outcome("garbled", tmp_path).detail
     assert node_outcome("silent", tmp_path).detail == f"no result: read {tmp_path}/logs/silent.log"
+
+
+def test_fanout_shares_and_checks_every_result_against_the_manifest() -> None:
+    """Many installs at once (bench --cluster): a share per node, and each install's JSON held to
+    the signed manifest's sha256 of the wheel it chose; anything else is a problem, named."""
+    from builder.wheelhouse.fanout import check, node_script, shares
+
+    assert shares(64, 3) == [22, 21, 21] and shares(2, 3) == [1, 1, 0]
+    wheels, deps = {"w.whl": "a" * 64}, {"d.whl": "b" * 64}
+    good = {"rc": 0, "out": {"wheel": "w.whl", "sha256": "a" * 64, "dependencies": ["d.whl"]}}
+    rows = [
+        good,
+        {"rc": 9, "err": "error: no wheel fits"},
+        {"rc": 0, "out": {"wheel": "w.whl", "sha256": "c" * 64, "dependencies": []}},
+        {"rc": 0, "out": "not JSON: Expecting value: line 1 column 1 (char 0)"},
+        {"rc": 0, "out": {"wheel": "w.whl", "sha256": "a" * 64, "dependencies": ["evil.whl"]}},
+    ]
+    problems = check(rows, wheels, deps)
+    assert [p.split(" ", 2)[1].rstrip(":") for p in problems] == ["1", "2", "3", "4"]
+    assert "exited 9: error: no wheel fits" in problems[0] and "the manifest says " + "a" * 64 in problems[1]
+    assert "not the installer's JSON" in problems[2] and "does not list" in problems[3]
+    script = node_script("/opt/ds/bin/python", "http://node1/wheelhouse", 21, "ssh-ed25519 AAAA")
+    assert "N=21" in script and '--dry-run --json --trust "$KEY"' in script and "KEY='ssh-ed25519 AAAA'" in script
+    assert '"$URL/tools/ds-node-install.py"' in script

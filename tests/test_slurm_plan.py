@@ -103,9 +103,11 @@ def test_the_queue_ends_when_slurm_forgets_the_jobs(monkeypatch: pytest.MonkeyPa
 
 
 def test_an_unreachable_controller_is_not_taken_for_the_end(monkeypatch: pytest.MonkeyPatch) -> None:
-    _answers(monkeypatch, [(1, "", "Unable to contact slurm controller\n")] * 5)
-    with pytest.raises(ToolError, match="squeue failed 5 times: Unable to contact slurm controller"):
-        slurm.queue(["12"], poll=0)
+    _answers(monkeypatch, [(1, "", "Unable to contact slurm controller\n")] * 3 + [(0, "12 PENDING\n", "")])
+    assert slurm.queue(["12"], poll=0) == {"12": "PENDING"}  # a controller restarting: asked again, answered
+    _answers(monkeypatch, [(1, "", "Unable to contact slurm controller\n")] * 500)
+    with pytest.raises(ToolError, match="squeue failed for 0 s: Unable to contact slurm controller"):
+        slurm.queue(["12"], patience=0, poll=0)
 
 
 # ---------------------------------------------------------------- what jobs write, read back as hostile
@@ -179,6 +181,23 @@ def test_a_tampered_build_result_fails_its_target_never_publishes(tmp_path: Path
         assert bad.wheel is None and bad.stages["publish"].status == "skipped"
     (run / "results" / "cu130-multi-min.build.json").write_text("[1, 2")
     assert "cannot be read as JSON" in slurm.target_result(run, item).stages["build"].reason
+
+
+def test_which_node_built_which_unit_is_read_from_the_unit_tasks_and_checked(tmp_path: Path) -> None:
+    run, item = _run(tmp_path, {})
+    _build_result(run, smoke="passed")
+    results = run / "results"
+    for group, node, ops in ((0, "node2", ["cpu_adam"]), (1, "node3", ["cpu_adagrad", "fused_adam"])):
+        rows = [{"op": op, "status": "built"} for op in ops]
+        (results / f"cu130-multi-min.units-{group}.json").write_text(json.dumps({"units": rows, "node": node}))
+    got = slurm.target_result(run, item).slurm
+    assert got is not None and got["units_on"] == "cpu_adam (node2), cpu_adagrad (node3), fused_adam (node3)"
+    # A file a job wrote is checked: a node or op name that is not one is left out, never shown.
+    (results / "cu130-multi-min.units-1.json").write_text(json.dumps({"units": [{"op": "x"}], "node": "<b>"}))
+    (results / "cu130-multi-min.units-2.json").write_text(json.dumps({"units": [{"op": "../x"}], "node": "n"}))
+    (results / "cu130-multi-min.units-3.json").write_text("{")
+    got = slurm.target_result(run, item).slurm
+    assert got is not None and got["units_on"] == "cpu_adam (node2)"
 
 
 def test_gpu_smoke_results_are_merged_and_checked(tmp_path: Path) -> None:
