@@ -47,6 +47,7 @@ _JOB_ID = re.compile(r"^\d{1,12}(_\d{1,6})?$")
 _SHA = re.compile(r"^[0-9a-f]{64}$")
 _NODE = re.compile(r"^[A-Za-z0-9._-]{0,128}$")
 _OP = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+_JOB_TEXT = re.compile(r"^[0-9]{0,20}(_[0-9]{1,9})?$")
 _GPUS = re.compile(r"^[A-Za-z0-9,:_-]{0,200}$")
 
 
@@ -245,7 +246,9 @@ def _submit_jobs(
         tasks = [(name, group, of) for name, group, of in units_plan["tasks"]]
         script = write_atomic(run / f"units-{i}.sh", units_script(tasks, run, python), mode=0o755)
         units_plan["job"] = _sbatch(
-            [*_sbatch_flags(SlurmOptions(**units_plan["size"])), f"--array=0-{len(tasks) - 1}",
+            # --no-requeue: a unit task whose node dies is not run again by Slurm; the build task,
+            # which waits for every unit task to end, compiles what it left, on a live node.
+            [*_sbatch_flags(SlurmOptions(**units_plan["size"])), f"--array=0-{len(tasks) - 1}", "--no-requeue",
              "--job-name=ds-units", f"--output={run / 'logs'}/units-%A_%a.log", str(script)]
         )  # fmt: skip
         submitted.append(units_plan["job"])
@@ -417,6 +420,8 @@ def units_on(run: Path, name: str) -> str:
     tasks wrote (checked like every file a job wrote; a damaged one is left out, never believed)."""
     placed = []
     for path in sorted(results_dir(run).glob(f"{name}.units-*.json")):
+        if path.name.endswith(".started.json"):
+            continue
         try:
             data = _read(path)
             if data is None:
@@ -425,6 +430,19 @@ def units_on(run: Path, name: str) -> str:
             node = f.text("node", _NODE)
             ops = [Fields(u, f"{path}: units[{i}]").text("op", _OP) for i, u in enumerate(f.get("units", list))]
             placed += [f"{op} ({node})" for op in ops]
+        except ManifestError as exc:
+            output.warn(f"{exc.message}: not shown")
+    for path in sorted(results_dir(run).glob(f"{name}.units-*.started.json")):
+        if path.with_name(path.name.replace(".started.json", ".json")).exists():
+            continue  # it finished: its result says where each unit was built
+        try:  # it started and wrote no result: its node died (or it was killed) while it compiled
+            data = _read(path)
+            if data is None:
+                continue
+            f = Fields(data, str(path))
+            node, job = f.text("node", _NODE), f.text("job", _JOB_TEXT)
+            ops = [Fields({"op": o}, f"{path}: ops").text("op", _OP) for o in f.get("ops", list)]
+            placed += [f"{op} (its unit task {job} died on {node}: built by the build task)" for op in ops]
         except ManifestError as exc:
             output.warn(f"{exc.message}: not shown")
     return ", ".join(placed)
@@ -514,8 +532,13 @@ def run_units_task(run: Path, name: str, group: int, groups: int) -> list[dict[s
     folder = Path(item["folder"])
     make_dirs(folder)
     times = {k: float(v) for k, v in record.get("unit_times", {}).items() if isinstance(v, int | float)}
-    results = build_unit_group(target, Workspace(folder), group, groups, times, _cores())
     job, node = _job_env()
+
+    def started(ops: list[str]) -> None:
+        write_atomic(results_dir(run) / f"{name}.units-{group}.started.json",
+                     json.dumps({"schema": 1, "ops": ops, "job": job, "node": node}) + "\n")  # fmt: skip
+
+    results = build_unit_group(target, Workspace(folder), group, groups, times, _cores(), started=started)
     rows = [{"op": r.unit.op.name, "key": r.unit.key, "status": r.status, "seconds": round(r.seconds, 1),
              "failure": r.failure[:2000]} for r in results]  # fmt: skip
     write_atomic(results_dir(run) / f"{name}.units-{group}.json",

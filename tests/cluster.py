@@ -567,6 +567,27 @@ def kill_node(node: str) -> list[int]:
     return pids
 
 
+def revive(folder: Path, name: str, timeout: float = 90.0) -> None:
+    """Power a killed node back on: its sshd (and nginx) and slurmd again, in the namespaces and
+    root it kept, and Slurm told to use it again once it answers."""
+    folder = folder.resolve()
+    node = next(n for n in NODES if n.name == name)
+    state = json.loads((folder / "cluster.json").read_text())
+    state["nodes"][name]["pid"] = _start_node(folder, node, folder / "nodes" / name / "root")
+    if node.slurm:
+        state["slurmd"][name] = _start_slurmd(folder, node)
+    (folder / "cluster.json").write_text(json.dumps(state, indent=1))
+    deadline = time.monotonic() + timeout
+    while ssh(folder, name, "true", timeout=15, check=False).returncode != 0:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{name}'s sshd does not answer after revive; see {folder}/nodes/{name}/node.log")
+        time.sleep(0.3)
+    if node.slurm:
+        subprocess.run(["scontrol", "update", f"nodename={name}", "state=resume"], capture_output=True,
+                       env=environ(folder))  # fmt: skip
+        wait_idle(folder, sum(1 for n in NODES if n.slurm), timeout)
+
+
 def down(folder: Path) -> None:
     """Stop everything `up` started and remove its namespaces, links and mounts (FOLDER stays)."""
     folder = folder.resolve()

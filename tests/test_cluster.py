@@ -483,4 +483,54 @@ def test_the_slurm_controller_restarted_while_jobs_wait(
     if "squeue failed" in text:  # the controller was away when squeue asked: asked again until it answered
         assert "asking again" in text and "squeue answers again" in text
     assert "adam: build reused, smoke reused, publish passed" in text
-    assert re.search(r"Recovered (state|information) of \d+ jobs", (up / "slurm" / "slurmctld.log").read_text())
+    assert re.search(r"Recovered information about \d+ jobs", (up / "slurm" / "slurmctld.log").read_text())
+
+
+def test_a_node_killed_while_its_unit_task_compiles_is_named_and_its_unit_built_on_a_live_node(
+    up: Path, cluster: dict[str, str], matrix_run: dict[str, object]
+) -> None:
+    """A new target (cpu_adagrad, in no cache yet) goes through the unit array; once its unit task
+    has started compiling, every process of the node it runs on is killed at once (its slurmd,
+    the task, the compiler). Slurm marks the node down and ends the task (NODE_FAIL, not requeued);
+    the build task, on a node left, compiles the unit the dead task held, and the run passes,
+    naming the node that died and the unit. Then the node is powered on again."""
+    folder = Path(str(matrix_run["folder"]))
+    _variant("cpu.toml", folder, "adagrad", ["cpu_adagrad"])
+    matrix = folder / "kill.toml"
+    matrix.write_text('recipes = ["adagrad.toml"]\n\n[slurm]\ncpus = 2\nmem = "6G"\ntime = "00:40:00"\n')
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "builder", "build-wheel", "--matrix", str(matrix), "--slurm", "--wait",
+         "--work-dir", str(matrix_run["work"]), "--wheelhouse", str(matrix_run["house"])],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=cluster,
+    )  # fmt: skip
+    work = Path(str(matrix_run["work"]))
+    marker: list[Path] = []
+
+    def started() -> bool:
+        newest = max((work / "slurm").glob("run-*"), key=lambda p: p.stat().st_mtime)
+        marker[:] = list((newest / "results").glob("adagrad.units-0.started.json"))
+        return bool(marker)
+
+    _wait_for(started, 300, "the unit task to start")
+    victim = json.loads(marker[0].read_text())["node"]
+    time.sleep(3)  # into its compile (cpu_adagrad takes tens of seconds)
+    killed = box.kill_node(victim)
+    try:
+        rest = follow.communicate(timeout=1200)[1]
+    finally:
+        box.revive(up, victim)
+    assert killed and follow.returncode == 0, rest[-5000:]
+    run = marker[0].parents[1]
+    assert not (run / "results" / "adagrad.units-0.json").exists()  # the task died without a result
+    (row,) = json.loads((run / "coverage" / "coverage.json").read_text())["targets"]
+    assert {s: v["status"] for s, v in row["stages"].items()} == {"build": "passed", "smoke": "passed",
+                                                                  "publish": "passed"}  # fmt: skip
+    task = json.loads(marker[0].read_text())["job"]
+    assert row["slurm"]["units_on"] == f"cpu_adagrad (its unit task {task} died on {victim}: built by the build task)"
+    assert row["slurm"]["node"] != victim  # the build task ran on a node left
+    build = json.loads(next((work / "slurm" / "targets" / "adagrad" / "dist").glob("*.whl.build.json")).read_text())
+    assert build["units"]["cpu_adagrad"]["status"] == "built"
+    state = subprocess.run(["sinfo", "-h", "-N", "-n", victim, "-o", "%T"], capture_output=True, text=True,
+                           env=cluster).stdout.split()  # fmt: skip
+    assert state and state[0] == "idle"  # powered on again, back in service
+    assert "Traceback" not in rest

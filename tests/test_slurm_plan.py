@@ -198,6 +198,19 @@ def test_which_node_built_which_unit_is_read_from_the_unit_tasks_and_checked(tmp
     (results / "cu130-multi-min.units-3.json").write_text("{")
     got = slurm.target_result(run, item).slurm
     assert got is not None and got["units_on"] == "cpu_adam (node2)"
+    # A unit task that started (its marker names its node and units) and wrote no result died there.
+    (results / "cu130-multi-min.units-4.started.json").write_text(json.dumps({"ops": ["cpu_lion"], "job": "23",
+                                                                               "node": "node3"}))  # fmt: skip
+    (results / "cu130-multi-min.units-0.started.json").write_text(json.dumps({"ops": ["cpu_adam"], "job": "20",
+                                                                               "node": "node2"}))  # fmt: skip
+    got = slurm.target_result(run, item).slurm
+    assert got is not None and got["units_on"] == (
+        "cpu_adam (node2), cpu_lion (its unit task 23 died on node3: built by the build task)"
+    )
+    (results / "cu130-multi-min.units-4.started.json").write_text(json.dumps({"ops": ["../x"], "job": "23",
+                                                                               "node": "node3"}))  # fmt: skip
+    got = slurm.target_result(run, item).slurm
+    assert got is not None and got["units_on"] == "cpu_adam (node2)"
 
 
 def test_gpu_smoke_results_are_merged_and_checked(tmp_path: Path) -> None:

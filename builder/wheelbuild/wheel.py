@@ -15,7 +15,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -270,6 +270,7 @@ def build_unit_group(
     seconds: Mapping[str, float],
     cores: int | None = None,
     verbose: bool = False,
+    started: Callable[[list[str]], None] | None = None,
 ) -> list[UnitResult]:
     """Build (into the unit cache) the op units of `target` that fall to task `group` of `groups`
     (units.plan.group_units), nothing else: a Slurm unit task. Its source is its own folder, so the
@@ -286,6 +287,8 @@ def build_unit_group(
     mine = group_units(planned.units, groups, seconds)[group] if group < groups else []
     output.step(f"unit task {group + 1} of {groups} for {target.name}: "
                 f"{', '.join(u.op.name for u in mine) or 'no unit falls to this task'}")  # fmt: skip
+    if started is not None:  # before the first compile: a task that dies is then known by what it held
+        started([u.op.name for u in mine])
     try:
         return run_units(mine, min(planned.parallel, len(mine)) or 1, planned.job)
     finally:
