@@ -140,11 +140,13 @@ def tests(session: nox.Session) -> None:
 
     Three pytest workers, one test file at a time each (a file's tests share its build): one
     worker's compile overlaps the others' downloads, environment installs and smoke runs, which
-    leave the cores idle much of the time (on 2 cores: 12.5 min with three workers, while the
-    tests' own durations add up to 32 min). Pass `-- -n 0` to run in one process.
+    leave the cores idle much of the time. The longest files start first, one a worker, in the
+    order tests/conftest.py gives (xdist's own reorder, by number of tests, would start them
+    last). Pass `-- -n 0` to run in one process.
     """
     session.install(".[test]")
-    session.run("pytest", "-n", "3", "--dist", "loadfile", "--durations=15", *session.posargs)
+    session.run("pytest", "-n", "3", "--dist", "loadfile", "--no-loadscope-reorder", "--durations=15",
+                *session.posargs)  # fmt: skip
 
 
 @nox.session

@@ -668,10 +668,11 @@ def render_image(result: dict[str, Any]) -> str:
     ])  # fmt: skip
 
 
-def bench_cluster(folder: Path, out: Path, installs: int = 64) -> dict[str, Any]:
+def bench_cluster(folder: Path, out: Path, installs: int = 64, dry_runs: int | None = None) -> dict[str, Any]:
     """`installs` nodes' worth of installs at once from a test cluster's nodes (tests/cluster.py:
     FOLDER/cluster.json, its ssh config, the wheelhouse in its shared folder), against nginx on
-    its web node and against `serve` on this host, one after the other in the same run."""
+    its web node and against `serve` on this host, one after the other in the same run: the node
+    installer's dry run (`dry_runs` of them, default `installs`), then the downloads alone."""
     import socket
     import subprocess
 
@@ -703,8 +704,9 @@ def bench_cluster(folder: Path, out: Path, installs: int = 64) -> dict[str, Any]
                 raise ToolError(f"serve did not start on {state['host_addr']}:{port}", f"read {log}")
             time.sleep(0.2)
         urls = {"nginx": f"http://{state['web']}/wheelhouse", "serve": f"http://{state['host_addr']}:{port}"}
-        nginx = fanout.run(ssh, nodes, urls["nginx"], installs, key, manifest, log)
-        served = fanout.run(ssh, nodes, urls["serve"], installs, key, manifest, log)
+        runs = installs if dry_runs is None else dry_runs
+        nginx = fanout.run(ssh, nodes, urls["nginx"], runs, key, manifest, log)
+        served = fanout.run(ssh, nodes, urls["serve"], runs, key, manifest, log)
         # The same files without the installer's Python and torch start-up: the servers alone.
         files = nginx.files or served.files
         nginx_dl = fanout.run(ssh, nodes, urls["nginx"], installs, key, manifest, log, files)
@@ -720,11 +722,11 @@ def bench_cluster(folder: Path, out: Path, installs: int = 64) -> dict[str, Any]
 
 
 def render_cluster(result: dict[str, Any]) -> str:
-    n, nodes = result["installs"], result["nodes"]
+    nodes = result["nodes"]
     files = result["nginx_downloads"]["files"]
-    rows = [f"{n} at once from {len(nodes)} nodes ({', '.join(nodes)}), against nginx (Debian's, the wheelhouse as a "
+    rows = [f"At once from {len(nodes)} nodes ({', '.join(nodes)}), against nginx (Debian's, the wheelhouse as a "
             "static folder) and `python -m builder serve`, in the same run:", "",
-            "| what each of the 64 does | server | all done in | one (median) | sha256 right | ratio |",
+            "| what each does | server | all done in | one (median) | sha256 right | ratio |",
             "|---|---|---|---|---|---|"]  # fmt: skip
     install = "the node installer's dry run (signature, manifest, wheel and dependencies fetched and checked)"
     download = f"download the {len(files)} files an install fetches and check each sha256"

@@ -441,6 +441,9 @@ def parser() -> argparse.ArgumentParser:
         "against serve on this host; writes OUT/bench-cluster.md",
     )
     bn.add_argument("--installs", type=int, default=64, help="with --cluster: installs at once (default: %(default)s)")
+    bn.add_argument("--dry-runs", type=int, metavar="N",
+                    help="with --cluster: node installer runs at once, where fewer than --installs (each starts "
+                    "Python and torch: CPU-bound on a small machine; the downloads stay --installs)")  # fmt: skip
 
     sub.add_parser(
         "install",

@@ -556,7 +556,7 @@ def bench(args: argparse.Namespace) -> int:
     if args.cluster:
         from builder.bench import bench_cluster
 
-        bench_cluster(args.cluster.resolve(), args.out.resolve(), args.installs)
+        bench_cluster(args.cluster.resolve(), args.out.resolve(), args.installs, args.dry_runs)
         return 0
     if args.image:
         from builder.bench import bench_image

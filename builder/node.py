@@ -1924,7 +1924,8 @@ def main(argv: "Sequence[str] | None" = None, prog: "str | None" = None) -> int:
         "it. Standard library and pip only.",
         epilog=f"Exit codes: {EXIT_BAD_WHEELHOUSE} the wheelhouse failed a check (a file's sha256, the manifest's "
         f"signature, expiry or serial); {EXIT_INSTALL} no wheel fits, a download failed, pip failed, or this node "
-        "has no tool to check signatures with (ssh-keygen -Y or openssl).",
+        "has no tool to check signatures with (ssh-keygen -Y or openssl). A download that stalls fails after "
+        f"{TIMEOUT_ENV} seconds (default 120), nothing installed.",
     )
     p.add_argument("--wheelhouse", required=True, metavar="PATH_OR_URL", help="folder, file:// or http(s):// URL")
     p.add_argument("--python", default=sys.executable, help="the node's Python (default: this one)")

@@ -317,8 +317,8 @@ def slurm_config(folder: Path, nodes: tuple[Node, ...], cpus: int, mem_mb: int) 
         "DependencyParameters=kill_invalid_depend",
         "ReturnToService=2",
         "MinJobAge=5",
-        "SlurmdTimeout=20",
-        "SlurmctldTimeout=20",
+        "SlurmdTimeout=10",
+        "SlurmctldTimeout=10",
         "GresTypes=gpu",
     ]
     for n in nodes:

@@ -81,3 +81,23 @@ def own_workspace(workspace: Path, tmp_path: Path) -> Path:
     own.mkdir()
     (own / "cache").symlink_to(workspace / "cache", target_is_directory=True)
     return own
+
+
+# The order test files reach the pytest workers (nox -s tests: --dist loadfile, --no-loadscope-reorder;
+# each worker is handed two files at the start, then one whenever it has fewer than two). The three
+# longest start at once, one a worker, each with a short file behind it; the medium ones go next to
+# whichever worker is free first; the short ones fill in after.
+LONGEST = ("test_pipeline.py", "test_cluster.py", "test_every_op.py")
+MEDIUM = ("test_matrix.py", "test_cuda_pipeline.py", "test_system_torch.py")
+
+
+def file_order(names: list[str]) -> list[str]:
+    """Test files in the order they should start (pure)."""
+    short = [n for n in names if n not in LONGEST and n not in MEDIUM]
+    first = [n for n in LONGEST if n in names]
+    return first + short[: len(first)] + [n for n in MEDIUM if n in names] + short[len(first) :]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(file_order(sorted({item.path.name for item in items})))}
+    items.sort(key=lambda item: rank[item.path.name])  # stable: each file's own order is kept
