@@ -680,11 +680,10 @@ def bench_cluster(folder: Path, out: Path, installs: int = 64, dry_runs: int | N
     from builder.wheelhouse import fanout
     from builder.wheelhouse.layout import load_manifest
 
-    state = json.loads((folder / "cluster.json").read_text(encoding="utf-8"))
+    state, nodes = _cluster_state(folder)
     house = folder / "shared" / "wheelhouse"
     load_manifest(house)  # its signature and form checked before anything is asked of it
     manifest = json.loads((house / "manifest.json").read_text(encoding="utf-8"))
-    nodes = [(name, str(n["python"])) for name, n in state["nodes"].items() if n.get("torch")]
     key = signing.keys().key().line()
     out.mkdir(parents=True, exist_ok=True)
     log = out / "bench-cluster.log"
@@ -719,6 +718,36 @@ def bench_cluster(folder: Path, out: Path, installs: int = 64, dry_runs: int | N
               "ratios": {"serve_vs_nginx": served.seconds / max(nginx.seconds, 1e-9),
                          "serve_vs_nginx_downloads": served_dl.seconds / max(nginx_dl.seconds, 1e-9)}}  # fmt: skip
     return _report(out / "bench-cluster", result, render_cluster(result))
+
+
+def _cluster_state(folder: Path) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """The test cluster's cluster.json, checked: its build-host address, web node and the nodes
+    with torch (name, python) that installs run from (names go to ssh, the address to a bind)."""
+    import ipaddress
+    import re
+
+    from builder.node import Fields, ManifestError
+
+    where = folder / "cluster.json"
+    try:
+        f = Fields(json.loads(where.read_text(encoding="utf-8")), str(where))
+        name, python = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$"), re.compile(r"^/[A-Za-z0-9._/+-]{1,200}$")
+        addr = f.text("host_addr")
+        ipaddress.ip_address(addr)
+        state = {"host_addr": addr, "web": f.text("web", name)}
+        nodes = []
+        for node, entry in Fields(f.get("nodes", dict), f"{where}: nodes").data.items():
+            n = Fields(entry, f"{where}: nodes.{node}")
+            if not name.match(str(node)):
+                raise n.fail("name", f"is not a node name: {str(node)[:40]!r}")
+            if n.get("torch", bool, optional=True):
+                nodes.append((str(node), n.text("python", python)))
+    except (OSError, ValueError, ManifestError) as exc:
+        raise ToolError(f"{where} is not a test cluster's state: {exc}",
+                        "bring one up with `python tests/cluster.py up FOLDER`, pass that FOLDER") from exc  # fmt: skip
+    if not nodes:
+        raise ToolError(f"{where} lists no node with torch to install from", "use the cluster tests/cluster.py makes")
+    return state, nodes
 
 
 def render_cluster(result: dict[str, Any]) -> str:

@@ -46,8 +46,6 @@ SCHEMA = 2
 _JOB_ID = re.compile(r"^\d{1,12}(_\d{1,6})?$")
 _SHA = re.compile(r"^[0-9a-f]{64}$")
 _NODE = re.compile(r"^[A-Za-z0-9._-]{0,128}$")
-_OP = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
-_JOB_TEXT = re.compile(r"^[0-9]{0,20}(_[0-9]{1,9})?$")
 _GPUS = re.compile(r"^[A-Za-z0-9,:_-]{0,200}$")
 
 
@@ -417,32 +415,29 @@ def read_build(run: Path, item: Mapping[str, Any]) -> tuple[TargetResult, str | 
 
 def units_on(run: Path, name: str) -> str:
     """Which node compiled which op unit of a target ("cpu_adam (node2), ..."), from what its unit
-    tasks wrote (checked like every file a job wrote; a damaged one is left out, never believed)."""
+    tasks wrote: each task's result, or, for a task that started (its marker names its node and
+    units) and wrote none, that it died there. Checked like every file a job wrote: a damaged one
+    is left out, never believed."""
     placed = []
-    for path in sorted(results_dir(run).glob(f"{name}.units-*.json")):
-        if path.name.endswith(".started.json"):
-            continue
+    found = results_dir(run).glob(f"{name}.units-*.json")
+    for stem in sorted({p.name.removesuffix(".json").removesuffix(".started") for p in found}):
+        result, marker = results_dir(run) / f"{stem}.json", results_dir(run) / f"{stem}.started.json"
+        path = result if result.exists() else marker
         try:
             data = _read(path)
             if data is None:
                 continue
             f = Fields(data, str(path))
             node = f.text("node", _NODE)
-            ops = [Fields(u, f"{path}: units[{i}]").text("op", _OP) for i, u in enumerate(f.get("units", list))]
-            placed += [f"{op} ({node})" for op in ops]
-        except ManifestError as exc:
-            output.warn(f"{exc.message}: not shown")
-    for path in sorted(results_dir(run).glob(f"{name}.units-*.started.json")):
-        if path.with_name(path.name.replace(".started.json", ".json")).exists():
-            continue  # it finished: its result says where each unit was built
-        try:  # it started and wrote no result: its node died (or it was killed) while it compiled
-            data = _read(path)
-            if data is None:
-                continue
-            f = Fields(data, str(path))
-            node, job = f.text("node", _NODE), f.text("job", _JOB_TEXT)
-            ops = [Fields({"op": o}, f"{path}: ops").text("op", _OP) for o in f.get("ops", list)]
-            placed += [f"{op} (its unit task {job} died on {node}: built by the build task)" for op in ops]
+            if path is result:
+                units = f.get("units", list)
+                placed += [
+                    f"{Fields(u, f'{path}: units[{i}]').text('op', OP_RE)} ({node})" for i, u in enumerate(units)
+                ]
+            else:  # it started and wrote no result: its node died (or it was killed) while it compiled
+                job = f.text("job", _JOB_ID)
+                placed += [f"{op} (its unit task {job} died on {node}: built by the build task)"
+                           for op in f.texts("ops", OP_RE)]  # fmt: skip
         except ManifestError as exc:
             output.warn(f"{exc.message}: not shown")
     return ", ".join(placed)

@@ -64,6 +64,11 @@ class Node:
     def netns(self) -> str:
         return f"dsc-{self.name}"
 
+    @property
+    def veth(self) -> str:
+        """The host's end of the node's veth pair (its cable)."""
+        return f"dsc{self.name[-1]}h"
+
 
 NODES = (
     Node("node1", "bookworm", f"{SUBNET}.11", "/opt/ds/bin/python", True, web=True),
@@ -245,7 +250,7 @@ http {
 
 
 def _network(node: Node, log: Path) -> None:
-    host_side = f"dsc{node.name[-1]}h"
+    host_side = node.veth
     _run(["ip", "netns", "add", node.netns], log=log)
     _run(["ip", "link", "add", host_side, "type", "veth", "peer", "name", "eth0", "netns", node.netns], log=log)
     _run(["ip", "link", "set", host_side, "master", BRIDGE, "up"], log=log)
@@ -553,7 +558,7 @@ def node_pids(node: Node | str) -> list[int]:
 
 def set_link(node: str, up: bool) -> None:
     """Cable in or out: the host side of the node's veth pair up or down."""
-    _run(["ip", "link", "set", f"dsc{node[-1]}h", "up" if up else "down"])
+    _run(["ip", "link", "set", next(n.veth for n in NODES if n.name == node), "up" if up else "down"])
 
 
 def kill_node(node: str) -> list[int]:
@@ -603,7 +608,7 @@ def down(folder: Path) -> None:
         (folder / "slurm" / "started-munged").unlink()
     for node in NODES:
         subprocess.run(["ip", "netns", "del", node.netns], capture_output=True)
-        subprocess.run(["ip", "link", "del", f"dsc{node.name[-1]}h"], capture_output=True)
+        subprocess.run(["ip", "link", "del", node.veth], capture_output=True)
         root = folder / "nodes" / node.name / "root"
         for _ in range(20):
             if not os.path.ismount(root):

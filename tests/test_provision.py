@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.errors import BuilderError
+from builder.errors import BuilderError, ToolError
 from builder.node import Trust, key_from_line
 from builder.wheelhouse.provision import Host, host_script, parse_hostfile, pdsh_command
 
@@ -78,8 +78,10 @@ def test_each_hosts_outcome_is_read_from_pdshs_output() -> None:
         "node3: ssh: connect to host node3 port 22: No route to host",
         "pdsh@build: node3: ssh exited with exit code 255",
         f"node9: ==> installed {wheel}",  # a host not asked about: ignored
+        "node5: ==> installed ../../etc/passwd",  # what another machine says is checked
+        "node6: error: \x1b]0;owned\x07no wheel fits",  # a terminal escape is not passed on
     ])  # fmt: skip
-    hosts = [Host("node1"), Host("node2"), Host("node3"), Host("node4")]
+    hosts = [Host("node1"), Host("node2"), Host("node3"), Host("node4"), Host("node5"), Host("node6")]
     got = {o.node: o for o in host_outcomes(hosts, said)}
     assert got["node1"].installed and got["node1"].detail == wheel
     assert not got["node2"].installed and got["node2"].detail == (
@@ -89,6 +91,8 @@ def test_each_hosts_outcome_is_read_from_pdshs_output() -> None:
     )
     assert got["node3"].detail == "ssh: connect to host node3 port 22: No route to host (read the provision log)"
     assert got["node4"].detail == "no output (read the provision log)"
+    assert not got["node5"].installed and "is not a wheel file name" in got["node5"].detail
+    assert got["node6"].detail == "]0;ownedno wheel fits"
 
 
 def test_srun_runs_one_install_per_node_with_a_result_file_each(tmp_path: Path) -> None:
@@ -149,3 +153,33 @@ def test_fanout_shares_and_checks_every_result_against_the_manifest() -> None:
     script = node_script("/opt/ds/bin/python", "http://node1/wheelhouse", 21, "ssh-ed25519 AAAA")
     assert "N=21" in script and '--dry-run --json --trust "$KEY"' in script and "KEY='ssh-ed25519 AAAA'" in script
     assert '"$URL/tools/ds-node-install.py"' in script
+
+
+def test_what_nodes_and_the_cluster_file_say_is_checked_before_it_is_believed(tmp_path: Path) -> None:
+    """bench --cluster reads rows a node printed and the cluster's own state file: a row that is not
+    one is a problem, and a node name that would be an ssh option, an address that is not one or a
+    relative python is refused with the fix."""
+    from builder.bench import _cluster_state
+    from builder.wheelhouse.fanout import parse_rows
+
+    good = {"rc": 0, "start": 1.0, "end": 2.5, "err": "", "out": {"wheel": "w.whl"}}
+    rows, problems = parse_rows("node1", [good, {**good, "rc": "0; rm"}, [1], {**good, "start": "soon"}])
+    assert rows == [good] and len(problems) == 3
+    assert "field 'rc'" in problems[0] and "not a JSON object" in problems[1] and "field 'start'" in problems[2]
+    state = {
+        "host_addr": "10.77.0.1",
+        "web": "node1",
+        "nodes": {"node1": {"python": "/opt/ds/bin/python", "torch": True}, "node4": {"python": "/usr/bin/python3"}},
+    }
+    (tmp_path / "cluster.json").write_text(json.dumps(state))
+    assert _cluster_state(tmp_path) == ({"host_addr": "10.77.0.1", "web": "node1"}, [("node1", "/opt/ds/bin/python")])
+    cases: list[tuple[dict[str, object], str]] = [
+        ({"nodes": {"-oProxyCommand=sh": {"python": "/p", "torch": True}}}, "is not a node name"),
+        ({"host_addr": "evil.example"}, "does not appear to be an IPv4 or IPv6 address"),
+        ({"nodes": {"node1": {"python": "python3; rm -rf /", "torch": True}}}, "field 'python'"),
+        ({"nodes": {}}, "lists no node with torch"),
+    ]
+    for change, why in cases:
+        (tmp_path / "cluster.json").write_text(json.dumps({**state, **change}))
+        with pytest.raises(ToolError, match=why):
+            _cluster_state(tmp_path)

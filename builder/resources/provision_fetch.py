@@ -14,6 +14,11 @@ import sys
 import urllib.request
 from typing import NoReturn
 
+# The node installer's own setting (builder/node.py TIMEOUT_ENV): how long a download may stall.
+try:
+    TIMEOUT = max(1.0, float(os.environ.get("DS_NODE_FETCH_TIMEOUT", "120")))
+except ValueError:
+    TIMEOUT = 120.0
 LIMITS = {"manifest.json": 32 << 20, "manifest.json.sig": 64 << 10, "tools/ds-node-install.py": 8 << 20}
 
 
@@ -27,7 +32,7 @@ def get(base: str, name: str) -> bytes:
     limit = LIMITS[name]
     try:
         if source.startswith(("http://", "https://")):
-            stream = urllib.request.urlopen(source, timeout=120)
+            stream = urllib.request.urlopen(source, timeout=TIMEOUT)
         else:
             stream = open(source[len("file://") :] if source.startswith("file://") else source, "rb")
         with stream:

@@ -107,6 +107,21 @@ def shares(count: int, nodes: int) -> list[int]:
     return [count // nodes + (1 if i < count % nodes else 0) for i in range(nodes)]
 
 
+def parse_rows(node: str, got: list[Any]) -> tuple[list[dict[str, Any]], list[str]]:
+    """A node's rows, as its script printed them: what another machine wrote, so each is checked
+    (exit status, times, result) and a row that is not one is a problem, never a figure (pure)."""
+    rows, problems = [], []
+    for i, item in enumerate(got):
+        try:
+            f = Fields(item, f"{node}: row {i}")
+            rows.append({"rc": f.get("rc", int), "start": float(f.get("start", (int, float))),
+                         "end": float(f.get("end", (int, float))), "err": f.get("err", str),
+                         "out": f.get("out", (dict, str))})  # fmt: skip
+        except ManifestError as exc:
+            problems.append(exc.message)
+    return rows, problems
+
+
 def check(rows: list[dict[str, Any]], wheels: dict[str, str], deps: dict[str, str], fetched: bool = False) -> list[str]:
     """What is wrong with any install's result: its exit status, the wheel it chose and that
     wheel's and its dependencies' sha256 against the signed manifest's; with `fetched` (downloads
@@ -165,7 +180,9 @@ def run(ssh_config: Path, nodes: list[tuple[str, str]], url: str, count: int, tr
             if not isinstance(got, list):
                 problems.append(f"{name}: no results (exit {done.returncode}): {done.stderr.strip()[-300:]}")
                 continue
-            rows += got
+            checked, bad = parse_rows(name, got)
+            rows += checked
+            problems += bad
     problems += check(rows, wheels, deps, fetched=bool(files))
     first = min((float(r["start"]) for r in rows), default=started)
     last = max((float(r["end"]) for r in rows), default=time.time())

@@ -170,10 +170,14 @@ def host_outcomes(hosts: list[Host], said: str) -> list[NodeOutcome]:
             lines[name].append(text)
     outcomes = []
     for host in hosts:
-        got = lines[host.name]
+        got = ["".join(c for c in t if c.isprintable()) for t in lines[host.name]]  # a host's words, no escapes
         wheel = next((t.split("==> installed ", 1)[1].strip() for t in got if t.startswith("==> installed ")), None)
         if wheel is not None:
-            outcomes.append(NodeOutcome(host.name, True, wheel))
+            try:  # what another machine said: a wheel file name, or not believed
+                check_wheel_name(wheel, f"{host.name}: installed")
+                outcomes.append(NodeOutcome(host.name, True, wheel))
+            except ManifestError as exc:
+                outcomes.append(NodeOutcome(host.name, False, exc.message[:2000]))
             continue
         error = next((i for i in range(len(got) - 1, -1, -1) if got[i].startswith("error: ")), None)
         if error is not None:  # the error, its indented lines (each wheel and why it does not fit), its fix
@@ -188,18 +192,10 @@ def host_outcomes(hosts: list[Host], said: str) -> list[NodeOutcome]:
 
 
 def run(hosts: list[Host], out: Path, launcher: str, log: Path, ssh_config: Path | None = None) -> list[NodeOutcome]:
-    """pdsh the scripts on every host at once; each host's outcome, even where some failed."""
-    start = log.stat().st_size if log.exists() else 0
-    try:
-        said = cmd.run(pdsh_command(hosts, out, launcher, ssh_config), log=log,
-                       fix="install pdsh (apt-get install pdsh) and make sure every host is reachable")  # fmt: skip
-    except ToolError as exc:
-        if not log.exists():
-            raise
-        with log.open("rb") as f:
-            f.seek(start)
-            said = f.read().decode("utf-8", "replace")
-        output.note(f"pdsh: {exc.message.splitlines()[0]}")
+    """pdsh the scripts on every host at once; each host's outcome, even where some failed (pdsh
+    then exits non-zero: its output says which and why)."""
+    said = cmd.run(pdsh_command(hosts, out, launcher, ssh_config), log=log, check=False,
+                   fix="install pdsh (apt-get install pdsh) and make sure every host is reachable")  # fmt: skip
     return host_outcomes(hosts, said)
 
 
