@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import zipfile
 from pathlib import Path
@@ -219,3 +220,27 @@ def test_lock_rendering() -> None:
     assert "FROM docker.io/library/python:3.11-slim" in container
     assert "--no-index" in container and "--require-hashes --find-links /wheelhouse" in container
     assert "-r /wheelhouse/locks/cpu.lock" in container and "SOURCE_DATE_EPOCH=0" in container
+
+
+def test_a_wheelhouse_that_refuses_a_write_midway_is_reported_and_left_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The share goes read-only (or fills up) after the publish began, at its manifest: one clear
+    error naming it and repair, no traceback, and the manifest nodes read is the one it had."""
+    import errno
+
+    publishing = importlib.import_module("builder.wheelhouse.publish")
+
+    house = tmp_path / "house"
+    for sub in ("a", "b"):
+        (tmp_path / sub).mkdir()
+    publish([fake_wheel(tmp_path / "a")], house)
+    before = (house / "manifest.json").read_bytes()
+
+    def refused(*_: object, **__: object) -> None:
+        raise OSError(errno.EROFS, "Read-only file system", str(house / ".manifest.json.x.tmp"))
+
+    monkeypatch.setattr(publishing, "commit", refused)
+    with pytest.raises(PublishError, match="refused a write during the update \\(Read-only file system: ") as got:
+        publish([fake_wheel(tmp_path / "b", name=NAME.replace("0.19.8", "0.19.9"))], house)
+    assert "repair --wheelhouse" in got.value.fix and (house / "manifest.json").read_bytes() == before

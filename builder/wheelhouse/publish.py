@@ -258,10 +258,8 @@ def publish(
         except BaseException as exc:
             # A failed publish (no index reachable, a clash, Ctrl-C) removes what it copied, by its
             # journal, against the manifest on disk now: nothing half-published stays behind.
-            clear = _undo(wheelhouse, exc)
-            if clear is None:
-                raise
-            raise clear from exc
+            _undo(wheelhouse, exc)
+            raise
         (wheelhouse / JOURNAL).unlink(missing_ok=True)
     return published
 
@@ -446,10 +444,8 @@ def add_files(wheelhouse: Path, files: Sequence[Path], why: str) -> list[str]:
             deps = {**manifest.dependencies, **{n: FileEntry(n, d) for n, d in new.items()}}
             commit(wheelhouse, dataclasses.replace(manifest, dependencies=deps))
         except BaseException as exc:
-            clear = _undo(wheelhouse, exc)
-            if clear is None:
-                raise
-            raise clear from exc
+            _undo(wheelhouse, exc)
+            raise
         (wheelhouse / JOURNAL).unlink(missing_ok=True)
     return sorted(new)
 
@@ -477,10 +473,8 @@ def publish_image(wheelhouse: Path, archive: Path, entry: ImageEntry) -> Path:
             images = {**manifest.images, entry.name: dataclasses.replace(entry, published_at=_now())}
             commit(wheelhouse, dataclasses.replace(manifest, images=images))  # the page lists the image
         except BaseException as exc:
-            clear = _undo(wheelhouse, exc)
-            if clear is None:
-                raise
-            raise clear from exc
+            _undo(wheelhouse, exc)
+            raise
         (wheelhouse / JOURNAL).unlink(missing_ok=True)
     output.note(f"published {target}")
     return target
@@ -550,23 +544,22 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
-def _undo(wheelhouse: Path, exc: BaseException) -> PublishError | None:
+def _undo(wheelhouse: Path, exc: BaseException) -> None:
     """After a failed update, remove what it copied (its journal names it). A wheelhouse that
     refuses writes midway (a share gone read-only, a full disk) cannot be cleaned now: the signed
-    manifest nodes read is still the one it had, and the error says to run repair once it can be
-    written (the journal tells repair what to remove). Returns that error, or None to re-raise."""
+    manifest nodes read is still the one it had, and the error raised here says to run repair once
+    it can be written (the journal tells repair what to remove). Other failures are the caller's."""
     try:
         _clean(wheelhouse, load_manifest(wheelhouse))
     except OSError:
         pass  # it cannot be written now: repair will, by the journal
-    if not isinstance(exc, OSError):
-        return None
-    return PublishError(
-        f"the wheelhouse {wheelhouse} refused a write during the update ({exc.strerror or exc}: {exc.filename}); "
-        "its signed manifest, what nodes read, is still the one it had",
-        f"make it writable again (a share gone read-only, a full disk), then run `python -m builder repair "
-        f"--wheelhouse {wheelhouse}` and publish again",
-    )
+    if isinstance(exc, OSError):
+        raise PublishError(
+            f"the wheelhouse {wheelhouse} refused a write during the update ({exc.strerror or exc}: {exc.filename}); "
+            "its signed manifest, what nodes read, is still the one it had",
+            f"make it writable again (a share gone read-only, a full disk), then run `python -m builder repair "
+            f"--wheelhouse {wheelhouse}` and publish again",
+        ) from exc
 
 
 def _writable(wheelhouse: Path) -> None:
