@@ -103,7 +103,7 @@ def fresh_node(recipe: Recipe, wheel: Path, out: Path, log: Path) -> tuple[float
     for kind in ("wheel", "jit"):
         venv = out / f"node-{kind}"
         deps = [
-            f"torch=={recipe.torch.version}",
+            recipe.torch.requirement,
             "hjson",
             "msgpack",
             "numpy",
@@ -119,7 +119,8 @@ def fresh_node(recipe: Recipe, wheel: Path, out: Path, log: Path) -> tuple[float
             "pip",
         ]  # fmt: skip  (nodes use pip)
         with env_backend("pip"):  # as a node has them: pip-installed, bytecode compiled (uv compiles none)
-            envs.create(venv, deps, log)  # not timed: both nodes start with torch and DeepSpeed's needs
+            # not timed: both nodes start with torch and DeepSpeed's needs
+            envs.create(venv, deps, log, index=envs.torch_index(recipe.torch))
         ext = out / f"ext-{kind}"
         shutil.rmtree(ext, ignore_errors=True)
         ext.mkdir()
@@ -160,7 +161,11 @@ def env_creation(recipe: Recipe, out: Path, log: Path) -> dict[str, float]:
     for name in envs.BACKENDS:
         venv = out / f"env-{name}"
         with env_backend(name):
-            seconds[name], _ = _timed(functools.partial(envs.create, venv, [recipe.torch.requirement], log))
+            seconds[name], _ = _timed(
+                functools.partial(
+                    envs.create, venv, [recipe.torch.requirement], log, index=envs.torch_index(recipe.torch)
+                )
+            )
         shutil.rmtree(venv, ignore_errors=True)
     return seconds
 

@@ -42,6 +42,8 @@ BUILD_SCHEMA = 1
 SMOKE_SCHEMA = 1
 _FLAG = CPU_FLAG_RE
 _ANY = re.compile(r"^.{0,200}$", re.DOTALL)
+_TORCH_VARIANT = re.compile(r"^(cpu|cu[1-9][0-9][0-9])$")
+_INDEX_URL = re.compile(r"^(https?|file)://[^\s]{1,400}$")
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,8 @@ class BuildManifest:
     data: Mapping[str, Any]
     narrowed_ops: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     missing_ops: Mapping[str, str] = field(default_factory=dict)  # op asked for -> why it is not in the wheel
+    torch_variant: str | None = None  # the recipe's named torch build (cpu, cu130): the smoke installs the same
+    torch_index: str | None = None  # the recipe's own index for it (a site's mirror)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str) -> BuildManifest:
@@ -95,6 +99,8 @@ class BuildManifest:
             data=dict(data),
             narrowed_ops=arch_table(f, "narrowed_ops"),
             missing_ops=reason_table(f, "missing_ops"),
+            torch_variant=torch.text("variant", _TORCH_VARIANT, optional=True),
+            torch_index=torch.text("index", _INDEX_URL, optional=True),
         )
 
     def to_json(self) -> str:

@@ -31,9 +31,13 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from builder import cmd, output
 from builder.errors import ToolError
+
+if TYPE_CHECKING:
+    from builder.recipe import TorchSpec
 
 COMPLETE = ".builder-complete"
 UV_VERSION = "0.13.9"  # also pinned in pyproject.toml
@@ -68,6 +72,26 @@ class PackageSources:
         parts += [f"extra index {u}" for u in self.extra_index_urls]
         parts += [f"find-links {f}" for f in self.find_links]
         return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class IndexFor:
+    """A package index for one requirement (torch's build): a site's own mirror is `always` asked;
+    PyTorch's index is asked only when pip's own sources cannot meet the exact requirement, so a
+    site whose wheel folder or mirror already has that build never reaches out."""
+
+    requirement: str
+    url: str
+    always: bool
+
+    def key(self) -> str:
+        return f"index={self.url}{'' if self.always else ' (when needed)'}"
+
+
+def torch_index(torch: TorchSpec) -> IndexFor | None:
+    """Where torch's named build comes from: the recipe's index, else PyTorch's for its variant."""
+    url = torch.index_url
+    return IndexFor(torch.requirement, url, always=torch.index is not None) if url else None
 
 
 _PIP_KEYS = {"index-url": "index_url", "extra-index-url": "extra_index_urls", "find-links": "find_links",
@@ -133,12 +157,14 @@ def python_in(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
-def env_key(requirements: Sequence[str], system_site_packages: bool = False, base: Path | None = None) -> str:
+def env_key(requirements: Sequence[str], system_site_packages: bool = False, base: Path | None = None,
+            index: IndexFor | None = None) -> str:  # fmt: skip
     """A folder name for an environment with these requirements on this interpreter (or `base`)."""
     interpreter = [sys.executable, sys.version] if base is None else [str(base)]
     text = "\n".join(
-        [*interpreter, f"system-site-packages={system_site_packages}", *sorted(requirements), f"backend={backend()}"]
-    )
+        [*interpreter, f"system-site-packages={system_site_packages}", *sorted(requirements), f"backend={backend()}",
+         *([index.key()] if index else [])]
+    )  # fmt: skip
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -159,9 +185,10 @@ def create(
     verbose: bool = False,
     system_site_packages: bool = False,
     base: Path | None = None,
+    index: IndexFor | None = None,
 ) -> Path:
     """Make a new venv at `venv` (replacing any there) on `base` (default: the interpreter running
-    the builder) and install `requirements` into it.
+    the builder) and install `requirements` into it, with `index` for torch's build.
 
     With system_site_packages the venv sees this interpreter's packages (its torch) and pip
     installs only what is missing, leaving the system torch untouched.
@@ -172,38 +199,68 @@ def create(
     if backend() == "uv":
         if system_site_packages:
             return _create_system_with_uv(venv, requirements, log, verbose)
-        return _create_with_uv(venv, requirements, log, verbose, python)
+        return _create_with_uv(venv, requirements, log, verbose, python, index)
     flags = ["--system-site-packages"] if system_site_packages else []
     cmd.run([python, "-m", "venv", *flags, venv], log=log, verbose=verbose)
     if system_site_packages and sys.prefix != sys.base_prefix:
         _see_parent_venv(venv)
     if requirements:
+        extra = _index_args(python, pip_sources(), index)
         cmd.run(
-            [python_in(venv), "-m", "pip", "install", *requirements],
+            [python_in(venv), "-m", "pip", "install", *extra, *requirements],
             env=venv_environ(venv),
             log=log,
             verbose=verbose,
             progress=_pip_progress,
-            fix="check the requirement names and versions, and that the package index is reachable",
+            fix=_install_fix(index if extra else None),
         )
     return venv
 
 
-def _create_with_uv(venv: Path, requirements: Sequence[str], log: Path, verbose: bool, base: Path) -> Path:
+def _create_with_uv(venv: Path, requirements: Sequence[str], log: Path, verbose: bool, base: Path,
+                    index: IndexFor | None) -> Path:  # fmt: skip
     uv = uv_binary(TOOLS)
     cmd.run([uv, "venv", "--quiet", "--python", base, venv], log=log, verbose=verbose)
     if requirements:
         sources = pip_sources()
         output.note(f"uv installs from pip's sources: {sources.describe()}")
+        extra = _index_args(base, sources, index)
         cmd.run(
-            [uv, "pip", "install", "--python", python_in(venv), *sources.uv_args(), *requirements],
+            [uv, "pip", "install", "--python", python_in(venv), *sources.uv_args(), *extra, *requirements],
             env=venv_environ(venv),
             log=log,
             verbose=verbose,
             progress=_uv_progress,
-            fix="check the requirement names and versions, and that the package index is reachable",
+            fix=_install_fix(index if extra else None),
         )
     return venv
+
+
+def _install_fix(index: IndexFor | None) -> str:
+    """What to do when an install fails: about the index torch's build had to come from, if one was asked."""
+    if index is None:
+        return "check the requirement names and versions, and that the package index is reachable"
+    why = "the recipe's [torch] index" if index.always else "pip's sources do not have it"
+    return (
+        f"{index.requirement} comes from {index.url} ({why}): check that this machine reaches it, or name a "
+        "mirror it reaches in the recipe's [torch] index, or put that torch wheel into pip's find-links"
+    )
+
+
+def _index_args(python: Path, sources: PackageSources, index: IndexFor | None) -> list[str]:
+    """The installer's arguments for `index`: a site's index always; PyTorch's only when pip's sources
+    cannot meet the requirement for `python` (uv resolves that one requirement; nothing is downloaded)."""
+    if index is None:
+        return []
+    if not index.always:
+        uv = uv_binary(TOOLS)
+        found = cmd.ask([uv, "pip", "compile", "--quiet", "--no-header", "--no-deps", "--python", str(python),
+                         *sources.uv_args(), "-"], timeout=300, stdin=index.requirement + "\n")  # fmt: skip
+        if found.returncode == 0:
+            output.note(f"{index.requirement}: found in pip's sources, {index.url} not asked")
+            return []
+    output.note(f"{index.requirement}: from {index.url}")
+    return ["--extra-index-url", index.url]
 
 
 def install_into(
@@ -295,12 +352,13 @@ def cached(
     verbose: bool = False,
     system_site_packages: bool = False,
     base: Path | None = None,
+    index: IndexFor | None = None,
 ) -> Path:
     """A complete venv with `requirements` under `root`, made once and reused. Builders sharing
     `root` (the op units of one target on Slurm) wait for the one making it, then reuse it."""
     from filelock import FileLock
 
-    venv = root / env_key(requirements, system_site_packages, base)
+    venv = root / env_key(requirements, system_site_packages, base, index)
     if (venv / COMPLETE).is_file():
         output.note(f"reusing environment {venv}")
         return venv
@@ -309,7 +367,7 @@ def cached(
         if (venv / COMPLETE).is_file():
             output.note(f"reusing environment {venv} (made meanwhile by another builder)")
             return venv
-        create(venv, requirements, log, verbose, system_site_packages, base)
+        create(venv, requirements, log, verbose, system_site_packages, base, index)
         (venv / COMPLETE).write_text("\n".join(requirements) + "\n", encoding="utf-8")
     return venv
 

@@ -1074,7 +1074,8 @@ def build_for(node: "Node") -> str:
     """What a wheel for this node takes, in recipe and build-host terms (the fix of "nothing fits")."""
     parts = [f'python = ["{node.python_tag[2]}.{node.python_tag[3:]}"]']
     if node.torch:
-        parts.append(f'[torch] version = "{_public(node.torch)}"' + (f" (CUDA {node.cuda})" if node.cuda else ""))
+        variant = "cu" + "".join(node.cuda.split(".")[:2]) if node.cuda else "cpu"  # as PyTorch's indexes name it
+        parts.append(f'[torch] version = "{_public(node.torch)}", variant = "{variant}"')
     if node.gpus:
         parts.append(f"arch = {json.dumps(sorted(set(node.gpus)))}")
     if node.glibc:

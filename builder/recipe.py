@@ -49,7 +49,7 @@ _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
         "label": str,
     },
     "deepspeed": {"version": str, "sha256": str},
-    "torch": {"version": str},
+    "torch": {"version": str, "variant": str, "index": str},
 }
 _REQUIRED: dict[str, tuple[str, ...]] = {
     "": ("name", "accelerator", "ops", "deepspeed", "torch"),
@@ -64,6 +64,9 @@ _KIND: dict[type | tuple[type, ...], str] = {
     (str, list): "a string or a list",
 }
 CUDA_TOOLKITS = ("auto", "system", "pip")
+PYTORCH_INDEX = "https://download.pytorch.org/whl"  # PyTorch's indexes, one per build: /cpu, /cu126, /cu130
+# A build as PyTorch's indexes name it: cpu, or cu + CUDA's major and minor (cu118, cu126, cu130).
+TORCH_VARIANT = re.compile(r"^(cpu|cu[1-9][0-9][0-9])$")
 ALL_OPS = "all"  # ops = "all": every op DeepSpeed offers for the accelerator (see build.needs)
 ON_OP_FAILURE = ("fail", "drop")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
@@ -116,9 +119,15 @@ class TorchSpec:
 
     version = "system" means the torch already installed for this interpreter (an NGC container,
     a site build): build and smoke environments then see it through system site-packages.
+    `variant` names torch's build the way PyTorch's indexes do (cpu, cu126, cu130): the requirement
+    pins it (torch==2.13.0+cpu), so no index's default build (PyPI's is CUDA) can stand in for it.
+    `index` is where that build comes from: a site's mirror, always asked; without it, PyTorch's
+    own index for the variant, asked only when pip's sources lack the build.
     """
 
     version: str
+    variant: str | None = None
+    index: str | None = None
 
     @property
     def system(self) -> bool:
@@ -126,7 +135,15 @@ class TorchSpec:
 
     @property
     def requirement(self) -> str:
-        return f"torch=={self.version}"
+        return f"torch=={self.version}+{self.variant}" if self.variant else f"torch=={self.version}"
+
+    @property
+    def index_url(self) -> str | None:
+        """The index torch's build comes from: the recipe's own, else PyTorch's for the variant."""
+        return self.index or (f"{PYTORCH_INDEX}/{self.variant}" if self.variant else None)
+
+    def describe(self) -> str:
+        return self.requirement.removeprefix("torch==") + (f" from {self.index_url}" if self.index_url else "")
 
 
 @dataclass(frozen=True)
@@ -323,12 +340,41 @@ def parse_recipe(data: Mapping[str, Any], path: Path | None = None) -> Recipe:
         ops_except=tuple(ops_except),
         on_op_failure=on_failure,
         deepspeed=DeepSpeedSource(version=_version(ds["version"], "deepspeed.version", where), sha256=sha),
-        torch=TorchSpec(
-            version=SYSTEM if torch["version"] == SYSTEM else _version(torch["version"], "torch.version", where)
-        ),
+        torch=_torch(torch, accelerator, where),
         description=data.get("description", ""),
         path=path,
     )
+
+
+def _torch(table: Mapping[str, Any], accelerator: str, where: str) -> TorchSpec:
+    """[torch]: a version (or "system"), and optionally the build (variant) and where it comes from (index)."""
+    variant, index = table.get("variant"), table.get("index")
+    if table["version"] == SYSTEM:
+        if variant or index:
+            raise RecipeError(f'{where}: torch.version = "system" takes no variant or index (it is the installed one)',
+                              "remove torch.variant and torch.index, or pin a version")  # fmt: skip
+        return TorchSpec(SYSTEM)
+    version = _version(table["version"], "torch.version", where)
+    if "+" in version:
+        raise RecipeError(f'{where}: torch.version "{version}" has a build label',
+                          f'put the build in variant: version = "{version.split("+")[0]}", '
+                          f'variant = "{version.split("+")[1]}"')  # fmt: skip
+    if variant is not None:
+        if not TORCH_VARIANT.match(variant):
+            raise RecipeError(f'{where}: torch.variant "{variant}" is not a build PyTorch\'s indexes name',
+                              'use "cpu", or "cu" and CUDA\'s version without the dot: "cu126", "cu130"')  # fmt: skip
+        wanted = "cpu" if accelerator == "cpu" else "cu126, cu128, cu130, ..."
+        if (variant == "cpu") != (accelerator == "cpu"):
+            raise RecipeError(f'{where}: torch.variant "{variant}" does not fit accelerator "{accelerator}"',
+                              f"use a {accelerator} build of torch: variant = {wanted}")  # fmt: skip
+    if index is not None:
+        scheme = index.split("://", 1)[0] if "://" in index else ""
+        if scheme not in ("https", "http", "file") or any(c.isspace() for c in index):
+            raise RecipeError(f'{where}: torch.index "{index[:60]}" is not an index URL',
+                              'e.g. index = "https://download.pytorch.org/whl/cu130", a mirror of it, '
+                              'or "file:///srv/pytorch/whl/cpu"')  # fmt: skip
+        index = index.rstrip("/")
+    return TorchSpec(version, variant, index)
 
 
 def _ops(data: Mapping[str, Any], where: str) -> tuple[list[str], bool, list[str]]:

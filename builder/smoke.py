@@ -25,6 +25,7 @@ from builder.contracts import BuildManifest, Check, SmokeReport, verdict
 from builder.errors import SmokeError
 from builder.files import is_file_here, write_atomic
 from builder.node import CHECK_STATUSES, Fields, ManifestError, TooLarge, format_configs, read_bounded
+from builder.recipe import TorchSpec
 from builder.resources import report_after, resource
 from builder.wheelbuild.source import sha256_of
 from builder.workspace import Workspace
@@ -110,11 +111,12 @@ def wheel_env(wheel: Path, manifest: BuildManifest, tmp: Path, log: Path, verbos
     the environment to run in it: an empty TORCH_EXTENSIONS_DIR, the wheel's accelerator, and on
     CUDA no toolkit."""
     system = manifest.recipe_torch == "system"
-    # The public version: pip's files may be named 2.14.1 while torch reports 2.14.1+cu130.
-    torch_req = f"torch=={Version(manifest.torch_version).public}"
+    # The public version: pip's files may be named 2.14.1 while torch reports 2.14.1+cu130; a recipe
+    # that named its build (variant) gets that build again, from the same index.
+    torch = TorchSpec(Version(manifest.torch_version).public, manifest.torch_variant, manifest.torch_index)
     venv = envs.create(
-        tmp / "venv", [torch_req, str(wheel), *extras], log, verbose, system_site_packages=system,
-        base=interpreter_for(manifest.python_tag),
+        tmp / "venv", [torch.requirement, str(wheel), *extras], log, verbose, system_site_packages=system,
+        base=interpreter_for(manifest.python_tag), index=envs.torch_index(torch),
     )  # fmt: skip
     ext_dir = tmp / "torch_extensions"
     ext_dir.mkdir()

@@ -116,3 +116,36 @@ def default_recipe_text(name: str = "cpu.toml") -> str:
 
     text = (Path(__file__).resolve().parent.parent / "recipes" / name).read_text()
     return re.sub(r"(?ms)^configs = \[.*?^\]\n", "", text)
+
+
+# ---------------------------------------------------------------- a stand-in for PyTorch's index
+
+CPU_TORCH = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"  # this machine's local CPU torch
+
+
+def local_cpu_torch() -> Path | None:
+    """This machine's CPU torch wheel, from pip's find-links (None where it has none)."""
+    import urllib.parse
+
+    from builder import envs
+
+    for folder in envs.pip_sources().find_links:
+        path = Path(urllib.parse.urlparse(folder).path if "://" in folder else folder) / CPU_TORCH
+        if path.is_file():
+            return path
+    return None
+
+
+def pytorch_like_index(root: Path, wheel: Path) -> str:
+    """A local folder index standing in for PyTorch's /whl/cpu (none of its hosts is reachable here):
+    root/whl/cpu/torch/index.html linking the real wheel as PyTorch's pages do (%2B, #sha256=)."""
+    import urllib.parse
+
+    files = root / "whl" / "files"
+    files.mkdir(parents=True)
+    (files / wheel.name).symlink_to(wheel)
+    page = root / "whl" / "cpu" / "torch" / "index.html"
+    page.parent.mkdir(parents=True)
+    href = f"../../files/{urllib.parse.quote(wheel.name)}#sha256={sha256_of(wheel)}"
+    page.write_text(f'<!DOCTYPE html><html><body>\n<a href="{href}">{wheel.name}</a>\n</body></html>\n')
+    return (root / "whl" / "cpu").as_uri()

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,28 @@ def test_uv_dry_run_lines_become_exact_requirements() -> None:
         "hjson==3.1.0",
         "/work/dist/deepspeed-0.19.8+cpu.torch2.13-cp311-cp311-manylinux_2_35_x86_64.whl",
     ]
+
+
+def test_torch_index_is_part_of_the_environment_and_of_its_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A named torch build's index is in the environment's key (another index, another environment), and
+    a failed install that asked it says so; PyTorch's index is asked only when pip's sources lack the build."""
+    from builder import envs
+    from builder.recipe import parse_recipe
+
+    base = {"name": "cpu", "accelerator": "cpu", "ops": ["cpu_adam"], "deepspeed": {"version": "0.19.8",
+            "sha256": "9" * 64}}  # fmt: skip
+    named = envs.torch_index(parse_recipe({**base, "torch": {"version": "2.13.0", "variant": "cpu"}}).torch)
+    mirror = envs.torch_index(parse_recipe({**base, "torch": {"version": "2.13.0", "variant": "cpu",
+                                                              "index": "file:///srv/whl/cpu"}}).torch)  # fmt: skip
+    assert envs.torch_index(parse_recipe({**base, "torch": {"version": "2.13.0"}}).torch) is None
+    assert named == envs.IndexFor("torch==2.13.0+cpu", "https://download.pytorch.org/whl/cpu", always=False)
+    assert mirror == envs.IndexFor("torch==2.13.0+cpu", "file:///srv/whl/cpu", always=True)
+    keys = {envs.env_key(["torch==2.13.0+cpu"], index=i) for i in (None, named, mirror)}
+    assert len(keys) == 3
+    assert "pip's sources do not have it" in envs._install_fix(named)
+    assert "the recipe's [torch] index" in envs._install_fix(mirror) and "find-links" in envs._install_fix(mirror)
+    # The site's mirror is always asked, without a question to uv first (this unit test may start no process).
+    assert envs._index_args(Path(sys.executable), envs.PackageSources(), mirror) == ["--extra-index-url",
+                                                                                     "file:///srv/whl/cpu"]  # fmt: skip

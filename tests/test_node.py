@@ -138,7 +138,7 @@ def test_no_fit_says_what_the_node_needs_and_what_the_wheelhouse_has() -> None:
     assert f"{FAILED.name}:" in text and "its smoke tests did not pass" in text
     assert err.value.fix == (
         'build one for this node, smoke it and publish it: a recipe with python = ["3.11"]; '
-        '[torch] version = "2.14.1" (CUDA 13.0); arch = ["7.0", "9.0"]'
+        '[torch] version = "2.14.1", variant = "cu130"; arch = ["7.0", "9.0"]'
     )
     # A Debian 11 node (Python 3.9, glibc 2.31, no torch yet): the fix names the build host it needs.
     bullseye = Node("cp39", None, None, (), AVX2, glibc="2.31")

@@ -16,7 +16,15 @@ from builder.recipe import load_recipe, parse_recipe
 from builder.resources import resource
 from builder.units.plan import plan_units
 from builder.wheelbuild.ops import OpInfo, ProbeReport, check_archs, check_requested, parse_probe
-from builder.wheelbuild.plan import cpu_target_env, local_label, max_jobs, plan_build, resolve_archs
+from builder.wheelbuild.plan import (
+    check_torch_build,
+    cpu_target_env,
+    local_label,
+    max_jobs,
+    plan_build,
+    resolve_archs,
+    torch_variant,
+)
 from builder.wheelbuild.source import patch_build_tree
 
 DATA = Path(__file__).with_name("data")
@@ -73,6 +81,37 @@ def test_local_labels() -> None:
     assert local_label("cuda", "2.11.0+cu130", "13.0", ("8.0", "9.0+PTX")) == "cu130.torch2.11.sm80.sm90ptx"
     with pytest.raises(BuildError, match="has no CUDA"):
         local_label("cuda", "2.13.0+cpu", None)
+
+
+def test_the_torch_build_the_environment_got_is_checked_against_the_recipe() -> None:
+    """Issue 31 item 6: PyPI's torch 2.15.0 is its CUDA 13 build; a CPU recipe given it is an error
+    naming PyTorch's index for the CPU build (or the recipe's own index), and the reverse."""
+    base = {"name": "cpu", "accelerator": "cpu", "ops": ["cpu_adam"],
+            "deepspeed": {"version": "0.19.8", "sha256": "9" * 64}}  # fmt: skip
+    cpu = parse_recipe({**base, "torch": {"version": "2.15.0"}})
+    assert torch_variant(None) == "cpu" and torch_variant("12.6") == "cu126" and torch_variant("13.0") == "cu130"
+    check_torch_build(cpu, "2.15.0+cpu", None)  # the CPU build: fine
+    with pytest.raises(BuildError) as err:
+        check_torch_build(cpu, "2.15.0", "13.0")
+    assert err.value.message == ("recipe cpu is a cpu recipe, but its build environment got torch 2.15.0, the CUDA "
+                                 "13.0 build (from pip's sources)")  # fmt: skip
+    assert 'variant = "cpu" (PyTorch\'s index https://download.pytorch.org/whl/cpu' in err.value.fix
+    mirror = parse_recipe({**base, "torch": {"version": "2.15.0", "index": "file:///srv/whl"}})
+    with pytest.raises(BuildError) as err:
+        check_torch_build(mirror, "2.15.0+cu130", "13.0")
+    assert "(from file:///srv/whl)" in err.value.message and "point [torch] index at the cpu build" in err.value.fix
+    cuda = {**base, "accelerator": "cuda", "arch": ["9.0"]}
+    any_cuda = parse_recipe({**cuda, "torch": {"version": "2.14.1"}})
+    check_torch_build(any_cuda, "2.14.1", "12.8")  # a CUDA recipe naming no build takes any CUDA build
+    with pytest.raises(BuildError) as err:
+        check_torch_build(any_cuda, "2.14.1+cpu", None)
+    assert "the CPU build" in err.value.message and 'variant = "cu130"' in err.value.fix
+    cu126 = parse_recipe({**cuda, "torch": {"version": "2.14.1", "variant": "cu126"}})
+    check_torch_build(cu126, "2.14.1+cu126", "12.6")
+    with pytest.raises(BuildError) as err:
+        check_torch_build(cu126, "2.14.1+cu130", "13.0")
+    assert "naming cu126" in err.value.message and "whl/cu126" in err.value.fix
+    check_torch_build(parse_recipe({**base, "torch": {"version": "system"}}), "2.14.1", "13.0")  # the site's own
 
 
 def test_another_op_set_of_one_target_is_labelled(probe: ProbeReport) -> None:

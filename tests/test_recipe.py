@@ -17,6 +17,7 @@ GOOD: dict[str, Any] = {
     "deepspeed": {"version": "0.19.8", "sha256": "9e491abd0827ea5c389dd702e15e11e13d83d904bac4a20d6c2a4cb37207a9af"},
     "torch": {"version": "2.13.0"},
 }
+CUDA = {**GOOD, "accelerator": "cuda", "arch": ["sm_90", "8.0"]}
 
 
 def with_change(path: tuple[str, ...], value: Any) -> dict[str, Any]:
@@ -38,7 +39,71 @@ def test_default_recipe_is_the_issue_recipe() -> None:
     assert recipe.ops == ("cpu_adam", "cpu_adagrad", "cpu_lion", "deepspeed_shm_comm", "fused_adam")
     assert recipe.deepspeed.version == "0.19.8"
     assert recipe.deepspeed.sha256 == "9e491abd0827ea5c389dd702e15e11e13d83d904bac4a20d6c2a4cb37207a9af"
-    assert recipe.torch.requirement == "torch==2.13.0"
+    assert recipe.torch.requirement == "torch==2.13.0+cpu" and recipe.torch.variant == "cpu"
+    assert recipe.torch.index_url == "https://download.pytorch.org/whl/cpu" and recipe.torch.index is None
+
+
+def test_torch_build_is_named_by_variant_or_index() -> None:
+    """Issue 31 item 6: a variant pins the build (an index's default build cannot stand in) and maps
+    to PyTorch's index for it; a site's index is kept as written; neither pins nothing extra."""
+    plain = parse_recipe(GOOD).torch
+    assert (plain.requirement, plain.index_url, plain.describe()) == ("torch==2.13.0", None, "2.13.0")
+    cu = parse_recipe({**CUDA, "torch": {"version": "2.14.1", "variant": "cu126"}}).torch
+    assert cu.requirement == "torch==2.14.1+cu126" and cu.index_url == "https://download.pytorch.org/whl/cu126"
+    mirror = parse_recipe({**GOOD, "torch": {"version": "2.13.0", "variant": "cpu",
+                                             "index": "file:///srv/pytorch/whl/cpu/"}}).torch  # fmt: skip
+    assert mirror.index_url == "file:///srv/pytorch/whl/cpu" and mirror.describe().endswith(
+        "from file:///srv/pytorch/whl/cpu"
+    )
+    only_index = parse_recipe({**GOOD, "torch": {"version": "2.13.0", "index": "https://mirror.site/whl/cpu"}}).torch
+    assert only_index.requirement == "torch==2.13.0" and only_index.index_url == "https://mirror.site/whl/cpu"
+
+
+@pytest.mark.parametrize(
+    ("data", "expected", "fix"),
+    [
+        (
+            {**GOOD, "torch": {"version": "2.13.0", "variant": "cuda12"}},
+            'torch.variant "cuda12" is not a build',
+            '"cu126", "cu130"',
+        ),
+        (
+            {**GOOD, "torch": {"version": "2.13.0", "variant": "cu130"}},
+            'torch.variant "cu130" does not fit accelerator "cpu"',
+            "variant = cpu",
+        ),
+        (
+            {**CUDA, "torch": {"version": "2.14.1", "variant": "cpu"}},
+            'torch.variant "cpu" does not fit accelerator "cuda"',
+            "variant = cu126, cu128, cu130",
+        ),
+        (
+            {**GOOD, "torch": {"version": "2.13.0+cpu"}},
+            'torch.version "2.13.0+cpu" has a build label',
+            'version = "2.13.0", variant = "cpu"',
+        ),
+        (
+            {**GOOD, "torch": {"version": "system", "variant": "cpu"}},
+            'torch.version = "system" takes no variant',
+            "remove torch.variant",
+        ),
+        (
+            {**GOOD, "torch": {"version": "2.13.0", "index": "download.pytorch.org/whl/cpu"}},
+            "is not an index URL",
+            "https://download.pytorch.org/whl/cu130",
+        ),
+        (
+            {**GOOD, "torch": {"version": "2.13.0", "index": "https://x/ --trusted-host y"}},
+            "is not an index URL",
+            "mirror",
+        ),
+        ({**GOOD, "torch": {"version": "2.13.0", "variant": 3}}, "torch.variant must be a string", ""),
+    ],
+)
+def test_bad_torch_builds_are_refused(data: dict[str, Any], expected: str, fix: str) -> None:
+    with pytest.raises(RecipeError) as err:
+        parse_recipe(data, Path("r.toml"))
+    assert expected in err.value.message and fix in err.value.fix
 
 
 def test_recipe_is_frozen() -> None:
@@ -80,9 +145,6 @@ def test_unknown_key_lists_allowed_keys() -> None:
         "allowed keys: name, description, accelerator, ops, ops_except, on_op_failure, arch, cpu_target, strip, "
         "narrow_ops, compress_device_code, cuda_toolkit, python, deepspeed, torch" in err.value.fix
     )
-
-
-CUDA = {**GOOD, "accelerator": "cuda", "arch": ["sm_90", "8.0"]}
 
 
 def test_cuda_recipe_archs_are_normalised() -> None:

@@ -65,7 +65,7 @@ def key_inputs(recipe: Recipe, machine: MachineFacts, env: Mapping[str, str]) ->
             if recipe.accelerator == "cuda"
             else {}
         ),
-        "torch": recipe.torch.version if not recipe.torch.system else "system:" + str(machine.system_torch),
+        "torch": recipe.torch.describe() if not recipe.torch.system else "system:" + str(machine.system_torch),
         "toolkits": list(machine.toolkits),
         "compilers": list(machine.compilers),
         "env": {k: env[k] for k in RELEVANT_ENV if env.get(k)},

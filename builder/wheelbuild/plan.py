@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from packaging.version import Version
 
 from builder.errors import BuildError
-from builder.recipe import Recipe
+from builder.recipe import PYTORCH_INDEX, Recipe
 from builder.wheelbuild import needs
 from builder.wheelbuild.archs import label as arch_label
 from builder.wheelbuild.archs import normalize_all
@@ -86,6 +86,43 @@ def local_label(accelerator: str, torch_version: str, torch_cuda: str | None, ar
         )
     major, minor = torch_cuda.split(".")[:2]
     return f"cu{major}{minor}.{torch_part}.{arch_label(archs)}"
+
+
+def torch_variant(cuda: str | None) -> str:
+    """The build of a torch as PyTorch's indexes name it: cpu, cu126 (CUDA 12.6), cu130."""
+    if not cuda:
+        return "cpu"
+    major, minor = cuda.split(".")[:2]
+    return f"cu{major}{minor}"
+
+
+def check_torch_build(recipe: Recipe, version: str | None, cuda: str | None) -> None:
+    """The torch the build environment got is the build the recipe asks for: an index serves its
+    own default build of a version (PyPI's torch 2.15.0 is CUDA 13.0, 15 nvidia packages), which a
+    CPU recipe would otherwise be labelled `+cpu` against, and the reverse."""
+    if recipe.torch.system or version is None:
+        return
+    got, named = torch_variant(cuda), recipe.torch.variant
+    if recipe.accelerator == "cpu":
+        want = "cpu"
+    elif named:
+        want = named
+    else:
+        want = got if cuda else "cu130"  # any CUDA build fits a CUDA recipe that names none
+    if got == want:
+        return
+    build = f"CUDA {cuda}" if cuda else "CPU"
+    source = f"from {recipe.torch.index}" if recipe.torch.index else "from pip's sources"
+    if recipe.torch.index:
+        fix = f"point [torch] index at the {want} build of torch {recipe.torch.version} ({PYTORCH_INDEX}/{want})"
+    else:
+        fix = (f'name the build in the recipe\'s [torch] table: variant = "{want}" (PyTorch\'s index '
+               f"{PYTORCH_INDEX}/{want}; or index = your mirror of it)")  # fmt: skip
+    raise BuildError(
+        f"recipe {recipe.name} is a {recipe.accelerator} recipe{f' naming {named}' if named else ''}, but its build "
+        f"environment got torch {version}, the {build} build ({source})",
+        fix + "; the build environment is made again for the changed recipe",
+    )
 
 
 # Peak memory of one compile job, GB, with headroom: g++ on cpu_adam.cpp with torch's headers

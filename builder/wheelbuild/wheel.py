@@ -35,7 +35,7 @@ from builder.units.plan import describe as describe_units
 from builder.units.runner import DEFAULT_SOURCE_DATE_EPOCH, UnitJob, UnitResult, run_units
 from builder.wheelbuild import artifacts, buildkey, ccache, cudakit, glibc, graft, needs, ops, source
 from builder.wheelbuild.artifacts import verify
-from builder.wheelbuild.plan import BuildPlan, job_memory, plan_build, resolve_archs
+from builder.wheelbuild.plan import BuildPlan, check_torch_build, job_memory, plan_build, resolve_archs
 from builder.wheelbuild.toolchain import ToolchainPlan, apply, compose_env, plan_toolchain
 from builder.workspace import Workspace
 
@@ -82,7 +82,8 @@ def prepare(
         output.note(f"Python {target.python.version}: {target.python.path}")
     reqs = build_requirements(recipe, src)
     base = None if target.python.own else target.python.path
-    venv = envs.cached(ws.cache / "envs", reqs, log, verbose, system_site_packages=recipe.torch.system, base=base)
+    venv = envs.cached(ws.cache / "envs", reqs, log, verbose, system_site_packages=recipe.torch.system, base=base,
+                       index=envs.torch_index(recipe.torch))  # fmt: skip
     return src, envs.python_in(venv)
 
 
@@ -91,6 +92,7 @@ def toolchain_env(
 ) -> tuple[dict[str, str], Report, ToolchainPlan]:
     """Detect the machine for the build env's torch and compose the environment the build runs in."""
     report = detect(os.environ, str(python), search=cudakit.search_roots(os.environ))
+    check_torch_build(recipe, report.torch.version, report.torch.cuda)  # before anything is fetched for it
     need_cuda = recipe.accelerator == "cuda"
     if need_cuda and (cuda := cudakit.pip_version_for(recipe.cuda_toolkit, report)):
         kit = cudakit.pip_toolkit(cudakit.install(cuda, ws.cache / "toolkits", ws.logs / f"{recipe.name}-build.log"))
@@ -378,7 +380,12 @@ def build_manifest(
             "host_compiler": dict(toolchain.links).get("g++"),
             "cxx11_abi": machine.torch.cxx11_abi,
         },
-        "torch": {"version": plan.torch_version, "cuda": plan.torch_cuda},
+        "torch": {
+            "version": plan.torch_version,
+            "cuda": plan.torch_cuda,
+            **({"variant": recipe.torch.variant} if recipe.torch.variant else {}),
+            **({"index": recipe.torch.index} if recipe.torch.index else {}),
+        },
         "python_tag": plan.python_tag,
         "accelerator": recipe.accelerator,
         "archs": list(plan.archs),
