@@ -50,7 +50,7 @@ EXTRA_OPS = ("deepspeed_shm_comm", "pin_memory", "cpu_lion", "cpu_adagrad", "fus
 
 
 def _report(stem: Path, result: dict[str, Any], table: str) -> dict[str, Any]:
-    """STEM.json and STEM.md (the table README.md carries), and the table on stdout."""
+    """STEM.json and STEM.md (the table docs/benchmarks.md carries), and the table on stdout."""
     write_atomic(stem.with_suffix(".json"), json.dumps(result, indent=2) + "\n")
     write_atomic(stem.with_suffix(".md"), table)
     output.result(table)
@@ -331,7 +331,7 @@ ABSOLUTE_TARGETS = {"unchanged_vs_cold": "< 2 s for the build step", "smoke_uv_v
 
 
 def render_table(result: dict[str, Any]) -> str:
-    """The Markdown table README.md carries."""
+    """The Markdown table docs/benchmarks.md carries."""
     med, sizes, ratios = result["median_s"], result["wheel_bytes"], result["ratios"]
     absolute = {
         "cold_vs_plain": f"{med['cold']:.0f} s vs {med['plain']:.0f} s",

@@ -1917,7 +1917,8 @@ def _pip_fix(said: str, python: str, entry: "WheelEntry") -> str:
     return "read pip's output above; run the installer again with --debug for more"
 
 
-def main(argv: "Sequence[str] | None" = None, prog: "str | None" = None) -> int:
+def parser(prog: "str | None" = None) -> argparse.ArgumentParser:
+    """The installer's options (also read by the docs test, which checks every command the docs show)."""
     p = argparse.ArgumentParser(
         prog=prog,
         description="On a node: detect Python, torch, CUDA, GPU compute capabilities and CPU features, pick the "
@@ -1947,6 +1948,11 @@ def main(argv: "Sequence[str] | None" = None, prog: "str | None" = None) -> int:
                    "(JSON, or .py of one dict) with the wheelhouse's config checker: initialize and a few steps, no "
                    f"compile at first use allowed; repeat for several. Exit {EXIT_CONFIGS} unless all run")  # fmt: skip
     p.add_argument("--debug", action="store_true", help="show a traceback on errors")
+    return p
+
+
+def main(argv: "Sequence[str] | None" = None, prog: "str | None" = None) -> int:
+    p = parser(prog)
     args = p.parse_args(argv)
     ops = [op.strip() for op in args.ops.split(",") if op.strip()]
     try:

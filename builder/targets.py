@@ -195,7 +195,7 @@ def parse_matrix(data: Mapping[str, Any], path: Path) -> Matrix:
         if key not in _MATRIX_KEYS:
             raise RecipeError(f'{path}: unknown key "{key}"', f"allowed keys: {', '.join(_MATRIX_KEYS)}")
         if not isinstance(value, _MATRIX_KEYS[key]) or isinstance(value, bool):
-            raise RecipeError(f"{path}: {key} has the wrong type", "see the matrix example in README.md")
+            raise RecipeError(f"{path}: {key} has the wrong type", "see the matrix example in docs/pipeline.md")
     files = data.get("recipes") or []
     if not files or not all(isinstance(f, str) for f in files):
         raise RecipeError(f"{path}: recipes must list recipe files", 'e.g. recipes = ["recipes/cpu.toml"]')

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 VERSION = "0.19.8+cu130.torch2.14.sm80.sm90"
 RECIPE = "cu130-multi-min"
 WHEEL = f"deepspeed-{VERSION}-cp311-cp311-manylinux_2_35_x86_64.whl"  # the glibc floor of this Debian 12 build
-# Measured with DeepSpeed's plain build for the same ops (see README): a 15.6 MB wheel.
+# Measured with DeepSpeed's plain build for the same ops (see docs/benchmarks.md): a 15.6 MB wheel.
 PLAIN_WHEEL_BYTES = 15_600_000
 
 pytestmark = [

@@ -163,7 +163,7 @@ def seccomp_for(ops: tuple[str, ...], scratch: Path) -> tuple[list[str], Check |
     """DeepSpeed's aio calls io_pgetevents and aborts when it fails; podman 4.3's default seccomp
     profile denies it (EPERM). For a wheel with async_io or gds, the checks run with that profile
     plus io_pgetevents allowed (written to `scratch`), and a row says so: users of podman run the
-    image the same way (README)."""
+    image the same way (docs/images.md)."""
     if not set(ops) & set(AIO_OPS):
         return [], None
     system = next((p for p in SYSTEM_SECCOMP if p.is_file()), None)

@@ -20,6 +20,7 @@ Results (one per config, in order) are printed as JSON after the MARKER line:
 
 from __future__ import annotations
 
+import argparse
 import json
 import multiprocessing
 import os
@@ -487,11 +488,8 @@ def explain(result: dict[str, Any], accelerator: str) -> str:
     return first
 
 
-def main() -> int:
-    """`--spec FILE|-|JSON` (the toolkit: the JSON report after MARKER), or config files (people,
-    on a node: a line per config, or --json; exit 14 unless every config passed)."""
-    import argparse
-
+def parser() -> argparse.ArgumentParser:
+    """The checker's options (also read by the docs test, which checks every command the docs show)."""
     p = argparse.ArgumentParser(
         description="Run DeepSpeed configs against the DeepSpeed installed for this Python: initialize and a "
         "few steps of a small model each, with an empty TORCH_EXTENSIONS_DIR; every op DeepSpeed asks for is "
@@ -504,6 +502,13 @@ def main() -> int:
     p.add_argument("--launched", action="store_true",
                    help="run one config as this process's rank of a world a launcher started (torchrun across "
                    "nodes: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set): a line (or JSON) per rank")  # fmt: skip
+    return p
+
+
+def main() -> int:
+    """`--spec FILE|-|JSON` (the toolkit: the JSON report after MARKER), or config files (people,
+    on a node: a line per config, or --json; exit 14 unless every config passed)."""
+    p = parser()
     args = p.parse_args()
     # What DeepSpeed prints (its accelerator warning, "... built successfully") goes to stderr, in
     # every process: stdout carries only the results, so --json is JSON.
