@@ -145,7 +145,7 @@ def tests(session: nox.Session) -> None:
     last). Pass `-- -n 0` to run in one process.
     """
     session.install(".[test]")
-    session.run("pytest", "-n", "3", "--dist", "loadfile", "--no-loadscope-reorder", "--durations=15",
+    session.run("pytest", "-n", "3", "--dist", "loadfile", "--no-loadscope-reorder", "--durations=30",
                 *session.posargs)  # fmt: skip
 
 
