@@ -73,7 +73,7 @@ def commands(page: Path) -> Iterator[Command]:
 def sessions() -> set[str]:
     """The noxfile's session names (a decorator's name= or the function's name)."""
     tree = ast.parse((ROOT / "noxfile.py").read_text())
-    names = set()
+    names: set[str] = set()
     for fn in tree.body:
         if not isinstance(fn, ast.FunctionDef):
             continue
@@ -82,7 +82,7 @@ def sessions() -> set[str]:
             target = call.func if call else deco
             if isinstance(target, ast.Attribute) and target.attr == "session":
                 named = [k.value for k in (call.keywords if call else []) if k.arg == "name"]
-                names.add(named[0].value if named and isinstance(named[0], ast.Constant) else fn.name)
+                names.add(str(named[0].value) if named and isinstance(named[0], ast.Constant) else fn.name)
     return names
 
 
