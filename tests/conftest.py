@@ -88,7 +88,7 @@ def own_workspace(workspace: Path, tmp_path: Path) -> Path:
 # longest start at once, one a worker, each with a short file behind it; the medium ones go next to
 # whichever worker is free first; the short ones fill in after.
 LONGEST = ("test_pipeline.py", "test_cluster.py", "test_every_op.py")
-MEDIUM = ("test_matrix.py", "test_cuda_pipeline.py", "test_system_torch.py")
+MEDIUM = ("test_cuda_pipeline.py", "test_system_torch.py", "test_torch_builds.py")
 
 
 def file_order(names: list[str]) -> list[str]:
