@@ -4,7 +4,8 @@ PyTorch's indexes (download.pytorch.org/whl/cpu, /cu126, ...) cannot be reached 
 so a local folder index laid out as PyTorch's stands in for one: the same PEP 503 pages, holding this
 machine's torch 2.13.0+cpu wheel. pip's sources are narrowed to ones without that wheel, so the torch
 the environment gets can only have come from the index the recipe names. Each case runs the real
-`detect --recipe`, which makes the recipe's build environment and checks it as a build does.
+`detect --recipe`, which makes the recipe's build environment and checks it as a build does, in a
+work folder of its own (an environment with that exact torch elsewhere would rightly be reused).
 """
 
 from __future__ import annotations
@@ -60,12 +61,12 @@ def detect(recipe: Path, work: Path, env: dict[str, str]) -> subprocess.Complete
 
 
 @needs_wheel
-def test_torchs_named_build_comes_from_the_recipes_index(own_workspace: Path, tmp_path: Path) -> None:
+def test_torchs_named_build_comes_from_the_recipes_index(tmp_path: Path) -> None:
     assert WHEEL is not None
     index = pytorch_like_index(tmp_path / "pytorch", WHEEL)
     env = sources_without_torch(WHEEL)
     recipe = recipe_with_torch(tmp_path, f'version = "2.13.0"\nvariant = "cpu"\nindex = "{index}"\n')
-    done = detect(recipe, own_workspace, env)
+    done = detect(recipe, tmp_path / "work", env)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)
     assert report["torch"]["version"] == "2.13.0+cpu" and report["torch"]["cuda"] is None
@@ -74,13 +75,13 @@ def test_torchs_named_build_comes_from_the_recipes_index(own_workspace: Path, tm
 
 
 @needs_wheel
-def test_a_named_build_no_source_has_is_an_error_naming_the_index(own_workspace: Path, tmp_path: Path) -> None:
+def test_a_named_build_no_source_has_is_an_error_naming_the_index(tmp_path: Path) -> None:
     """variant = "cpu" with no index: pip's sources lack torch 2.13.0+cpu, so PyTorch's own index is
     asked, which this machine cannot reach: one clear error naming it and what to do."""
     assert WHEEL is not None
     env = sources_without_torch(WHEEL)
     recipe = recipe_with_torch(tmp_path, 'version = "2.13.0"\nvariant = "cpu"\n', name="unreached")
-    done = detect(recipe, own_workspace, env)
+    done = detect(recipe, tmp_path / "work", env)
     assert done.returncode == 3, done.stderr[-3000:]
     assert "torch==2.13.0+cpu: from https://download.pytorch.org/whl/cpu" in done.stderr
     assert ("fix: torch==2.13.0+cpu comes from https://download.pytorch.org/whl/cpu (pip's sources do not have "
@@ -90,11 +91,11 @@ def test_a_named_build_no_source_has_is_an_error_naming_the_index(own_workspace:
 
 
 @pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="torch 2.14.1's CUDA build here is for Python 3.11")
-def test_a_cpu_recipe_given_an_indexs_cuda_build_is_refused(own_workspace: Path, tmp_path: Path) -> None:
+def test_a_cpu_recipe_given_an_indexs_cuda_build_is_refused(tmp_path: Path) -> None:
     """The issue's trap: a CPU recipe pinning a version whose default build on the index is CUDA
     (PyPI's torch 2.14.1: CUDA 13.0, with its nvidia packages) was labelled +cpu; now refused."""
     recipe = recipe_with_torch(tmp_path, 'version = "2.14.1"\n', name="cudatorch")
-    done = detect(recipe, own_workspace, dict(os.environ))
+    done = detect(recipe, tmp_path / "work", dict(os.environ))
     assert done.returncode == 5, done.stderr[-3000:]
     assert ("error: recipe cudatorch is a cpu recipe, but its build environment got torch 2.14.1+cu130, the CUDA "
             "13.0 build (from pip's sources)") in done.stderr  # fmt: skip
