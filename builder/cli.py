@@ -11,13 +11,9 @@ import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from builder import DEFAULT_RECIPE, __version__, output
 from builder.errors import BuilderError
-
-if TYPE_CHECKING:
-    pass
 
 # Only the standard library is imported at the top: `install` runs on nodes that have nothing
 # else, so each command imports what it needs when it runs.
