@@ -34,7 +34,8 @@ needs_wheel = pytest.mark.skipif(
 def sources_without_torch(wheel: Path) -> dict[str, str]:
     """This machine's pip sources less the folder that holds the CPU torch wheel (and no config file)."""
     mine = envs.pip_sources()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    # uv's own variables too: nox hands pip's sources to uv as UV_FIND_LINKS and friends.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
     env["PIP_CONFIG_FILE"] = os.devnull
     links = [f for f in mine.find_links if Path(urllib.parse.urlparse(f).path or f) != wheel.parent]
     env["PIP_FIND_LINKS"] = " ".join(links)
