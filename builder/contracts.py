@@ -24,11 +24,13 @@ from builder.node import (
     CPU_FLAG_RE,
     CPU_TARGETS,
     CUDA_RE,
+    INDEX_URL_RE,
     NAME_RE,
     OP_RE,
     PYTHON_TAG_RE,
     SHA256_RE,
     STAMP_RE,
+    TORCH_VARIANT_RE,
     VERSION_RE,
     Fields,
     ManifestError,
@@ -42,8 +44,6 @@ BUILD_SCHEMA = 1
 SMOKE_SCHEMA = 1
 _FLAG = CPU_FLAG_RE
 _ANY = re.compile(r"^.{0,200}$", re.DOTALL)
-_TORCH_VARIANT = re.compile(r"^(cpu|cu[1-9][0-9][0-9])$")
-_INDEX_URL = re.compile(r"^(https?|file)://[^\s]{1,400}$")
 
 
 @dataclass(frozen=True)
@@ -99,8 +99,8 @@ class BuildManifest:
             data=dict(data),
             narrowed_ops=arch_table(f, "narrowed_ops"),
             missing_ops=reason_table(f, "missing_ops"),
-            torch_variant=torch.text("variant", _TORCH_VARIANT, optional=True),
-            torch_index=torch.text("index", _INDEX_URL, optional=True),
+            torch_variant=torch.text("variant", TORCH_VARIANT_RE, optional=True),
+            torch_index=torch.text("index", INDEX_URL_RE, optional=True),
         )
 
     def to_json(self) -> str:

@@ -406,6 +406,19 @@ _ID_RE = re.compile(r"^[0-9a-f]{32}$")
 KEY_LINE_RE = re.compile(r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh\.com) "
                          r"[A-Za-z0-9+/]{20,1400}={0,2}$")  # fmt: skip
 CUDA_RE = re.compile(r"^\d{1,2}\.\d{1,2}(\.\d+)?$")
+# A torch build as PyTorch's indexes name it (cpu, cu126, cu130), and where one comes from: an index URL.
+TORCH_VARIANT_RE = re.compile(r"^(cpu|cu[1-9][0-9][0-9])$")
+INDEX_URL_RE = re.compile(r"^(https?|file)://[^\s]{1,400}$")
+
+
+def torch_variant(cuda: "str | None") -> str:
+    """The build of a torch as PyTorch's indexes name it: cpu, cu126 (CUDA 12.6), cu130."""
+    if not cuda:
+        return "cpu"
+    major, minor = cuda.split(".")[:2]
+    return f"cu{major}{minor}"
+
+
 GLIBC_RE = re.compile(r"^\d{1,2}\.\d{1,3}$")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 STAMP_RE = re.compile(r"^[0-9T:+.\-Z ]{0,40}$")
@@ -1074,8 +1087,7 @@ def build_for(node: "Node") -> str:
     """What a wheel for this node takes, in recipe and build-host terms (the fix of "nothing fits")."""
     parts = [f'python = ["{node.python_tag[2]}.{node.python_tag[3:]}"]']
     if node.torch:
-        variant = "cu" + "".join(node.cuda.split(".")[:2]) if node.cuda else "cpu"  # as PyTorch's indexes name it
-        parts.append(f'[torch] version = "{_public(node.torch)}", variant = "{variant}"')
+        parts.append(f'[torch] version = "{_public(node.torch)}", variant = "{torch_variant(node.cuda)}"')
     if node.gpus:
         parts.append(f"arch = {json.dumps(sorted(set(node.gpus)))}")
     if node.glibc:

@@ -22,6 +22,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from builder.errors import RecipeError
+from builder.node import INDEX_URL_RE, TORCH_VARIANT_RE
 from builder.wheelbuild.archs import normalize_all
 
 ACCELERATORS = ("cpu", "cuda")
@@ -65,8 +66,6 @@ _KIND: dict[type | tuple[type, ...], str] = {
 }
 CUDA_TOOLKITS = ("auto", "system", "pip")
 PYTORCH_INDEX = "https://download.pytorch.org/whl"  # PyTorch's indexes, one per build: /cpu, /cu126, /cu130
-# A build as PyTorch's indexes name it: cpu, or cu + CUDA's major and minor (cu118, cu126, cu130).
-TORCH_VARIANT = re.compile(r"^(cpu|cu[1-9][0-9][0-9])$")
 ALL_OPS = "all"  # ops = "all": every op DeepSpeed offers for the accelerator (see build.needs)
 ON_OP_FAILURE = ("fail", "drop")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
@@ -360,7 +359,7 @@ def _torch(table: Mapping[str, Any], accelerator: str, where: str) -> TorchSpec:
                           f'put the build in variant: version = "{version.split("+")[0]}", '
                           f'variant = "{version.split("+")[1]}"')  # fmt: skip
     if variant is not None:
-        if not TORCH_VARIANT.match(variant):
+        if not TORCH_VARIANT_RE.match(variant):
             raise RecipeError(f'{where}: torch.variant "{variant}" is not a build PyTorch\'s indexes name',
                               'use "cpu", or "cu" and CUDA\'s version without the dot: "cu126", "cu130"')  # fmt: skip
         wanted = "cpu" if accelerator == "cpu" else "cu126, cu128, cu130, ..."
@@ -368,8 +367,7 @@ def _torch(table: Mapping[str, Any], accelerator: str, where: str) -> TorchSpec:
             raise RecipeError(f'{where}: torch.variant "{variant}" does not fit accelerator "{accelerator}"',
                               f"use a {accelerator} build of torch: variant = {wanted}")  # fmt: skip
     if index is not None:
-        scheme = index.split("://", 1)[0] if "://" in index else ""
-        if scheme not in ("https", "http", "file") or any(c.isspace() for c in index):
+        if not INDEX_URL_RE.match(index):
             raise RecipeError(f'{where}: torch.index "{index[:60]}" is not an index URL',
                               'e.g. index = "https://download.pytorch.org/whl/cu130", a mirror of it, '
                               'or "file:///srv/pytorch/whl/cpu"')  # fmt: skip

@@ -61,13 +61,17 @@ def snippets(text: str) -> Iterator[str]:
         yield span.replace("\n", " ").replace("\\|", "|")
 
 
-def commands(page: Path) -> Iterator[Command]:
-    for snippet in snippets(page.read_text(encoding="utf-8")):
+def commands_in(text: str, name: str) -> Iterator[Command]:
+    for snippet in snippets(text):
         found = list(START.finditer(snippet))
         for i, m in enumerate(found):
             end = found[i + 1].start() if i + 1 < len(found) else len(snippet)
             rest = re.split(r"&&|;|\)|\s#\s", snippet[m.end() : end])[0]
-            yield Command(f"{page.relative_to(ROOT)}: `{snippet.strip()[:90]}`", m.group("cmd"), rest)
+            yield Command(f"{name}: `{snippet.strip()[:90]}`", m.group("cmd"), rest)
+
+
+def commands(page: Path) -> Iterator[Command]:
+    return commands_in(page.read_text(encoding="utf-8"), str(page.relative_to(ROOT)))
 
 
 def sessions() -> set[str]:
@@ -155,11 +159,7 @@ def test_the_command_check_fails_on_what_does_not_exist() -> None:
         "Run `nox -s biuld-wheel` or `python -m builder publsh`, then `python3 wheelhouse/tools/ds-node-install.py "
         "--wheelhouse W --dryrun` and `python tests/cluster.py start F`; `nox -s verify [-- --jsn]`.\n"
     )
-    found = []
-    for snippet in snippets(text):
-        for m in START.finditer(snippet):
-            found.append(Command("example", m.group("cmd"), re.split(r"&&|;|\)", snippet[m.end() :])[0]))
-    said = "\n".join(problems(found, sessions()))
+    said = "\n".join(problems(list(commands_in(text, "example")), sessions()))
     for wrong in ("--no-such-option is not an option of python -m builder build-wheel",
                   "--trsut is not an option of python -m builder verify", "no nox session 'biuld-wheel'",
                   "no builder command 'publsh'", "--dryrun is not an option", "tests/cluster.py has no 'start'",

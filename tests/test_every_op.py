@@ -116,7 +116,8 @@ def runs(workspace: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
     )
     (folder / "ccl.toml").write_text(_torch(ccl, index))
     matrix = folder / "matrix.toml"
-    matrix.write_text('recipes = ["every-m.toml", "ccl.toml"]\npython = ["3.11", "3.12"]\n')
+    pythons = ["3.11", "3.12"] if PY312 else ["3.11"]  # the second Python's targets are the test below's
+    matrix.write_text(f'recipes = ["every-m.toml", "ccl.toml"]\npython = {json.dumps(pythons)}\n')
     argv = [sys.executable, "-m", "builder", "build-wheel", "--matrix", str(matrix), *common]
     dropped = subprocess.run([*argv, "--json"], cwd=ROOT, capture_output=True, text=True, env=env)
     coverage = json.loads((work / "coverage" / "coverage.json").read_text()) if dropped.returncode == 11 else {}

@@ -295,6 +295,33 @@ def test_a_report_for_other_bytes_is_refused(tmp_path: Path) -> None:
         publish([wheel], tmp_path / "house")
 
 
+CPU_TORCH_FIELDS = {"version": "2.13.0+cpu", "cuda": None}
+
+
+@pytest.mark.parametrize(
+    ("torch", "complaint"),
+    [
+        (
+            {"version": "2.13.0+cpu", "cuda": None, "index": "https://x/simple --trusted-host evil"},
+            "'index' is not valid",
+        ),
+        ({"version": "2.13.0+cpu", "cuda": None, "index": "ftp://mirror/whl/cpu"}, "'index' is not valid"),
+        ({"version": "2.13.0+cpu", "cuda": None, "variant": "cpu; rm -rf /"}, "'variant' is not valid"),
+        ({"version": "2.13.0+cpu", "cuda": None, "variant": 130}, "'variant' has the wrong type"),
+    ],
+)
+def test_a_build_manifests_torch_build_is_checked_before_the_smoke_installs_from_it(
+    tmp_path: Path, torch: dict[str, object], complaint: str
+) -> None:
+    """The smoke installs torch's build from the index the build manifest names: an index that is
+    not a URL (an installer option hidden in it) or a variant that is no build name is refused."""
+    with pytest.raises(ManifestError, match=complaint):
+        BuildManifest.from_wheel(fake_wheel(tmp_path, torch=torch))
+    named = {**CPU_TORCH_FIELDS, "variant": "cpu", "index": "file:///srv/whl/cpu"}
+    good = BuildManifest.from_wheel(fake_wheel(tmp_path, torch=named))
+    assert (good.torch_variant, good.torch_index) == ("cpu", "file:///srv/whl/cpu")
+
+
 def test_a_wheel_without_a_valid_build_manifest_is_refused(tmp_path: Path) -> None:
     wheel = fake_wheel(tmp_path, cpu_target="x86-64-v9")
     with pytest.raises(ManifestError, match="'cpu_target' is 'x86-64-v9'"):

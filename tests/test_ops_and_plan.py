@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from builder.errors import BuildError, RecipeError, SourceError
+from builder.node import torch_variant
 from builder.recipe import load_recipe, parse_recipe
 from builder.resources import resource
 from builder.units.plan import plan_units
@@ -23,7 +24,6 @@ from builder.wheelbuild.plan import (
     max_jobs,
     plan_build,
     resolve_archs,
-    torch_variant,
 )
 from builder.wheelbuild.source import patch_build_tree
 

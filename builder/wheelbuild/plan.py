@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from packaging.version import Version
 
 from builder.errors import BuildError
+from builder.node import torch_variant
 from builder.recipe import PYTORCH_INDEX, Recipe
 from builder.wheelbuild import needs
 from builder.wheelbuild.archs import label as arch_label
@@ -84,16 +85,7 @@ def local_label(accelerator: str, torch_version: str, torch_cuda: str | None, ar
             "the recipe targets CUDA but the torch in the build environment has no CUDA",
             "pin a CUDA build of torch in the recipe's [torch] table",
         )
-    major, minor = torch_cuda.split(".")[:2]
-    return f"cu{major}{minor}.{torch_part}.{arch_label(archs)}"
-
-
-def torch_variant(cuda: str | None) -> str:
-    """The build of a torch as PyTorch's indexes name it: cpu, cu126 (CUDA 12.6), cu130."""
-    if not cuda:
-        return "cpu"
-    major, minor = cuda.split(".")[:2]
-    return f"cu{major}{minor}"
+    return f"{torch_variant(torch_cuda)}.{torch_part}.{arch_label(archs)}"
 
 
 def check_torch_build(recipe: Recipe, version: str | None, cuda: str | None) -> None:
