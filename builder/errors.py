@@ -92,3 +92,10 @@ class ConfigError(BuilderError):
     refuses it, it fails, or it cannot be read."""
 
     exit_code = 14
+
+
+class RootError(BuilderError):
+    """The build root cannot be made, entered or trusted (a folder that is no root, one others can
+    write, no debootstrap, no namespaces)."""
+
+    exit_code = 15

@@ -934,15 +934,44 @@ def glibc_floor(platform_tag: str) -> "tuple[int, int] | None":
     return min(floors) if floors else None
 
 
+# The glibc of the releases clusters run, per family, oldest first (each family's first release
+# with a glibc >= N is what "glibc N or newer" means there). Sources: each release's glibc package.
+OS_GLIBC = (
+    ("RHEL", (("7", (2, 17)), ("8", (2, 28)), ("9", (2, 34)), ("10", (2, 39)))),
+    ("Debian", (("9", (2, 24)), ("10", (2, 28)), ("11", (2, 31)), ("12", (2, 36)), ("13", (2, 41)))),
+    ("Ubuntu", (("16.04", (2, 23)), ("18.04", (2, 27)), ("18.10", (2, 28)), ("20.04", (2, 31)), ("22.04", (2, 35)),
+                ("24.04", (2, 39)))),
+)  # fmt: skip
+
+
+def floor_systems(floor: "tuple[int, int]") -> str:
+    """The releases a glibc floor reaches, for people: (2, 28) -> "RHEL 8+, Debian 10+, Ubuntu 18.10+"."""
+    out = []
+    for family, releases in OS_GLIBC:
+        first = next((name for name, glibc in releases if glibc >= floor), None)
+        if first is not None:
+            out.append(f"{family} {first}+")
+    return ", ".join(out) or "no release listed here"
+
+
+def describe_floor(platform_tag: str) -> str:
+    """What a wheel's platform tag asks of a node, in words: "glibc 2.28 or newer: RHEL 8+, Debian
+    10+, Ubuntu 18.10+"; a plain linux tag promises nothing."""
+    floor = glibc_floor(platform_tag)
+    if floor is None:
+        return "no glibc floor stated (a plain linux tag: it may need the build host's glibc)"
+    return f"glibc {floor[0]}.{floor[1]} or newer: {floor_systems(floor)}"
+
+
 def glibc_mismatch(entry_name: str, node: "Node") -> "str | None":
     """Why a wheel's glibc floor rules this node out (None: it does not)."""
-    floor = glibc_floor(check_wheel_name(entry_name).platform)
+    platform_tag = check_wheel_name(entry_name).platform
+    floor = glibc_floor(platform_tag)
     if floor is None or node.glibc is None:
         return None  # pip's own tag check still applies on the node
     have = tuple(int(x) for x in node.glibc.split(".")[:2])
     if have < floor:
-        return (f"needs glibc {floor[0]}.{floor[1]} or newer (built on a newer OS), "
-                f"node has {node.glibc}")  # fmt: skip
+        return f"needs {describe_floor(platform_tag)} (built on a newer OS), node has glibc {node.glibc}"
     return None
 
 
@@ -1091,8 +1120,9 @@ def build_for(node: "Node") -> str:
     if node.gpus:
         parts.append(f"arch = {json.dumps(sorted(set(node.gpus)))}")
     if node.glibc:
-        parts.append(f"built on a host (or image) with glibc {node.glibc} or older, so it is tagged "
-                     f"manylinux_{node.glibc.replace('.', '_')} or lower")  # fmt: skip
+        have = node.glibc.replace(".", "_")
+        parts.append(f'platform = "manylinux_{have}" or lower (the default, "manylinux_2_28", reaches glibc 2.28 '
+                     f"and newer: {floor_systems((2, 28))})")  # fmt: skip
     return "a recipe with " + "; ".join(parts)
 
 

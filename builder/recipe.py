@@ -21,6 +21,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
+from builder.buildroot.spec import DEFAULT_FLOOR, RootSpec
 from builder.errors import RecipeError
 from builder.node import INDEX_URL_RE, TORCH_VARIANT_RE
 from builder.wheelbuild.archs import normalize_all
@@ -48,14 +49,18 @@ _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
         "slurm": dict,
         "configs": list,
         "label": str,
+        "platform": str,
+        "root": dict,
     },
     "deepspeed": {"version": str, "sha256": str},
+    "root": {"folder": str, "image": str, "cc": str, "cxx": str},
     "torch": {"version": str, "variant": str, "index": str},
 }
 _REQUIRED: dict[str, tuple[str, ...]] = {
     "": ("name", "accelerator", "ops", "deepspeed", "torch"),
     "deepspeed": ("version", "sha256"),
     "torch": ("version",),
+    "root": (),
 }
 _KIND: dict[type | tuple[type, ...], str] = {
     str: "a string",
@@ -171,6 +176,8 @@ class Recipe:
     configs: tuple[tuple[str, str], ...] = ()  # (file name, the config as sorted JSON), read by load_recipe
     ops_from_configs: tuple[str, ...] = ()  # ops added to `ops` because a config loaded them (pipeline)
     label: str = ""  # ends the wheel's local version: two op sets of one target get two file names
+    platform: str = DEFAULT_FLOOR  # manylinux_2_N: the oldest glibc the wheel may need; "host": this machine's
+    root: RootSpec | None = None  # [root]: a site's root folder or image; None: the toolkit's own (Debian 11)
 
     @property
     def config_table(self) -> dict[str, Any]:
@@ -320,7 +327,10 @@ def parse_recipe(data: Mapping[str, Any], path: Path | None = None) -> Recipe:
     if label and not _LABEL.match(label):
         raise RecipeError(f'{where}: label "{label}" is not usable in a version',
                           'use 1-16 lowercase letters and digits, e.g. label = "all"')  # fmt: skip
+    platform, root = _platform(data, where)
     return Recipe(
+        platform=platform,
+        root=root,
         label=label,
         config_files=tuple(config_files),
         slurm=tuple(sorted(slurm.items())),
@@ -343,6 +353,54 @@ def parse_recipe(data: Mapping[str, Any], path: Path | None = None) -> Recipe:
         description=data.get("description", ""),
         path=path,
     )
+
+
+IMAGE_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}$")  # registry/name:tag or @sha256:..., no spaces
+
+
+def _platform(data: Mapping[str, Any], where: str) -> tuple[str, RootSpec | None]:
+    """platform (a manylinux_2_N floor auditwheel knows, or "host") and [root] (folder or image)."""
+    from builder.wheelbuild.glibc import HOST, known_floors
+
+    platform = data.get("platform", DEFAULT_FLOOR)
+    floors = known_floors()
+    if platform != HOST and platform not in floors:
+        raise RecipeError(
+            f'{where}: platform = "{platform[:60]}" is not a floor this toolkit knows{did_you_mean(platform, floors)}',
+            f'use one of {", ".join(floors)} (the oldest glibc the wheel may need; "{DEFAULT_FLOOR}" reaches RHEL 8+, '
+            f'Debian 10+, Ubuntu 18.10+), or "host" for this machine\'s own OS only',
+        )
+    table = data.get("root")
+    if table is None:
+        return platform, None
+    _check_table(table, "root", where)
+    if platform == HOST:
+        raise RecipeError(f'{where}: [root] names where to compile for a floor, and platform = "host" has none',
+                          f'remove [root], or set platform = "{DEFAULT_FLOOR}"')  # fmt: skip
+    if ("folder" in table) == ("image" in table):
+        raise RecipeError(
+            f"{where}: [root] names either a folder or an image",
+            '[root] folder = "/srv/roots/alma8", or [root] image = "quay.io/pypa/manylinux_2_28_x86_64"',
+        )
+    tools = {}
+    for key in ("cc", "cxx"):
+        if key in table:
+            value = table[key]
+            if not value.startswith("/") or "\n" in value or ".." in value.split("/"):
+                raise RecipeError(f'{where}: root.{key} = "{value[:60]}" is not an absolute path inside the root',
+                                  'e.g. cxx = "/opt/rh/gcc-toolset-13/root/usr/bin/g++"')  # fmt: skip
+            tools[key] = value
+    if "folder" in table:
+        folder = table["folder"]
+        if not folder.startswith("/") or "\n" in folder:
+            raise RecipeError(f'{where}: root.folder = "{folder[:60]}" is not an absolute path',
+                              'e.g. [root] folder = "/srv/roots/bullseye"')  # fmt: skip
+        return platform, RootSpec("folder", folder=Path(folder), **tools)
+    image = table["image"]
+    if not IMAGE_REF.match(image):
+        raise RecipeError(f'{where}: root.image = "{image[:60]}" is not an image reference',
+                          'e.g. [root] image = "quay.io/pypa/manylinux_2_28_x86_64"')  # fmt: skip
+    return platform, RootSpec("image", image=image, **tools)
 
 
 def _torch(table: Mapping[str, Any], accelerator: str, where: str) -> TorchSpec:

@@ -62,7 +62,9 @@ def test_the_node_checks_the_floor() -> None:
     assert glibc_floor("linux_x86_64") is None
     name = "deepspeed-0.19.8+cpu.torch2.13-cp311-cp311-manylinux_2_35_x86_64.whl"
     rocky8 = Node("cp311", "2.13.0+cpu", None, (), frozenset(), glibc="2.28")
-    assert glibc_mismatch(name, rocky8) == "needs glibc 2.35 or newer (built on a newer OS), node has 2.28"
+    assert glibc_mismatch(name, rocky8) == (
+        "needs glibc 2.35 or newer: RHEL 10+, Debian 12+, Ubuntu 22.04+ (built on a newer OS), node has glibc 2.28"
+    )
     assert glibc_mismatch(name, Node("cp311", None, None, glibc="2.36")) is None
     assert glibc_mismatch(name, Node("cp311", None, None, glibc="2.100")) is None  # compared as numbers
     assert glibc_mismatch(name.replace("manylinux_2_35", "linux"), rocky8) is None

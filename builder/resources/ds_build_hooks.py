@@ -8,6 +8,8 @@ variables every hook returns what DeepSpeed would have used.
 - DS_BUILDER_CPU_ARCH / DS_BUILDER_SIMD_WIDTH replace -march=native and the build host's SIMD
   macro: a wheel compiled with -march=native on an AVX-512 host crashes on older nodes (DeepSpeed
   issues 1886, 7556).
+- DS_BUILDER_CPU_ARCH_FLAGS spells DS_BUILDER_CPU_ARCH out for a compiler that does not know its
+  name (gcc 10, the build root's, has no -march=x86-64-v3: the same instructions flag by flag).
 - DS_BUILDER_NO_DEBUG drops -g when the wheel will be stripped anyway: generating debug info took
   a third of the compile time (cpu_adam.cpp 30.6 s with -g, 20.2 s without) and does not change
   GCC's code.
@@ -60,8 +62,15 @@ def cpu_link_args(ext: Any, builder: Any) -> Any:
 
 
 def compile_args(args: list[str]) -> list[str]:
-    """An op's compile flags, without -g when the wheel will be stripped."""
-    return [a for a in args if a != "-g"] if os.environ.get("DS_BUILDER_NO_DEBUG") else args
+    """An op's compile flags, without -g when the wheel will be stripped, and with the -march level
+    spelt out flag by flag where the compiler is older than its name (DS_BUILDER_CPU_ARCH_FLAGS: gcc 10
+    in the build root does not know -march=x86-64-v3)."""
+    if os.environ.get("DS_BUILDER_NO_DEBUG"):
+        args = [a for a in args if a != "-g"]
+    march, spelt = os.environ.get("DS_BUILDER_CPU_ARCH"), os.environ.get("DS_BUILDER_CPU_ARCH_FLAGS")
+    if march and spelt:
+        args = [flag for a in args for flag in (spelt.split() if a == march else [a])]
+    return args
 
 
 def parallel_build_ext(base: Any) -> Any:

@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from builder import __version__
+from builder.buildroot import sandbox
 from builder.cmd import query
 from builder.detect import arch_list, probe_compilers, probe_gpus, probe_toolkits
 from builder.recipe import Recipe
 from builder.wheelbuild.cudakit import search_roots
+from builder.wheelbuild.glibc import HOST
 
 # Variables that change what the compilers produce (MAX_JOBS and friends only change how fast).
 RELEVANT_ENV = (
@@ -38,6 +40,7 @@ class MachineFacts:
     compilers: tuple[str, ...] = ()  # g++=12.2.0
     system_torch: str | None = None  # for torch = "system"
     gpu_archs: tuple[str, ...] = ()  # for arch = "auto"
+    root: str | None = None  # the identity of the build root the ops compile in (None: platform = "host")
 
 
 def key_inputs(recipe: Recipe, machine: MachineFacts, env: Mapping[str, str]) -> dict[str, Any]:
@@ -68,6 +71,8 @@ def key_inputs(recipe: Recipe, machine: MachineFacts, env: Mapping[str, str]) ->
         "torch": recipe.torch.describe() if not recipe.torch.system else "system:" + str(machine.system_torch),
         "toolkits": list(machine.toolkits),
         "compilers": list(machine.compilers),
+        "platform": recipe.platform,
+        **({"root": machine.root} if machine.root else {}),
         "env": {k: env[k] for k in RELEVANT_ENV if env.get(k)},
     }
 
@@ -86,7 +91,11 @@ def gather(recipe: Recipe, env: Mapping[str, str], python_version: str | None = 
             [sys.executable, "-c", "import importlib.metadata as m; print(m.version('torch'))"]
         ).strip()
     gpu_archs = arch_list(probe_gpus(query)[0]) if recipe.auto_arch else []
+    root = None
+    if recipe.platform != HOST:  # made now where this machine has none: the build needs it anyway
+        root = sandbox.resolve(recipe.root, env).identity
     return MachineFacts(
+        root=root,
         python=python_version or sys.version.split()[0],
         toolkits=tuple(sorted(f"{t.version}@{t.root}" for t in toolkits)),
         compilers=tuple(sorted(f"{c.name}={c.version}" for c in compilers)),

@@ -11,9 +11,12 @@ refuses the wheel, and the node installer checks it too.
 from __future__ import annotations
 
 import platform
+import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
@@ -75,3 +78,142 @@ def retag(tree: Path, tags: Sequence[str]) -> None:
     wheel_file.write_text(
         "\n".join([*kept, *(f"Tag: {head}-{tag}" for head in heads for tag in tags)]) + "\n", encoding="utf-8"
     )
+
+
+# ---- A floor a recipe names (platform = "manylinux_2_28") and the proof of it -------------------
+
+HOST = "host"  # platform = "host": whatever the build machine's own glibc and libstdc++ give (no check)
+
+
+def known_floors() -> tuple[str, ...]:
+    """The manylinux_2_N floors auditwheel has a policy for on this architecture, oldest first."""
+    names = [p.name.removesuffix(f"_{platform.machine()}") for p in _policies()._policies]
+    found = [n for n in names if _GLIBC_OF.match(n)]
+    return tuple(sorted(found, key=floor_glibc))
+
+
+_GLIBC_OF = re.compile(r"^manylinux_(\d+)_(\d+)$")
+
+
+def floor_glibc(floor: str) -> tuple[int, int]:
+    """manylinux_2_28 -> (2, 28)."""
+    m = _GLIBC_OF.match(floor)
+    if not m:
+        raise ValueError(floor)
+    return int(m[1]), int(m[2])
+
+
+def _policies() -> Any:
+    from auditwheel.architecture import Architecture
+    from auditwheel.libc import Libc
+    from auditwheel.policy import WheelPolicies
+
+    return WheelPolicies(libc=Libc.GLIBC, arch=Architecture(platform.machine()))
+
+
+@dataclass(frozen=True)
+class Needed:
+    """One versioned symbol a shared object needs: what the floor check names when it fails."""
+
+    so: str  # the .so, relative to the wheel's root
+    library: str  # libc.so.6
+    version: str  # GLIBC_2.34
+    symbol: str  # sem_init
+
+    def describe(self) -> str:
+        return f"{self.so} needs {self.symbol}@{self.version} ({self.library})"
+
+
+def needed_symbols(tree: Path) -> list[Needed]:
+    """Every undefined, versioned symbol of every .so under `tree` (pyelftools: .dynsym with
+    .gnu.version and .gnu.version_r), so a floor check can name the symbol and the op's file."""
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.gnuversions import GNUVerNeedSection, GNUVerSymSection
+    from elftools.elf.sections import SymbolTableSection
+
+    out: list[Needed] = []
+    for so in sorted(tree.rglob("*.so*")):
+        if not so.is_file() or so.is_symlink():
+            continue
+        with so.open("rb") as f:
+            if f.read(4) != b"\x7fELF":
+                continue
+            f.seek(0)
+            elf = ELFFile(f)
+            verneed, versym, dynsym = (
+                elf.get_section_by_name(n) for n in (".gnu.version_r", ".gnu.version", ".dynsym")
+            )
+            if not (isinstance(verneed, GNUVerNeedSection) and isinstance(versym, GNUVerSymSection)
+                    and isinstance(dynsym, SymbolTableSection)):  # fmt: skip
+                continue
+            names: dict[int, tuple[str, str]] = {}
+            for need, auxes in verneed.iter_versions():
+                for aux in auxes:
+                    names[aux["vna_other"]] = (str(need.name), str(aux.name))
+            for i, sym in enumerate(dynsym.iter_symbols()):
+                if sym["st_shndx"] != "SHN_UNDEF" or not sym.name:
+                    continue
+                ndx = versym.get_symbol(i)["ndx"]
+                if isinstance(ndx, int) and (ndx & 0x7FFF) in names:
+                    library, version = names[ndx & 0x7FFF]
+                    out.append(Needed(str(so.relative_to(tree)), library, version, sym.name))
+    return out
+
+
+def above_floor(needed: Sequence[Needed], floor: str) -> list[Needed]:
+    """The symbols a floor's policy does not allow (GLIBC_, GLIBCXX_, CXXABI_, GCC_ versions newer
+    than manylinux_2_N's; libraries outside the policy, such as libgomp or CUDA's, are not its
+    business), sorted by file and version."""
+    policy = _policies().get_policy_by_name(f"{floor}_{platform.machine()}")
+    allowed: Mapping[str, set[str]] = policy.symbol_versions
+    bad = []
+    for n in needed:
+        kind, _, number = n.version.partition("_")
+        if kind in allowed and number not in allowed[kind]:
+            bad.append(n)
+    return sorted(set(bad), key=lambda n: (n.so, n.version, n.symbol))
+
+
+def describe_above(bad: Sequence[Needed], limit: int = 12) -> str:
+    """One line per symbol (the first `limit`), then how many more."""
+    lines = [f"    {n.describe()}" for n in bad[:limit]]
+    if len(bad) > limit:
+        lines.append(f"    ... and {len(bad) - limit} more")
+    return "\n".join(lines)
+
+
+def tag_for(ops_floor: str | None, torch_floor: str | None) -> str:
+    """The wheel's platform tag: the newest of its ops' floor and torch's own wheel's floor (a wheel
+    never claims to run where the torch it needs cannot)."""
+    floors = [f for f in (ops_floor, torch_floor) if f]
+    if not floors:
+        return LINUX
+    return f"{max(floors, key=floor_glibc)}_{platform.machine()}"
+
+
+def ops_floor(versions: Mapping[str, set[str]]) -> str | None:
+    """The oldest manylinux_2_N floor whose policy allows every symbol version (None: none does)."""
+    tags = [t.removesuffix(f"_{platform.machine()}") for t in platform_tags(versions)]
+    return next((t for t in tags if _GLIBC_OF.match(t)), None)
+
+
+def wheel_floor(dist_info: Path) -> str | None:
+    """The manylinux_2_N floor an installed wheel's own WHEEL file claims (torch 2.13.0+cpu:
+    manylinux_2_28), from its Tag lines; None when it has no manylinux tag."""
+    try:
+        text = (dist_info / "WHEEL").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    floors = set()
+    for line in text.splitlines():
+        if line.startswith("Tag: "):
+            tag = line.split(": ", 1)[1].rsplit("-", 1)[-1].removesuffix(f"_{platform.machine()}")
+            legacy = {
+                "manylinux1": "manylinux_2_5",
+                "manylinux2010": "manylinux_2_12",
+                "manylinux2014": "manylinux_2_17",
+            }
+            tag = legacy.get(tag, tag)
+            if _GLIBC_OF.match(tag):
+                floors.add(tag)
+    return min(floors, key=floor_glibc) if floors else None

@@ -21,11 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from builder import __version__, envs, output
+from builder.buildroot import sandbox
+from builder.buildroot.spec import march_flags, path_list
+from builder.cmd import query
 from builder.contracts import BuildManifest
 from builder.detect import Report, available_memory_gb, detect
 from builder.errors import BuildError, RecipeError
 from builder.files import write_atomic
-from builder.node import cpu_flags
+from builder.node import cpu_flags, describe_floor
 from builder.recipe import Recipe
 from builder.targets import Interpreter, Target, this_interpreter
 from builder.units.assemble import assemble
@@ -35,7 +38,7 @@ from builder.units.plan import describe as describe_units
 from builder.units.runner import DEFAULT_SOURCE_DATE_EPOCH, UnitJob, UnitResult, run_units
 from builder.wheelbuild import artifacts, buildkey, ccache, cudakit, glibc, graft, needs, ops, source
 from builder.wheelbuild.artifacts import verify
-from builder.wheelbuild.plan import BuildPlan, check_torch_build, job_memory, plan_build, resolve_archs
+from builder.wheelbuild.plan import BuildPlan, check_torch_build, cpu_target_env, job_memory, plan_build, resolve_archs
 from builder.wheelbuild.toolchain import ToolchainPlan, apply, compose_env, plan_toolchain
 from builder.workspace import Workspace
 
@@ -104,7 +107,50 @@ def toolchain_env(
         output.note(f"toolchain: {note}")
     env = compose_env(envs.venv_environ(python.parent.parent), plan)
     env["DS_ACCELERATOR"] = recipe.accelerator
+    if recipe.platform != glibc.HOST and not dry_run:
+        env.update(enter_root(recipe, python, ws, env, report))
     return env, report, plan
+
+
+def enter_root(recipe: Recipe, python: Path, ws: Workspace, env: Mapping[str, str], report: Report) -> dict[str, str]:
+    """The variables that make every compile and link of the build run in the recipe's root (its floor
+    checked against torch's own first): the wrappers in the toolchain folder, the -march spelling the
+    root's gcc knows."""
+    check_floor_fits_torch(recipe, python)
+    facts = sandbox.resolve(recipe.root, os.environ)
+    include = query([str(python), "-c", "import sysconfig; print(sysconfig.get_path('include'))"]).strip()
+    kit = report.chosen_toolkit if recipe.accelerator == "cuda" else None
+    binds = [ws.root, ws.cache, python.parent.parent, os.environ.get("TMPDIR") or tempfile.gettempdir(),
+             unit_cache(ws.cache, os.environ), source.sdist_folder(ws.cache, os.environ),
+             *([include] if include else []), *([kit, os.path.realpath(kit)] if kit else []),
+             *path_list(env, "CPATH", "LIBRARY_PATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH",
+                        "CUTLASS_PATH")]  # fmt: skip
+    out = sandbox.enter(facts, ws.root / "toolchain" / f"root-{facts.identity[:12]}", [str(b) for b in binds])
+    if flags := march_flags(cpu_target_env(recipe.cpu_target).get("DS_BUILDER_CPU_ARCH", ""), facts.gcc_major):
+        out["DS_BUILDER_CPU_ARCH_FLAGS"] = flags  # gcc < 11 does not know -march=x86-64-vN by name
+    return out
+
+
+def torch_floor(python: Path) -> str | None:
+    """The manylinux floor torch's own wheel claims in the build environment (its WHEEL file)."""
+    said = query(
+        [str(python), "-c", "import importlib.metadata as m; print(m.distribution('torch').read_text('WHEEL') or '')"]
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp, "WHEEL").write_text(said, encoding="utf-8")
+        return glibc.wheel_floor(Path(tmp))
+
+
+def check_floor_fits_torch(recipe: Recipe, python: Path) -> str | None:
+    """torch's floor; RecipeError where the recipe's floor is below it (a node that old cannot run torch)."""
+    theirs = torch_floor(python)
+    if theirs and glibc.floor_glibc(recipe.platform) < glibc.floor_glibc(theirs):
+        raise RecipeError(
+            f'recipe {recipe.name}: platform = "{recipe.platform}" is below the floor of the torch it builds '
+            f"against ({theirs}, from torch's own wheel): a node with a glibc that old cannot run that torch",
+            f'set platform = "{theirs}" (or newer) in the recipe',
+        )
+    return theirs
 
 
 @dataclass(frozen=True)
@@ -234,12 +280,11 @@ def build_wheel(
         for soname, name in grafted.items():
             output.note(f"carried {soname} inside the wheel as {graft.LIBS_FOLDER}/{name}")
         versions = glibc.needed_versions(tree)
-        tags = glibc.platform_tags(versions)
-        glibc.retag(tree, tags)  # manylinux_2_N: pip on a node with an older glibc refuses the wheel
+        platform_record = floor_tags(recipe, tree, versions, env_python)
+        glibc.retag(tree, platform_record["tags"])  # manylinux_2_N: pip on a node with an older glibc refuses it
         data = build_manifest(plan, sizes, op_archs, machine, toolchain)
         data.update({"build_key": key, "build_key_inputs": inputs, "device_code_compressed": compressed,
-                     "grafted_libraries": grafted,
-                     "platform": {"tags": list(tags), "needs": glibc.newest(versions)}})  # fmt: skip
+                     "grafted_libraries": grafted, "platform": platform_record})  # fmt: skip
         manifest = BuildManifest.from_dict(data, "the build manifest")  # the loader's checks hold for the writer
         artifacts.finish_tree(tree, manifest)
         wheel = artifacts.pack(tree, env_python, ws.dist, log, pack_env)
@@ -255,6 +300,30 @@ def build_wheel(
     write_atomic(wheel.with_name(wheel.name + ".build.json"), json.dumps(record, indent=2) + "\n")
     _summary(wheel, plan, seconds, log, sizes)
     return BuildResult(wheel=wheel, seconds=seconds, log=log, key=key)
+
+
+def floor_tags(recipe: Recipe, tree: Path, versions: Mapping[str, set[str]], python: Path) -> dict[str, Any]:
+    """The wheel's platform tags and what the build manifest says of them. For a floor: every symbol
+    checked against it (BuildError naming each symbol above it and the .so that needs it), the tag the
+    newest of the ops' floor and torch's own. For "host": whatever the symbols allow, as before."""
+    needs = glibc.newest(versions)
+    if recipe.platform == glibc.HOST:
+        return {"tags": list(glibc.platform_tags(versions)), "needs": needs, "floor": glibc.HOST}
+    above = glibc.above_floor(glibc.needed_symbols(tree), recipe.platform)
+    if above:
+        raise BuildError(
+            f'the wheel\'s ops need symbols newer than platform = "{recipe.platform}" allows '
+            f"({describe_floor(glibc.tag_for(recipe.platform, None))}):\n{glibc.describe_above(above)}",
+            "compile in a root with an older glibc and libstdc++ (the default [root] is Debian 11; a site's root "
+            f'must be as old as the floor), raise the floor (platform = "{glibc.ops_floor(versions) or "host"}"), '
+            'or build for this machine\'s own OS only with platform = "host"',
+        )
+    ops, theirs = glibc.ops_floor(versions), torch_floor(python)
+    tag = glibc.tag_for(ops, theirs)
+    root = sandbox.resolve(recipe.root, os.environ)
+    return {"tags": [tag], "needs": needs, "floor": recipe.platform, "ops_floor": ops, "torch_floor": theirs,
+            "root": {"describe": root.describe, "identity": root.identity, "gcc": root.gcc,
+                     "glibc": root.glibc}}  # fmt: skip
 
 
 def dropped_reason(failure: str, limit: int = 600) -> str:

@@ -1,0 +1,168 @@
+"""Trusting a root, and the toolchain folder whose compiler wrappers enter it.
+
+A root's compiler runs on every build, so a root someone else can change is refused, the way
+OpenSSH refuses a key file others can write: the root's folder and every folder above it, the
+folders its compilers and headers come from, and the compilers themselves must belong to root or
+to this user and be writable by no one else (a sticky folder above, such as /var/tmp, is fine).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from builder import output
+from builder.buildroot import make
+from builder.buildroot.spec import RootFacts, RootSpec, bind_paths, default_spec, wrapper_files
+from builder.errors import RootError
+from builder.files import make_dirs, write_atomic
+
+FIX_HOST = 'or build for this machine\'s own OS only with platform = "host"'
+_INNER = ("usr", "usr/bin", "usr/lib", "usr/lib64", "usr/libexec", "usr/include", "bin", "lib", "lib64", "etc")
+
+
+def _owner_ok(st: os.stat_result) -> bool:
+    return st.st_uid in (0, os.geteuid())
+
+
+def check_trusted(root: Path, spec: RootSpec) -> None:
+    """RootError unless the root may be trusted (see the module) and is a root with the compilers."""
+    real = Path(os.path.realpath(root))
+    for folder in (real, *real.parents):
+        st = folder.stat()
+        if not _owner_ok(st):
+            raise RootError(f"the build root {root} is not trusted: {folder} belongs to user {st.st_uid}, "
+                            "who could change the compiler every build runs",
+                            f"use a root that root or you own (chown -R), {FIX_HOST}")  # fmt: skip
+        writable = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        if writable and not (folder != real and st.st_mode & stat.S_ISVTX):
+            raise RootError(f"the build root {root} is not trusted: {folder} is writable by "
+                            f"{'everyone' if st.st_mode & stat.S_IWOTH else 'its group'} "
+                            f"(mode {stat.S_IMODE(st.st_mode):o}), who could change the compiler every build runs",
+                            f"chmod go-w {folder}, {FIX_HOST}")  # fmt: skip
+    if not (real / "usr").is_dir() or not ((real / "bin").exists() or (real / "usr" / "bin").is_dir()):
+        raise RootError(f"{root} is not the top folder of an OS's files (no usr/ and bin/ in it)",
+                        f"name the folder that holds the root's usr/, bin/ and lib/, {FIX_HOST}")  # fmt: skip
+    if any(c in str(real) for c in ",:\n"):
+        raise RootError(f"the build root's path {real} holds a ',' or ':', which an overlay mount cannot take",
+                        "move or link the root to a plain path")  # fmt: skip
+    for tool, what in ((spec.cxx, "g++ (Debian: apt-get install g++; RHEL: dnf install gcc-c++)"),
+                       (spec.cc, "gcc")):  # fmt: skip
+        found = make.inside(real, tool)
+        if found is None or not found.is_file() or not os.access(found, os.X_OK):
+            raise RootError(f"the build root {root} has no compiler {tool}",
+                            f"install {what} in the root, or name its compiler with [root] cxx / cc, "
+                            + FIX_HOST)  # fmt: skip
+        _check_inner(root, found)
+    if make.inside(real, "/usr/include/stdio.h") is None:
+        raise RootError(f"the build root {root} has no C library headers (/usr/include/stdio.h)",
+                        f"install them in the root (Debian: libc6-dev; RHEL: glibc-devel), {FIX_HOST}")  # fmt: skip
+    for rel in _INNER:
+        path = real / rel
+        if path.is_dir() and not path.is_symlink():
+            _check_inner(root, path)
+
+
+def _check_inner(root: Path, path: Path) -> None:
+    st = path.stat()
+    if not _owner_ok(st) or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise RootError(f"the build root {root} is not trusted: {path} "
+                        + (f"belongs to user {st.st_uid}" if not _owner_ok(st) else
+                           f"is writable by others (mode {stat.S_IMODE(st.st_mode):o})"),
+                        f"fix its owner and mode (chown root, chmod go-w), {FIX_HOST}")  # fmt: skip
+
+
+_RESOLVED: dict[tuple[RootSpec, Path], RootFacts] = {}
+
+
+def resolve(spec: RootSpec | None, env: Mapping[str, str]) -> RootFacts:
+    """The root a build compiles in, made or exported if needed, checked, its facts known (once a
+    process: the build key and the toolchain both ask)."""
+    from builder.images.base import host_mirror
+
+    spec = spec if spec is not None else default_spec(host_mirror())
+    roots = make.roots_folder(env)
+    if (spec, roots) in _RESOLVED:
+        return _RESOLVED[(spec, roots)]
+    if spec.kind == "debian":
+        facts = make.ensure_debian(spec, roots)
+        check_trusted(facts.path, spec)
+    else:
+        if spec.kind == "image":
+            path = make.export_image(spec, roots)
+            path_env = make.image_path(spec.image or "")
+            cc = make.first_on_path(path, path_env, "gcc") or spec.cc
+            cxx = make.first_on_path(path, path_env, "g++") or spec.cxx
+            from dataclasses import replace
+
+            spec = replace(spec, cc=cc, cxx=cxx)
+        else:
+            assert spec.folder is not None
+            path = spec.folder
+            if not path.is_dir():
+                raise RootError(f"the recipe's root folder {path} does not exist or is not a folder",
+                                f"name an OS root's top folder in [root] folder, {FIX_HOST}")  # fmt: skip
+        check_trusted(path, spec)
+        gcc = probe(path, spec.cxx, ["-dumpfullversion"]).strip()
+        facts = make.folder_facts(spec, path, gcc)
+    _RESOLVED[(spec, roots)] = facts
+    return facts
+
+
+def _write(folder: Path, facts: RootFacts, binds: Iterable[str]) -> None:
+    make_dirs(folder)
+    make_dirs(folder / "mnt")
+    for name, (text, mode) in wrapper_files(facts, tuple(binds)).files.items():
+        path = folder / name
+        try:
+            same = path.read_text(encoding="utf-8") == text and stat.S_IMODE(path.stat().st_mode) == mode
+        except OSError:
+            same = False
+        if not same:
+            write_atomic(path, text, mode=mode)
+
+
+def probe(root: Path, tool: str, args: list[str]) -> str:
+    """Run one tool of a root through the namespace wrappers (in a scratch folder): its output, or
+    RootError saying what this machine lacks to enter a root."""
+    facts = RootFacts(root, "probe", "?", "?", "probe")
+    with tempfile.TemporaryDirectory(prefix="ds-root-probe-") as tmp:
+        _write(Path(tmp), facts, [])
+        return _run(Path(tmp) / "enter", tool, args, root)
+
+
+def _run(enter: Path, tool: str, args: list[str], root: Path) -> str:
+    try:
+        done = subprocess.run(["/bin/sh", str(enter), tool, *args], capture_output=True, text=True, timeout=120,
+                              check=False, cwd="/")  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise RootError(f"cannot enter the build root {root}: {exc}", FIX_HOST) from exc
+    if done.returncode != 0:
+        said = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        if "unshare" in said and ("Operation not permitted" in said or "not found" in said or "Invalid" in said):
+            raise RootError(
+                f"cannot make a mount namespace to enter the build root {root} ({said})",
+                "run the build as root, or allow user namespaces (sysctl user.max_user_namespaces=15000; on "
+                "older kernels kernel.unprivileged_userns_clone=1; util-linux's unshare must be installed), "
+                + FIX_HOST,
+            )
+        raise RootError(f"the build root {root} cannot run {tool} {' '.join(args)}: {said}",
+                        f"check the root (its compiler must run in it), {FIX_HOST}")  # fmt: skip
+    return done.stdout
+
+
+def enter(facts: RootFacts, folder: Path, binds: Iterable[str]) -> dict[str, str]:
+    """Write the wrappers into the build's toolchain folder and check that they work (the root's
+    compiler answers with its version); the variables that make the build use them."""
+    _write(folder, facts, bind_paths(binds))
+    said = _run(folder / "enter", facts.cxx, ["-dumpfullversion"], facts.path).strip()
+    if said != facts.gcc:
+        raise RootError(f"the build root {facts.path} answers gcc {said!r}, not the {facts.gcc} it was recorded with",
+                        "remove the root and its .json beside it; the next build makes it again")  # fmt: skip
+    output.note(f"root: compiling in {facts.describe} at {facts.path} (gcc {facts.gcc}, glibc {facts.glibc}) "
+                f"through {folder}")  # fmt: skip
+    return {"CC": str(folder / "gcc"), "CXX": str(folder / "g++"), "NVCC_PREPEND_FLAGS": f"-ccbin {folder / 'g++'}"}
