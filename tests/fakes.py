@@ -118,6 +118,16 @@ def default_recipe_text(name: str = "cpu.toml") -> str:
     return re.sub(r"(?ms)^configs = \[.*?^\]\n", "", text)
 
 
+def host_platform(text: str) -> str:
+    """A recipe's text made to build for the build host's own OS (platform = "host", no [root]): the
+    CUDA recipes name pypa's manylinux_2_28 image as their root (torch 2.14's headers need gcc 11+,
+    which the toolkit's Debian 11 root lacks), and no registry is reachable from these machines."""
+    import re
+
+    text = re.sub(r'(?m)^platform = "[^"]*"', 'platform = "host"', text)
+    return re.sub(r"(?ms)^\[root\]\n.*?(?=^\[|\Z)", "", text)
+
+
 # ---------------------------------------------------------------- a stand-in for PyTorch's index
 
 CPU_TORCH = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"  # this machine's local CPU torch

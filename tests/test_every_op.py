@@ -45,7 +45,7 @@ pytestmark = [
     pytest.mark.skipif(local_cpu_torch() is None, reason=f"needs {CPU_TORCH} in pip's find-links"),
 ]
 ROOT = Path(__file__).resolve().parents[1]
-WHEEL = "deepspeed-0.19.8+cpu.torch2.13.all-cp311-cp311-manylinux_2_35_x86_64.whl"
+WHEEL = "deepspeed-0.19.8+cpu.torch2.13.all-cp311-cp311-manylinux_2_28_x86_64.whl"
 EXCEPT = ["cpu_adam", "cpu_adagrad", "cpu_lion", "deepspeed_shm_comm", "fused_adam"]
 AIO_CHECK = """
 import os, torch

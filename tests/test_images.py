@@ -31,7 +31,7 @@ from builder.node import (
     parse_wheel_entry,
 )
 
-WHEEL = "deepspeed-0.19.8+cpu.torch2.13-cp311-cp311-manylinux_2_35_x86_64.whl"
+WHEEL = "deepspeed-0.19.8+cpu.torch2.13-cp311-cp311-manylinux_2_28_x86_64.whl"
 TORCH = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
 LOCK = f"""# Lock for {WHEEL}, written by ds-wheel-builder. Install exactly these files with:
 #   pip install --require-hashes --find-links <wheelhouse> -r <this file>

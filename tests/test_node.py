@@ -140,13 +140,13 @@ def test_no_fit_says_what_the_node_needs_and_what_the_wheelhouse_has() -> None:
         'build one for this node, smoke it and publish it: a recipe with python = ["3.11"]; '
         '[torch] version = "2.14.1", variant = "cu130"; arch = ["7.0", "9.0"]'
     )
-    # A Debian 11 node (Python 3.9, glibc 2.31, no torch yet): the fix names the build host it needs.
+    # A Debian 11 node (Python 3.9, glibc 2.31, no torch yet): the fix names the floor it needs.
     bullseye = Node("cp39", None, None, (), AVX2, glibc="2.31")
     with pytest.raises(InstallError) as err:
         choose(MANIFEST, bullseye)
     assert err.value.fix == ('build one for this node, smoke it and publish it: a recipe with python = ["3.9"]; '
-                             "built on a host (or image) with glibc 2.31 or older, so it is tagged manylinux_2_31 "
-                             "or lower")  # fmt: skip
+                             'platform = "manylinux_2_31" or lower (the default, "manylinux_2_28", reaches glibc '
+                             "2.28 and newer: RHEL 8+, Debian 10+, Ubuntu 18.10+)")  # fmt: skip
 
 
 def test_cpu_features_and_python_tag() -> None:

@@ -26,8 +26,9 @@ from nodes import node_venv
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[1]
 VERSION = "0.19.8+cpu.torch2.13"
-# The glibc floor of a wheel built on this Debian 12 image with gcc 12 (GLIBC_2.34, GLIBCXX_3.4.30).
-PLATFORM = "manylinux_2_35_x86_64"
+# The default recipe's floor: compiled in the toolkit's Debian 11 root (gcc 10) with pow pinned, its ops
+# need GLIBC_2.17 at most (manylinux_2_24); the wheel takes torch 2.13.0's own floor, manylinux_2_28.
+PLATFORM = "manylinux_2_28_x86_64"
 WHEEL = f"deepspeed-{VERSION}-cp311-cp311-{PLATFORM}.whl"
 OPS = ("cpu_adam", "cpu_adagrad", "cpu_lion", "deepspeed_shm_comm", "fused_adam")
 OPTIMIZERS = OPS[:3]  # checked against torch's; shm comm is what the CPU engine loads at init
@@ -293,15 +294,28 @@ def test_pip_finds_the_wheel_with_no_index_and_find_links(
 def test_pip_on_an_older_os_refuses_the_wheel(
     pipeline: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path
 ) -> None:
-    """Tagged with its glibc floor: pip for an older platform (RHEL 8: glibc 2.28) finds nothing
-    instead of installing a wheel that fails at import; this host's own platform accepts it."""
+    """Tagged with its glibc floor, manylinux_2_28 (compiled in the Debian 11 root): every symbol of
+    every op holds it (read back from the .so files, not from the manifest), pip for a platform older
+    than it (glibc 2.27: Ubuntu 18.04) finds nothing, RHEL 8's (2.28) and this host's accept it."""
+    from builder.wheelbuild.glibc import above_floor, needed_symbols
+
     house, _ = pipeline
     with zipfile.ZipFile(house / WHEEL) as zf:
         wheel_file = zf.read(f"deepspeed-{VERSION}.dist-info/WHEEL").decode()
         manifest = json.loads(zf.read(f"deepspeed-{VERSION}.dist-info/ds_builder.json"))
+        zf.extractall(tmp_path / "tree")
     assert f"Tag: cp311-cp311-{PLATFORM}" in wheel_file and "linux_x86_64\n" not in wheel_file.replace(PLATFORM, "")
-    needs = {"GLIBC": "2.34", "GLIBCXX": "3.4.30", "CXXABI": "1.3.9"}
-    assert manifest["platform"] == {"tags": [PLATFORM], "needs": needs}
+    record = manifest["platform"]
+    assert record["tags"] == [PLATFORM] and record["floor"] == "manylinux_2_28"
+    assert record["torch_floor"] == "manylinux_2_28" and record["ops_floor"] == "manylinux_2_24"
+    assert record["needs"] == {"GLIBC": "2.17", "GLIBCXX": "3.4.22", "CXXABI": "1.3.9"}
+    assert record["root"]["describe"] == "Debian bullseye" and record["root"]["gcc"].startswith("10.")
+    needed = needed_symbols(tmp_path / "tree")
+    ops_files = {n.so for n in needed}
+    assert len([f for f in ops_files if f.endswith(".so")]) == len(OPS)
+    assert above_floor(needed, "manylinux_2_28") == [] and above_floor(needed, "manylinux_2_24") == []
+    assert {(n.symbol, n.version) for n in needed if n.symbol == "pow"} == {("pow", "GLIBC_2.2.5")}  # the pin
+    shutil.rmtree(tmp_path / "tree")
 
     def download(*platform: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -311,9 +325,9 @@ def test_pip_on_an_older_os_refuses_the_wheel(
             capture_output=True, text=True,
         )  # fmt: skip
 
-    old = download("--platform", "manylinux_2_28_x86_64")
+    old = download("--platform", "manylinux_2_27_x86_64")
     assert old.returncode != 0 and "No matching distribution found for deepspeed" in old.stderr, old.stderr
-    assert download("--platform", "manylinux_2_35_x86_64").returncode == 0
+    assert download("--platform", "manylinux_2_28_x86_64").returncode == 0
     assert download().returncode == 0  # this machine's own platform (glibc 2.36)
 
 
@@ -712,9 +726,9 @@ def test_the_wheelhouse_page_in_a_browser(
             "cp311",
             "cpu",
             "x86-64-v3",
-            "2.35",
+            "2.28",
             str(len(OPS)),
-        ], cells  # glibc floor: manylinux_2_35
+        ], cells  # glibc floor: manylinux_2_28
         assert cells[10] == "passed"
         # The op grid: one row per op, the cell saying what the manifest says (built, loaded, checked).
         grid = {td.get_attribute("data-op"): td.text for td in driver.find_elements(By.CSS_SELECTOR, "#ops td")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from builder import output
 from builder.buildroot import make
-from builder.buildroot.spec import RootFacts, RootSpec, bind_paths, default_spec, wrapper_files
+from builder.buildroot.spec import RootFacts, RootSpec, bind_paths, default_spec, outermost, wrapper_files
 from builder.errors import RootError
 from builder.files import make_dirs, write_atomic
 
@@ -155,10 +155,30 @@ def _run(enter: Path, tool: str, args: list[str], root: Path) -> str:
     return done.stdout
 
 
+# Folders of a root that a host folder of the same path may cover whole (their content is no compiler's
+# business); below any other folder of the root (/usr/include, /opt: a gcc-toolset) only the path itself.
+_COVERABLE = ("/tmp", "/var/tmp", "/root", "/home", "/srv", "/mnt", "/media", "/usr/local")
+
+
+def mount_points(root: Path, paths: Iterable[str]) -> tuple[str, ...]:
+    """Where each host folder is bound into the root. A folder whose parent the root already has
+    (/tmp/work, under the root's own /tmp) would need that parent copied up into the overlay's upper
+    layer, which a user namespace cannot do for folders root owns ("Value too large for defined data
+    type"): the host's folder of the root's path (/tmp) is bound over it instead, where that is one
+    of _COVERABLE."""
+    out = []
+    for path in bind_paths(paths):
+        up = Path(path)
+        while str(up) != "/" and make.inside(root, str(up)) is None:
+            up = up.parent
+        out.append(str(up) if str(up) in _COVERABLE and Path(str(up)).is_dir() else path)
+    return outermost(out)
+
+
 def enter(facts: RootFacts, folder: Path, binds: Iterable[str]) -> dict[str, str]:
     """Write the wrappers into the build's toolchain folder and check that they work (the root's
     compiler answers with its version); the variables that make the build use them."""
-    _write(folder, facts, bind_paths(binds))
+    _write(folder, facts, mount_points(facts.path, binds))
     said = _run(folder / "enter", facts.cxx, ["-dumpfullversion"], facts.path).strip()
     if said != facts.gcc:
         raise RootError(f"the build root {facts.path} answers gcc {said!r}, not the {facts.gcc} it was recorded with",

@@ -138,8 +138,13 @@ def bind_paths(paths: Iterable[str | os.PathLike[str]]) -> tuple[str, ...]:
         if not os.path.isabs(text) or text in _SYSTEM or "\n" in text:
             continue
         clean.add(text)
-    out = [p for p in clean if not any(p != q and p.startswith(q.rstrip("/") + "/") for q in clean)]
-    return tuple(sorted(out))
+    return outermost(clean)
+
+
+def outermost(paths: Iterable[str]) -> tuple[str, ...]:
+    """The paths none of the others holds, sorted."""
+    clean = set(paths)
+    return tuple(sorted(p for p in clean if not any(p != q and p.startswith(q.rstrip("/") + "/") for q in clean)))
 
 
 def path_list(env: Mapping[str, str], *names: str) -> list[str]:
@@ -160,7 +165,7 @@ shift
 pin=
 for arg in "$@"; do
   case $arg in
-    -c|-E|-S) pin=1 ;;
+    -c|-E|-S|*.c|*.cc|*.cpp|*.cxx|*.c++|*.C) pin=1 ;;
   esac
 done
 if [ -n "$pin" ]; then

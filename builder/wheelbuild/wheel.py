@@ -22,11 +22,11 @@ from typing import Any
 
 from builder import __version__, envs, output
 from builder.buildroot import sandbox
-from builder.buildroot.spec import march_flags, path_list
+from builder.buildroot.spec import RootFacts, march_flags, path_list
 from builder.cmd import query
 from builder.contracts import BuildManifest
 from builder.detect import Report, available_memory_gb, detect
-from builder.errors import BuildError, RecipeError
+from builder.errors import BuildError, RecipeError, RootError
 from builder.files import write_atomic
 from builder.node import cpu_flags, describe_floor
 from builder.recipe import Recipe
@@ -118,6 +118,7 @@ def enter_root(recipe: Recipe, python: Path, ws: Workspace, env: Mapping[str, st
     root's gcc knows."""
     check_floor_fits_torch(recipe, python)
     facts = sandbox.resolve(recipe.root, os.environ)
+    check_cxx20(facts, python)
     include = query([str(python), "-c", "import sysconfig; print(sysconfig.get_path('include'))"]).strip()
     kit = report.chosen_toolkit if recipe.accelerator == "cuda" else None
     binds = [ws.root, ws.cache, python.parent.parent, os.environ.get("TMPDIR") or tempfile.gettempdir(),
@@ -129,6 +130,30 @@ def enter_root(recipe: Recipe, python: Path, ws: Workspace, env: Mapping[str, st
     if flags := march_flags(cpu_target_env(recipe.cpu_target).get("DS_BUILDER_CPU_ARCH", ""), facts.gcc_major):
         out["DS_BUILDER_CPU_ARCH_FLAGS"] = flags  # gcc < 11 does not know -march=x86-64-vN by name
     return out
+
+
+# PyTorch 2.14's headers refuse a compiler whose -std=c++20 is not C++20 by number (gcc 10 says 201709L).
+_CXX20_GUARD = "__cplusplus < 202002L"
+
+
+def check_cxx20(facts: RootFacts, python: Path) -> None:
+    """RootError, before anything compiles, where torch's headers need a newer C++ compiler than the
+    root's (torch >= 2.14 and gcc 10, Debian 11's)."""
+    headers = sorted(
+        python.parent.parent.glob("lib/python*/site-packages/torch/include/torch/csrc/api/include/torch/all.h")
+    )
+    try:
+        guarded = bool(headers) and _CXX20_GUARD in headers[0].read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        guarded = False
+    if guarded and facts.gcc_major < 11:
+        raise RootError(
+            f"this torch's headers need a C++20 compiler (gcc 11 or newer: they test {_CXX20_GUARD}), and the build "
+            f"root ({facts.describe}) has gcc {facts.gcc}",
+            "compile in a root with gcc 11+ and an old glibc, such as pypa's manylinux_2_28 image ([root] image = "
+            '"quay.io/pypa/manylinux_2_28_x86_64": AlmaLinux 8, gcc-toolset 14, glibc 2.28), or build for this '
+            'machine\'s own OS only with platform = "host"',
+        )
 
 
 def torch_floor(python: Path) -> str | None:

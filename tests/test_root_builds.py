@@ -1,0 +1,145 @@
+"""Builds in a root, and the bad roots and floors a build refuses (issue 37). Each case runs the real
+`build-wheel` (or the real wrappers) in a work folder whose cache is the worker's.
+
+- a root whose compiler is newer than the floor allows (the build host itself, Debian 12's gcc 12,
+  named as the root folder): the symbol check stops the build, naming each symbol and its .so;
+- a floor below torch's own: refused before anything compiles, naming torch's floor;
+- a root folder that is no root, lacks g++, or that others can write: refused before anything else;
+- no way to make a namespace: one message (a stand-in unshare that fails as a kernel without user
+  namespaces answers, labelled: this machine allows them);
+- an unprivileged user compiles through the wrappers in a user namespace, and the pin holds.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from fakes import default_recipe_text
+
+from builder.buildroot import sandbox
+from builder.wheelbuild.glibc import needed_symbols
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(os.geteuid() != 0, reason="making the build root takes root (debootstrap)"),
+    pytest.mark.skipif(shutil.which("unshare") is None, reason="util-linux's unshare is not installed"),
+]
+
+
+def recipe(folder: Path, name: str, ops: str = '["deepspeed_shm_comm"]', extra: str = "", root: str = "") -> Path:
+    text = default_recipe_text().replace('name = "cpu"', f'name = "{name}"\nlabel = "{name.replace("-", "")}"')
+    text = text.replace('platform = "manylinux_2_28"', extra or 'platform = "manylinux_2_28"')
+    start, end = text.index("ops = ["), text.index("]", text.index("ops = [")) + 1
+    text = text[:start] + f"ops = {ops}" + text[end:] + (f"\n[root]\n{root}\n" if root else "")
+    path = folder / f"{name}.toml"
+    path.write_text(text)
+    return path
+
+
+def build(recipe_path: Path, work: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "builder", "build-wheel", "--recipe", str(recipe_path), "--work-dir", str(work),
+         "--no-smoke", "--no-publish"],
+        cwd=ROOT, capture_output=True, text=True, env=env, timeout=1800,
+    )  # fmt: skip
+
+
+def test_a_root_whose_compiler_is_too_new_fails_the_build_naming_each_symbol(own_workspace: Path) -> None:
+    """The build host's own filesystem as the root: gcc 12 and glibc 2.36 give deepspeed_shm_comm
+    shm_open@GLIBC_2.34, which manylinux_2_28 does not allow."""
+    done = build(recipe(own_workspace, "too-new", root='folder = "/"'), own_workspace)
+    assert done.returncode == 5, done.stderr[-3000:]
+    err = done.stderr
+    assert 'the wheel\'s ops need symbols newer than platform = "manylinux_2_28" allows' in err, err[-2000:]
+    assert "glibc 2.28 or newer: RHEL 8+, Debian 10+, Ubuntu 18.10+" in err
+    assert "deepspeed_shm_comm_op.cpython-311-x86_64-linux-gnu.so needs shm_open@GLIBC_2.34 (libc.so.6)" in err
+    assert 'platform = "host"' in err and "the default [root] is Debian 11" in err
+    assert not list((own_workspace / "dist").glob("*.whl"))  # nothing built is left as a wheel
+
+
+def test_a_floor_below_torchs_own_is_refused_naming_torchs_floor(own_workspace: Path) -> None:
+    done = build(recipe(own_workspace, "too-low", extra='platform = "manylinux_2_17"'), own_workspace)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert (
+        'platform = "manylinux_2_17" is below the floor of the torch it builds against (manylinux_2_28' in done.stderr
+    )
+    assert 'set platform = "manylinux_2_28"' in done.stderr
+    assert not (own_workspace / "units").exists()  # no unit started
+
+
+def test_bad_root_folders_are_refused_before_anything_is_built(own_workspace: Path, tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir(mode=0o755)
+    open_root = tmp_path / "open"
+    (open_root / "usr" / "bin").mkdir(parents=True)
+    (open_root / "usr" / "include").mkdir()
+    (open_root / "usr" / "include" / "stdio.h").write_text("")
+    for tool in ("gcc", "g++"):
+        (open_root / "usr" / "bin" / tool).write_text("#!/bin/sh\n")
+        (open_root / "usr" / "bin" / tool).chmod(0o755)
+    open_root.chmod(0o777)  # anyone may replace its compiler
+    no_gxx = tmp_path / "nogxx"
+    shutil.copytree(open_root, no_gxx, symlinks=True)
+    no_gxx.chmod(0o755)
+    (no_gxx / "usr" / "bin" / "g++").unlink()
+    cases = {
+        empty: "is not the top folder of an OS's files",
+        open_root: "is writable by everyone (mode 777), who could change the compiler every build runs",
+        no_gxx: "has no compiler /usr/bin/g++",
+        tmp_path / "absent": "does not exist or is not a folder",
+    }
+    for folder, said in cases.items():
+        done = build(recipe(own_workspace, f"bad-{folder.name}", root=f'folder = "{folder}"'), own_workspace)
+        assert done.returncode == 15, (folder, done.stderr[-2000:])
+        assert said in done.stderr and 'platform = "host"' in done.stderr, (folder, done.stderr[-2000:])
+        assert "Traceback" not in done.stderr
+    assert not (own_workspace / "units").exists() and not list((own_workspace / "dist").glob("*.whl"))
+
+
+def test_no_way_to_make_a_namespace_is_one_message(own_workspace: Path, tmp_path: Path) -> None:
+    """A stand-in `unshare` (labelled: this machine allows namespaces) answers as util-linux does
+    where the kernel refuses them."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "unshare").write_text("#!/bin/sh\necho 'unshare: unshare failed: Operation not permitted' >&2\nexit 1\n")
+    (fake / "unshare").chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}"}
+    done = build(recipe(own_workspace, "no-ns"), own_workspace, env)
+    assert done.returncode == 15, done.stderr[-2000:]
+    assert "cannot make a mount namespace to enter the build root" in done.stderr
+    assert "Operation not permitted" in done.stderr and "user.max_user_namespaces" in done.stderr
+    assert 'platform = "host"' in done.stderr and "Traceback" not in done.stderr
+
+
+def test_an_unprivileged_user_compiles_in_the_root_through_a_user_namespace() -> None:
+    """User nobody runs the wrappers' g++ (a user namespace maps it to root inside): the root's gcc
+    10 compiles, the pin gives pow@GLIBC_2.2.5, and the object belongs to nobody."""
+    if shutil.which("runuser") is None:
+        pytest.skip("runuser is not installed")
+    facts = sandbox.resolve(None, os.environ)
+    folder = Path(tempfile.mkdtemp(prefix="ds-root-user-"))
+    try:
+        folder.chmod(0o755)
+        work = folder / "work"
+        work.mkdir()
+        os.chown(work, 65534, 65534)
+        (work / "t.cpp").write_text("#include <cmath>\ndouble f(double x) { return std::pow(x, 2.5); }\n")
+        env = sandbox.enter(facts, folder / "toolchain", [str(work)])
+        done = subprocess.run(["runuser", "-u", "nobody", "--", env["CXX"], "-O2", "-fPIC", "-shared", "t.cpp", "-o",
+                               "t.so"], cwd=work, capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert (work / "t.so").stat().st_uid == 65534
+        said = subprocess.run(["runuser", "-u", "nobody", "--", env["CXX"], "-dumpfullversion"], cwd=work,
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert said.stdout.strip() == facts.gcc and facts.gcc.startswith("10.")
+        pows = {n.version for n in needed_symbols(work) if n.symbol == "pow"}
+        assert pows == {"GLIBC_2.2.5"}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
