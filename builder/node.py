@@ -1835,6 +1835,8 @@ def install(
     entry = choose(manifest, node, ops)
     say(f"==> chosen: {entry.name} (torch {entry.torch}, archs {', '.join(entry.archs) or '-'}, "
         f"ops {', '.join(entry.ops)})")  # fmt: skip
+    floor = describe_floor(check_wheel_name(entry.name).platform)
+    say(f"    needs {floor}")
     for line in narrowed_for(entry, node):
         say(f"warning: {line}")
     table = op_table(entry)
@@ -1851,7 +1853,7 @@ def install(
         smoke = "passed" if image.smoke.passed else "FAILED"
         say(f"==> CI image of this wheel: {image.name} ({image.ref}, ID {image.image_id[:12]}, "
             f"{image.size / 1e6:.0f} MB; smoke {smoke}): podman load -i <wheelhouse>/{image.name}")  # fmt: skip
-    result = {"wheel": entry.name, "sha256": entry.sha256, "node": node.to_json(), "installed": False,
+    result = {"wheel": entry.name, "sha256": entry.sha256, "node": node.to_json(), "installed": False, "floor": floor,
               "dependencies": sorted(deps), "ops_without_code_for_this_gpu": narrowed_for(entry, node),
               "missing_ops": dict(entry.missing_ops), "op_table": table,
               "configs": {n[len("config:"):]: {"status": s, "means": config_category(s, d), "detail": d}

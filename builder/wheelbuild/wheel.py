@@ -119,11 +119,14 @@ def enter_root(recipe: Recipe, python: Path, ws: Workspace, env: Mapping[str, st
     check_floor_fits_torch(recipe, python)
     facts = sandbox.resolve(recipe.root, os.environ)
     check_cxx20(facts, python)
-    include = query([str(python), "-c", "import sysconfig; print(sysconfig.get_path('include'))"]).strip()
+    # The Python's headers and where torch is (torch = "system": another environment's site-packages).
+    said = query([str(python), "-c", "import os, sysconfig, torch; print(sysconfig.get_path('include')); "
+                  "print(os.path.dirname(torch.__file__))"]).split("\n")  # fmt: skip
+    include = [line.strip() for line in said if line.strip()]
     kit = report.chosen_toolkit if recipe.accelerator == "cuda" else None
     binds = [ws.root, ws.cache, python.parent.parent, os.environ.get("TMPDIR") or tempfile.gettempdir(),
              unit_cache(ws.cache, os.environ), source.sdist_folder(ws.cache, os.environ),
-             *([include] if include else []), *([kit, os.path.realpath(kit)] if kit else []),
+             *include, *([kit, os.path.realpath(kit)] if kit else []),
              *path_list(env, "CPATH", "LIBRARY_PATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH",
                         "CUTLASS_PATH")]  # fmt: skip
     out = sandbox.enter(facts, ws.root / "toolchain" / f"root-{facts.identity[:12]}", [str(b) for b in binds])

@@ -30,6 +30,7 @@ from builder.node import (
     check_wheel_name,
     config_category,
     config_matrix,
+    describe_floor,
     dtypes_of,
     fingerprint_of,
     glibc_floor,
@@ -109,6 +110,11 @@ def glibc_of(name: str) -> str:
     return f"{floor[0]}.{floor[1]}" if floor else "any"
 
 
+def _floor_cell(name: str) -> str:
+    """The glibc a wheel needs, with the systems that have it on hover (RHEL 8+, Debian 10+, ...)."""
+    return f'<span title="{_e(describe_floor(check_wheel_name(name).platform))}">{_e(glibc_of(name))}</span>'
+
+
 def torch_in_wheelhouse(manifest: WheelhouseManifest, entry: WheelEntry) -> bool:
     """Whether the wheelhouse holds the torch this wheel pins, for its Python (a lock adds it)."""
     for name in manifest.dependencies:
@@ -171,7 +177,7 @@ def node_installer_command(manifest: WheelhouseManifest) -> str:
 def _targets(manifest: WheelhouseManifest) -> str:
     rows = [
         _row("wheel", name, [_code(name), *map(_e, (e.recipe, e.version.split("+")[0], e.torch, e.cuda or "none (cpu)",
-             e.python_tag, ", ".join(e.archs) or "cpu", e.cpu_target, glibc_of(name), len(e.ops))),
+             e.python_tag, ", ".join(e.archs) or "cpu", e.cpu_target)), _floor_cell(name), _e(len(e.ops)),
              _status("passed" if e.smoke.passed else "failed"), _e(e.published_at)])
         for name, e in sorted(manifest.wheels.items())
     ]  # fmt: skip
