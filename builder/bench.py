@@ -35,7 +35,9 @@ from builder import cmd, envs, output
 from builder.errors import ToolError
 from builder.files import write_atomic
 from builder.recipe import Recipe
+from builder.units.cache import cache_folder as unit_cache
 from builder.wheelbuild import ops, source
+from builder.wheelbuild.glibc import HOST
 from builder.wheelbuild.plan import plan_build
 from builder.wheelbuild.wheel import build_wheel, prepare, toolchain_env
 from builder.workspace import Workspace
@@ -69,7 +71,7 @@ def plain_build(recipe: Recipe, ws: Workspace, out: Path, log: Path) -> tuple[fl
     sdist = source.fetch(recipe.deepspeed, source.sdist_folder(ws.cache, os.environ), log)
     src = source.unpack(sdist, src_root)
     _, python = prepare(recipe, ws, log)
-    env, machine, _ = toolchain_env(recipe, python, ws)
+    env, machine, _ = toolchain_env(on_the_host(recipe), python, ws)  # what a user runs: the host's compilers
     kit = next((t for t in machine.toolkits if t.root == machine.chosen_toolkit), None)
     from builder.wheelbuild.plan import resolve_archs
 
@@ -92,6 +94,28 @@ def plain_build(recipe: Recipe, ws: Workspace, out: Path, log: Path) -> tuple[fl
     size = wheel.stat().st_size
     shutil.rmtree(src_root)
     return seconds, size
+
+
+def on_the_host(recipe: Recipe) -> Recipe:
+    """The recipe compiled with the build host's own compilers (platform = "host"), as a user would."""
+    return dataclasses.replace(recipe, platform=HOST, root=None)
+
+
+def root_making(out: Path) -> float:
+    """Seconds to make the toolkit's build root from nothing (in a folder of the bench's own, then
+    removed); nan where this user cannot make one (debootstrap takes root)."""
+    from builder.buildroot import make, spec
+    from builder.images.base import host_mirror
+
+    if os.geteuid() != 0:
+        return float("nan")
+    roots = out / "roots"
+    shutil.rmtree(roots, ignore_errors=True)
+    start = time.monotonic()
+    make.ensure_debian(spec.default_spec(host_mirror()), roots)
+    seconds = time.monotonic() - start
+    shutil.rmtree(roots, ignore_errors=True)
+    return seconds
 
 
 def fresh_node(recipe: Recipe, wheel: Path, out: Path, log: Path) -> tuple[float, float]:
@@ -261,6 +285,8 @@ def bench(recipe: Recipe, out: Path, runs: int) -> dict[str, Any]:
             "clone_pip",
             "configs_matrix",
             "configs_each",
+            "cold_host",
+            "root_make",
         )
     }
     sizes: dict[str, int] = {}
@@ -268,10 +294,16 @@ def bench(recipe: Recipe, out: Path, runs: int) -> dict[str, Any]:
         output.step(f"bench run {run + 1}/{runs}: recipe {recipe.name}")
         plain_s, sizes["plain"] = plain_build(recipe, ws, out, log)
         samples["plain"].append(plain_s)
+        if run == 0:
+            samples["root_make"].append(root_making(out))
         shutil.rmtree(ws.dist, ignore_errors=True)
-        shutil.rmtree(ws.cache / "ccache", ignore_errors=True)
+        for cached in (ws.cache / "ccache", unit_cache(ws.cache, os.environ)):
+            shutil.rmtree(cached, ignore_errors=True)
         cold = build_wheel(recipe, ws)
         samples["cold"].append(cold.seconds)
+        for cached in (ws.cache / "ccache", unit_cache(ws.cache, os.environ)):
+            shutil.rmtree(cached, ignore_errors=True)
+        samples["cold_host"].append(build_wheel(on_the_host(recipe), ws).seconds)  # the same build, host compilers
         sizes["toolkit"] = cold.wheel.stat().st_size
         samples["unchanged"].append(build_wheel(recipe, ws).seconds)
         if extra:
@@ -309,6 +341,7 @@ def bench(recipe: Recipe, out: Path, runs: int) -> dict[str, Any]:
             "smoke_uv_vs_pip": med["smoke_uv"] / med["smoke_pip"],
             "clone_uv_vs_pip": med["clone_uv"] / med["clone_pip"],
             "configs_vs_each": med["configs_matrix"] / med["configs_each"],
+            "root_vs_host": med["cold"] / med["cold_host"],
         },
     }
     return _report(out / "bench", result, render_table(result))
@@ -324,6 +357,7 @@ TARGETS = {
     "smoke_uv_vs_pip": ("smoke, uv environments vs venv + pip", None),
     "clone_uv_vs_pip": ("fresh clone -> published wheel (`nox -s build-wheel`): uv vs pip environments", None),
     "configs_vs_each": ("the smoke's DeepSpeed config matrix: one forked runner vs a process per config", None),
+    "root_vs_host": ('cold build compiled in the Debian 11 root vs the same on the host (`platform = "host"`)', 1.1),
 }
 # Absolute targets on 2 cores (seconds), for the rows that have one.
 ABSOLUTE_TARGETS = {"unchanged_vs_cold": "< 2 s for the build step", "smoke_uv_vs_pip": "smoke <= 50 s",
@@ -344,6 +378,7 @@ def render_table(result: dict[str, Any]) -> str:
         "clone_uv_vs_pip": f"{med['clone_uv']:.0f} s vs {med['clone_pip']:.0f} s",
         "configs_vs_each": f"{med['configs_matrix']:.0f} s vs {med['configs_each']:.0f} s "
         f"({sizes.get('configs', '?')} configs)",
+        "root_vs_host": f"{med['cold']:.0f} s vs {med['cold_host']:.0f} s",
     }
     lines = [
         f"Recipe `{result['recipe']}`, {result['cores']} cores, median of {result['runs']} run(s):",
@@ -354,6 +389,8 @@ def render_table(result: dict[str, Any]) -> str:
     for key, (label, target) in TARGETS.items():
         goal = ABSOLUTE_TARGETS.get(key) or f"<= {target}"
         lines.append(f"| {label} | {absolute[key]} | {ratios[key]:.2f} | {goal} |")
+    made = med.get("root_make", float("nan"))
+    lines += ["", f"Making the build root (Debian 11, once per machine): {made:.0f} s."]
     return "\n".join(lines) + "\n"
 
 

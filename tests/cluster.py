@@ -45,8 +45,17 @@ TORCH = "torch==2.13.0+cpu"
 COMMON = ("python3", "python3-venv", "openssh-server", "iproute2", "ca-certificates")
 IMAGES = {  # suite: what the node image holds beyond debootstrap's minimal base
     "bookworm": {"packages": (*COMMON, "nginx"), "venv": TORCH},
-    "bullseye": {"packages": COMMON, "venv": ""},
+    # Debian 11's own python3 is 3.9, for which torch 2.13 has no wheel: the node gets the Python a site
+    # would give it (a module or conda Python), here CPython 3.11 built from Debian's own source package
+    # in a bullseye root (ensure_python), with the site's torch in /opt/ds.
+    "bullseye": {"packages": COMMON, "venv": TORCH, "python": "/opt/python3.11/bin/python3.11"},
 }
+# bookworm's python3.11 source package (3.11.2), from the Debian mirror's pool; sha256 as its Sources index
+# lists it. Built with bullseye's gcc 10 and glibc 2.31, it runs on the Debian 11 node.
+PYTHON_SOURCE = ("pool/main/p/python3.11/python3.11_3.11.2.orig.tar.gz",
+                 "2411c74bda5bbcfcddaf4531f66d1adc73f247f529aee981b029513aefdbf849")  # fmt: skip
+PYTHON_BUILD_DEPS = ("libssl-dev", "zlib1g-dev", "libffi-dev", "libsqlite3-dev", "libbz2-dev", "liblzma-dev",
+                     "uuid-dev")  # fmt: skip
 FAKE_GPUS = 2
 TOOLS = ("ip", "unshare", "debootstrap", "pdsh", "ssh", "slurmctld", "slurmd", "munged")
 
@@ -74,7 +83,7 @@ NODES = (
     Node("node1", "bookworm", f"{SUBNET}.11", "/opt/ds/bin/python", True, web=True),
     Node("node2", "bookworm", f"{SUBNET}.12", "/opt/ds/bin/python", True),
     Node("node3", "bookworm", f"{SUBNET}.13", "/opt/ds/bin/python", True),
-    Node("node4", "bullseye", f"{SUBNET}.14", "/usr/bin/python3", False),
+    Node("node4", "bullseye", f"{SUBNET}.14", "/opt/ds/bin/python", False),
 )
 
 
@@ -141,6 +150,44 @@ def image_path(suite: str) -> Path:
     return ROOTS / f"{suite}-{key}"
 
 
+def ensure_python(log: Path) -> Path:
+    """CPython 3.11 for bullseye (its /opt/python3.11 tree), built once per machine: a bullseye buildd
+    root with CPython's build dependencies, Debian's source of python3.11 (sha256 checked),
+    configure, make, make install; only the installed tree is kept."""
+    import urllib.request
+
+    from filelock import FileLock
+
+    key = hashlib.sha256(json.dumps([PYTHON_SOURCE, PYTHON_BUILD_DEPS, mirror()]).encode()).hexdigest()[:10]
+    final = ROOTS / f"cpython-3.11-bullseye-{key}"
+    ROOTS.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(final) + ".lock"):
+        if (final / "python3.11" / "bin" / "python3.11").is_file():
+            return final / "python3.11"
+        started = time.monotonic()
+        work = final.with_name(final.name + ".partial")
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(final, ignore_errors=True)
+        _run(["debootstrap", "--variant=buildd", f"--include={','.join(PYTHON_BUILD_DEPS)}", "bullseye", str(work),
+              mirror()], log=log, timeout=1800)  # fmt: skip
+        (work / "build").mkdir()
+        with urllib.request.urlopen(f"{mirror()}/{PYTHON_SOURCE[0]}", timeout=300) as r:
+            data = r.read()
+        if hashlib.sha256(data).hexdigest() != PYTHON_SOURCE[1]:
+            raise RuntimeError(f"{PYTHON_SOURCE[0]} from {mirror()} does not match its sha256")
+        (work / "build" / "src.tar.gz").write_bytes(data)
+        build = (f"mount -t proc proc {work}/proc && chroot {work} sh -ec 'cd /build && tar xzf src.tar.gz && "
+                 "cd Python-3.11.2 && ./configure --prefix=/opt/python3.11 >/dev/null && "
+                 f"make -j{os.cpu_count() or 1} >/dev/null 2>&1 && make install >/dev/null 2>&1'")  # fmt: skip
+        _run(["unshare", "--mount", "--propagation", "private", "sh", "-ec", build], log=log, timeout=3600)
+        final.mkdir()
+        (work / "opt" / "python3.11").rename(final / "python3.11")
+        shutil.rmtree(work)
+        with log.open("a") as f:
+            f.write(f"CPython 3.11.2 for bullseye built in {time.monotonic() - started:.0f} s\n")
+        return final / "python3.11"
+
+
 def ensure_image(suite: str, log: Path) -> Path:
     """The node image for `suite`, made now (debootstrap, then the venv) unless the machine has it."""
     from filelock import FileLock
@@ -158,8 +205,10 @@ def ensure_image(suite: str, log: Path) -> Path:
              log=log, timeout=1800)  # fmt: skip
         for key in tmp.glob("etc/ssh/ssh_host_*"):
             key.unlink()  # each node makes its own host keys
+        if spec.get("python"):  # the site's Python for this OS, built once per machine
+            shutil.copytree(ensure_python(log), tmp / "opt" / "python3.11", symlinks=True)
         if spec["venv"]:
-            _run(["chroot", str(tmp), "python3", "-m", "venv", "/opt/ds"], log=log)
+            _run(["chroot", str(tmp), str(spec.get("python") or "python3"), "-m", "venv", "/opt/ds"], log=log)
             args, folders = _local_sources()
             script = ["set -e", "mount --make-rprivate /"]
             for folder in folders:

@@ -12,11 +12,12 @@ def test_table_shows_ratios_against_the_plain_command() -> None:
         "recipe": "cpu", "runs": 3, "cores": 2, "extra_op": "deepspeed_shm_comm",
         "median_s": {"plain": 110.0, "cold": 88.0, "unchanged": 0.9, "one_op": 30.0, "node_wheel": 6.0,
                      "node_jit": 60.0, "env_uv": 2.1, "env_pip": 32.7, "smoke_uv": 48.0, "smoke_pip": 95.0,
-                     "clone_uv": 140.0, "clone_pip": 280.0, "configs_matrix": 24.0, "configs_each": 420.0},
+                     "clone_uv": 140.0, "clone_pip": 280.0, "configs_matrix": 24.0, "configs_each": 420.0,
+                     "cold_host": 84.0, "root_make": 41.0},
         "wheel_bytes": {"plain": 15_900_000, "toolkit": 2_400_000, "configs": 91},
         "ratios": {"cold_vs_plain": 0.8, "unchanged_vs_cold": 0.0102, "one_op_vs_cold": 0.341,
                    "wheel_vs_plain": 0.151, "node_vs_jit": 0.1, "env_uv_vs_pip": 0.064, "smoke_uv_vs_pip": 0.505,
-                   "clone_uv_vs_pip": 0.5, "configs_vs_each": 0.057},
+                   "clone_uv_vs_pip": 0.5, "configs_vs_each": 0.057, "root_vs_host": 1.048},
     }  # fmt: skip
     table = render_table(result)
     assert "Recipe `cpu`, 2 cores, median of 3 run(s):" in table
@@ -28,6 +29,8 @@ def test_table_shows_ratios_against_the_plain_command() -> None:
     assert "| smoke, uv environments vs venv + pip | 48 s vs 95 s | 0.51 | smoke <= 50 s |" in table
     assert "`nox -s build-wheel`): uv vs pip environments | 140 s vs 280 s | 0.50 | <= 150 s |" in table
     assert "one forked runner vs a process per config | 24 s vs 420 s (91 configs) | 0.06 | - |" in table
+    assert 'the same on the host (`platform = "host"`) | 88 s vs 84 s | 1.05 | <= 1.1 |' in table
+    assert "Making the build root (Debian 11, once per machine): 41 s." in table
 
 
 def test_the_slurm_bench_changes_one_recipe_of_a_copy_of_the_matrix(tmp_path: Path) -> None:

@@ -143,3 +143,43 @@ def test_an_unprivileged_user_compiles_in_the_root_through_a_user_namespace() ->
         assert pows == {"GLIBC_2.2.5"}
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+TEST_IMAGE = "localhost/ds-builder-test-root:bullseye"
+
+
+@pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed (apt-get install podman runc)")
+def test_an_oci_image_is_a_root_a_recipe_can_name(own_workspace: Path) -> None:
+    """No registry is reachable here, so the image is made from the toolkit's own Debian 11 root
+    (podman import), standing in for pypa's manylinux_2_28: the build exports it into the roots folder
+    once, finds its compilers on the image's PATH, and the wheel holds the floor."""
+    from builder.images import podman
+
+    facts = sandbox.resolve(None, os.environ)
+    if podman.image_id(TEST_IMAGE) is None:
+        tar = subprocess.Popen(["tar", "-C", str(facts.path), "--numeric-owner", "-cf", "-", "."],
+                               stdout=subprocess.PIPE)  # fmt: skip
+        made = subprocess.run(["podman", "import", "--change", "ENV PATH=/usr/local/bin:/usr/bin:/bin", "-",
+                               TEST_IMAGE], stdin=tar.stdout, capture_output=True, text=True,
+                              env=podman.environ())  # fmt: skip
+        assert tar.stdout is not None
+        tar.stdout.close()
+        assert tar.wait() == 0 and made.returncode == 0, made.stderr
+    image_id = podman.image_id(TEST_IMAGE)
+    assert image_id
+    done = build(recipe(own_workspace, "in-image", ops='["cpu_lion"]', root=f'image = "{TEST_IMAGE}"'), own_workspace)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (wheel,) = (own_workspace / "dist").glob("*.whl")
+    assert wheel.name.endswith("-cp311-cp311-manylinux_2_28_x86_64.whl")
+    import json
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as zf:
+        (name,) = [n for n in zf.namelist() if n.endswith("ds_builder.json")]
+        record = json.loads(zf.read(name))["platform"]
+    assert record["root"]["describe"] == f"the image {TEST_IMAGE}" and record["root"]["gcc"].startswith("10.")
+    assert record["tags"] == ["manylinux_2_28_x86_64"]
+    exported = list(Path(os.environ.get("DS_BUILDER_ROOTS") or "/var/tmp/ds-builder-roots").glob(
+        f"image-{image_id[:16]}"))  # fmt: skip
+    assert len(exported) == 1 and (exported[0] / "usr" / "bin" / "g++").exists()
+    assert "root: exporting the image" in done.stdout + done.stderr or "compiling in the image" in done.stderr

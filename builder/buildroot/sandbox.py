@@ -8,6 +8,7 @@ to this user and be writable by no one else (a sticky folder above, such as /var
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat
 import subprocess
@@ -86,8 +87,9 @@ def resolve(spec: RootSpec | None, env: Mapping[str, str]) -> RootFacts:
 
     spec = spec if spec is not None else default_spec(host_mirror())
     roots = make.roots_folder(env)
-    if (spec, roots) in _RESOLVED:
-        return _RESOLVED[(spec, roots)]
+    asked = (spec, roots)
+    if asked in _RESOLVED:
+        return _RESOLVED[asked]
     if spec.kind == "debian":
         facts = make.ensure_debian(spec, roots)
         check_trusted(facts.path, spec)
@@ -95,11 +97,10 @@ def resolve(spec: RootSpec | None, env: Mapping[str, str]) -> RootFacts:
         if spec.kind == "image":
             path = make.export_image(spec, roots)
             path_env = make.image_path(spec.image or "")
-            cc = make.first_on_path(path, path_env, "gcc") or spec.cc
-            cxx = make.first_on_path(path, path_env, "g++") or spec.cxx
-            from dataclasses import replace
-
-            spec = replace(spec, cc=cc, cxx=cxx)
+            named = {k for k in ("cc", "cxx") if getattr(spec, k) != getattr(RootSpec("image"), k)}
+            cc = spec.cc if "cc" in named else make.first_on_path(path, path_env, "gcc") or spec.cc
+            cxx = spec.cxx if "cxx" in named else make.first_on_path(path, path_env, "g++") or spec.cxx
+            spec = dataclasses.replace(spec, cc=cc, cxx=cxx)
         else:
             assert spec.folder is not None
             path = spec.folder
@@ -109,7 +110,7 @@ def resolve(spec: RootSpec | None, env: Mapping[str, str]) -> RootFacts:
         check_trusted(path, spec)
         gcc = probe(path, spec.cxx, ["-dumpfullversion"]).strip()
         facts = make.folder_facts(spec, path, gcc)
-    _RESOLVED[(spec, roots)] = facts
+    _RESOLVED[asked] = facts
     return facts
 
 
