@@ -64,13 +64,15 @@ def cluster(up: Path) -> dict[str, str]:
     return box.environ(up)
 
 
-def _variant(source: str, folder: Path, name: str, ops: list[str], arch: list[str] | None = None) -> None:
+def _variant(
+    source: str, folder: Path, name: str, ops: list[str], arch: list[str] | None = None, label: str = ""
+) -> None:
     text = default_recipe_text(source)
     start = text.index("ops = [")
     end = text.index("]", start) + 1
     text = text[:start] + f"ops = {json.dumps(ops)}" + text[end:]
     old = tomllib.loads(text)["name"]
-    text = text.replace(f'name = "{old}"', f'name = "{name}"')
+    text = text.replace(f'name = "{old}"', f'name = "{name}"' + (f'\nlabel = "{label}"' if label else ""))
     if "[root]" in text:  # a CUDA recipe: pypa's image is its root, not reachable here
         text = host_platform(text)
     if arch is not None:
@@ -576,7 +578,8 @@ def test_a_node_killed_while_its_unit_task_compiles_is_named_and_its_unit_built_
     the build task, on a node left, compiles the unit the dead task held, and the run passes,
     naming the node that died and the unit. Then the node is powered on again."""
     folder = Path(str(matrix_run["folder"]))
-    _variant("cpu.toml", folder, "adagrad", ["cpu_adagrad"])
+    # Its own label: its wheel would otherwise take the name of the matrix's adam wheel (both manylinux_2_28).
+    _variant("cpu.toml", folder, "adagrad", ["cpu_adagrad"], label="adagrad")
     matrix = folder / "kill.toml"
     matrix.write_text('recipes = ["adagrad.toml"]\n\n[slurm]\ncpus = 2\nmem = "6G"\ntime = "00:40:00"\n')
     follow = subprocess.Popen(

@@ -186,4 +186,4 @@ def enter(facts: RootFacts, folder: Path, binds: Iterable[str]) -> dict[str, str
                         "remove the root and its .json beside it; the next build makes it again")  # fmt: skip
     output.note(f"root: compiling in {facts.describe} at {facts.path} (gcc {facts.gcc}, glibc {facts.glibc}) "
                 f"through {folder}")  # fmt: skip
-    return {"CC": str(folder / "gcc"), "CXX": str(folder / "g++"), "NVCC_PREPEND_FLAGS": f"-ccbin {folder / 'g++'}"}
+    return {"CC": str(folder / "gcc"), "CXX": str(folder / "g++"), "NVCC_PREPEND_FLAGS": f"-ccbin {folder}"}

@@ -129,7 +129,9 @@ def enter_root(recipe: Recipe, python: Path, ws: Workspace, env: Mapping[str, st
              *include, *([kit, os.path.realpath(kit)] if kit else []),
              *path_list(env, "CPATH", "LIBRARY_PATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH",
                         "CUTLASS_PATH")]  # fmt: skip
-    out = sandbox.enter(facts, ws.root / "toolchain" / f"root-{facts.identity[:12]}", [str(b) for b in binds])
+    folder = ws.root / "toolchain" / f"root-{facts.identity[:12]}"
+    out = sandbox.enter(facts, folder, [str(b) for b in binds])
+    out["PATH"] = os.pathsep.join([str(folder), env.get("PATH", "")])  # cc, gcc, g++ on PATH are the root's too
     if flags := march_flags(cpu_target_env(recipe.cpu_target).get("DS_BUILDER_CPU_ARCH", ""), facts.gcc_major):
         out["DS_BUILDER_CPU_ARCH_FLAGS"] = flags  # gcc < 11 does not know -march=x86-64-vN by name
     return out
