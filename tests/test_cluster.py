@@ -337,11 +337,12 @@ def test_the_sites_configs_run_on_the_debian_11_node_with_no_compiler(
     results = {Path(r["name"]).name: r for r in json.loads(done.stdout)}
     assert set(results) == {c.name for c in configs.glob("*.json")}
     for name in ("adam-zero2-offload.json",):  # DeepSpeedCPUAdam: cpu_adam, which the wheel holds
-        assert results[name]["status"] == "passed", results[name]
+        assert results[name]["status"] == "passed" and results[name]["jit"] == [], results[name]
     for name, needed in (("adam-zero0.json", "fused_adam"), ("adagrad-zero2-offload.json", "cpu_adagrad"),
                          ("lion-zero2-offload.json", "cpu_lion")):  # fmt: skip
-        assert results[name]["status"] != "passed" and f"needs op {needed}" in results[name]["detail"], results[name]
-    assert all(not r.get("jit") for r in results.values()), results
+        said = results[name]
+        assert said["status"] == "needs-op" and said["detail"].startswith(f"needs {needed}, which the installed"), said
+    # DeepSpeed's attempts to JIT-compile what the wheel lacks were refused: nothing was compiled.
     assert not list((up / "nodes" / "node4" / "upper").rglob("torch_extensions"))
 
 
