@@ -158,7 +158,7 @@ def ensure_python(log: Path) -> Path:
 
     from filelock import FileLock
 
-    key = hashlib.sha256(json.dumps([PYTHON_SOURCE, PYTHON_BUILD_DEPS, mirror()]).encode()).hexdigest()[:10]
+    key = hashlib.sha256(json.dumps([PYTHON_SOURCE, PYTHON_BUILD_DEPS, mirror(), "shm"]).encode()).hexdigest()[:10]
     final = ROOTS / f"cpython-3.11-bullseye-{key}"
     ROOTS.mkdir(parents=True, exist_ok=True)
     with FileLock(str(final) + ".lock"):
@@ -176,9 +176,13 @@ def ensure_python(log: Path) -> Path:
         if hashlib.sha256(data).hexdigest() != PYTHON_SOURCE[1]:
             raise RuntimeError(f"{PYTHON_SOURCE[0]} from {mirror()} does not match its sha256")
         (work / "build" / "src.tar.gz").write_bytes(data)
-        build = (f"mount -t proc proc {work}/proc && chroot {work} sh -ec 'cd /build && tar xzf src.tar.gz && "
+        # /dev/shm mounted: configure tests sem_open there, and without it multiprocessing (torchrun) fails.
+        check = "import multiprocessing.synchronize, ssl, ctypes, sqlite3, lzma, bz2, zlib, uuid"
+        build = (f"mount -t proc proc {work}/proc && mkdir -p {work}/dev/shm && mount -t tmpfs tmpfs {work}/dev/shm "
+                 f"&& chroot {work} sh -ec 'cd /build && tar xzf src.tar.gz && "
                  "cd Python-3.11.2 && ./configure --prefix=/opt/python3.11 >/dev/null && "
-                 f"make -j{os.cpu_count() or 1} >/dev/null 2>&1 && make install >/dev/null 2>&1'")  # fmt: skip
+                 f"make -j{os.cpu_count() or 1} >/dev/null 2>&1 && make install >/dev/null 2>&1 && "
+                 f"/opt/python3.11/bin/python3.11 -c \"{check}\"'")  # fmt: skip
         _run(["unshare", "--mount", "--propagation", "private", "sh", "-ec", build], log=log, timeout=3600)
         final.mkdir()
         (work / "opt" / "python3.11").rename(final / "python3.11")
