@@ -146,8 +146,15 @@ def mirror() -> str:
 
 def image_path(suite: str) -> Path:
     spec = IMAGES[suite]
-    key = hashlib.sha256(json.dumps([suite, spec, mirror()], sort_keys=True).encode()).hexdigest()[:10]
+    made = [suite, spec, mirror(), *([python_key()] if spec.get("python") else [])]
+    key = hashlib.sha256(json.dumps(made, sort_keys=True).encode()).hexdigest()[:10]
     return ROOTS / f"{suite}-{key}"
+
+
+def python_key() -> str:
+    """What the Debian 11 node's CPython is built from and how (its folder's name, and part of the
+    node image's: a Python built another way makes another image)."""
+    return hashlib.sha256(json.dumps([PYTHON_SOURCE, PYTHON_BUILD_DEPS, mirror(), "shm"]).encode()).hexdigest()[:10]
 
 
 def ensure_python(log: Path) -> Path:
@@ -158,8 +165,7 @@ def ensure_python(log: Path) -> Path:
 
     from filelock import FileLock
 
-    key = hashlib.sha256(json.dumps([PYTHON_SOURCE, PYTHON_BUILD_DEPS, mirror(), "shm"]).encode()).hexdigest()[:10]
-    final = ROOTS / f"cpython-3.11-bullseye-{key}"
+    final = ROOTS / f"cpython-3.11-bullseye-{python_key()}"
     ROOTS.mkdir(parents=True, exist_ok=True)
     with FileLock(str(final) + ".lock"):
         if (final / "python3.11" / "bin" / "python3.11").is_file():

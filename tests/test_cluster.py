@@ -392,7 +392,7 @@ def test_pip_and_uv_install_from_nginx_unchanged(
 
 
 ZERO_STEP = {
-    "train_batch_size": 3, "train_micro_batch_size_per_gpu": 1,
+    "train_batch_size": 4, "train_micro_batch_size_per_gpu": 1,  # one a rank, four ranks
     "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
     "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
 }  # fmt: skip
