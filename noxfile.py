@@ -159,7 +159,7 @@ def unit(session: nox.Session) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff and mypy (strict) over the package, tests and this file."""
-    session.install(".[lint]", "pytest")
+    session.install(".[lint]", "pytest", "selenium")  # mypy reads the browser test's imports
     session.run("ruff", "check", "builder", "tests", "noxfile.py")
     session.run("ruff", "format", "--check", "builder", "tests", "noxfile.py")
     session.run("mypy")
