@@ -106,19 +106,16 @@ def test_the_floor_check_names_each_symbol_above_it() -> None:
     ]
 
 
-def test_the_tag_is_the_newest_of_the_ops_floor_and_torchs(tmp_path: Path) -> None:
+def test_the_tag_is_the_newest_of_the_ops_floor_and_torchs() -> None:
     assert tag_for("manylinux_2_17", "manylinux_2_28") == "manylinux_2_28_x86_64"
     assert tag_for("manylinux_2_31", "manylinux_2_28") == "manylinux_2_31_x86_64"
     assert ops_floor({"libc.so.6": {"GLIBC_2.2.5", "GLIBC_2.17"}}) == "manylinux_2_17"
     assert ops_floor({"libc.so.6": {"GLIBC_2.29"}, "libstdc++.so.6": {"GLIBCXX_3.4.22"}}) == "manylinux_2_31"
-    (tmp_path / "WHEEL").write_text(
-        "Wheel-Version: 1.0\nRoot-Is-Purelib: false\nTag: cp311-cp311-manylinux_2_28_x86_64\n"
-    )  # torch 2.13.0+cpu's
-    assert wheel_floor(tmp_path) == "manylinux_2_28"
-    (tmp_path / "WHEEL").write_text("Tag: cp311-cp311-manylinux2014_x86_64\nTag: cp311-cp311-manylinux_2_17_x86_64\n")
-    assert wheel_floor(tmp_path) == "manylinux_2_17"
-    (tmp_path / "WHEEL").write_text("Tag: cp311-cp311-linux_x86_64\n")
-    assert wheel_floor(tmp_path) is None
+    torch_wheel = "Wheel-Version: 1.0\nRoot-Is-Purelib: false\nTag: cp311-cp311-manylinux_2_28_x86_64\n"  # 2.13.0+cpu's
+    assert wheel_floor(torch_wheel) == "manylinux_2_28"
+    legacy = "Tag: cp311-cp311-manylinux2014_x86_64\nTag: cp311-cp311-manylinux_2_17_x86_64\n"
+    assert wheel_floor(legacy) == "manylinux_2_17"
+    assert wheel_floor("Tag: cp311-cp311-linux_x86_64\n") is None
 
 
 def test_a_floor_is_told_in_the_names_of_the_systems_it_reaches() -> None:
@@ -129,7 +126,7 @@ def test_a_floor_is_told_in_the_names_of_the_systems_it_reaches() -> None:
 
 
 def test_the_wrappers_carry_the_roots_identity_and_the_pins() -> None:
-    files = wrapper_files(FACTS, ["/work"]).files
+    files = wrapper_files(FACTS, ["/work"])
     assert set(files) == {"enter", "inside", "root", "binds", "pins.h", "root.json", "gcc", "cc", "g++", "c++"}
     assert files["binds"][0] == "/work\n" and files["root"][0] == "/var/tmp/r\n"
     gxx = files["g++"][0]

@@ -20,6 +20,7 @@ from builder import cmd, output
 from builder.buildroot.spec import RootFacts, RootSpec, identity_of, root_name
 from builder.errors import RootError
 from builder.files import make_dirs, write_atomic
+from builder.images.base import debootstrap_stage
 
 ROOTS_ENV = "DS_BUILDER_ROOTS"
 
@@ -32,12 +33,6 @@ def roots_folder(env: Mapping[str, str]) -> Path:
     if os.geteuid() == 0:
         return Path("/var/tmp/ds-builder-roots")
     return Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ds-builder" / "roots"
-
-
-def _stage(line: str) -> str | None:
-    """debootstrap's stages, not its line per package."""
-    per_package = ("I: Retrieving ", "I: Validating ", "I: Extracting ", "I: Unpacking ", "I: Configuring ")
-    return line[3:] if line.startswith("I: ") and not line.startswith(per_package) else None
 
 
 def debootstrap(tools: Path, log: Path) -> tuple[str, dict[str, str]]:
@@ -118,7 +113,7 @@ def ensure_debian(spec: RootSpec, roots: Path) -> RootFacts:
         output.step(f"root: making {spec.describe()} from {spec.mirror} in {path}: about a minute, once per machine")
         try:
             cmd.run([program, f"--variant={spec.variant}", f"--include={','.join(spec.packages)}", spec.suite, tmp,
-                     spec.mirror], env=env, log=log, progress=_stage,
+                     spec.mirror], env=env, log=log, progress=debootstrap_stage,
                     fix="debootstrap needs the Debian mirror the host's apt uses (read the log); or name a root in "
                         'the recipe, or platform = "host"')  # fmt: skip
             for rel in ("var/cache/apt/archives", "var/lib/apt/lists"):

@@ -117,7 +117,7 @@ def resolve(spec: RootSpec | None, env: Mapping[str, str]) -> RootFacts:
 def _write(folder: Path, facts: RootFacts, binds: Iterable[str]) -> None:
     make_dirs(folder)
     make_dirs(folder / "mnt")
-    for name, (text, mode) in wrapper_files(facts, tuple(binds)).files.items():
+    for name, (text, mode) in wrapper_files(facts, tuple(binds)).items():
         path = folder / name
         try:
             same = path.read_text(encoding="utf-8") == text and stat.S_IMODE(path.stat().st_mode) == mode

@@ -7,7 +7,7 @@ import hashlib
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 # The toolkit's own root: Debian 11 (glibc 2.31, gcc 10.2.1, libstdc++ up to GLIBCXX_3.4.28). Debian
@@ -215,15 +215,9 @@ def tool_wrapper(tool: str, facts: RootFacts, pins: str) -> str:
     )
 
 
-@dataclass(frozen=True)
-class Wrappers:
-    """The files of a toolchain folder that enters a root: name -> (content, mode)."""
-
-    files: Mapping[str, tuple[str, int]] = field(default_factory=dict)
-
-
-def wrapper_files(facts: RootFacts, binds: Sequence[str], pins: str | None = None) -> Wrappers:
-    """Everything `sandbox.write_wrappers` puts in the folder, decided here."""
+def wrapper_files(facts: RootFacts, binds: Sequence[str], pins: str | None = None) -> dict[str, tuple[str, int]]:
+    """The files of a toolchain folder that enters a root, name -> (content, mode): decided here, written
+    by sandbox."""
     pins = pins if pins is not None else pins_header()
     files: dict[str, tuple[str, int]] = {
         "enter": (ENTER, 0o755),
@@ -235,4 +229,4 @@ def wrapper_files(facts: RootFacts, binds: Sequence[str], pins: str | None = Non
     }
     for name, tool in (("gcc", facts.cc), ("cc", facts.cc), ("g++", facts.cxx), ("c++", facts.cxx)):
         files[name] = (tool_wrapper(tool, facts, pins), 0o755)
-    return Wrappers(files)
+    return files

@@ -48,7 +48,7 @@ def host_mirror(sources: Path = Path("/etc/apt")) -> str:
     return DEFAULT_MIRROR
 
 
-def _stage(line: str) -> str | None:
+def debootstrap_stage(line: str) -> str | None:
     """debootstrap's stages (not its one line per package retrieved, validated or unpacked)."""
     per_package = ("I: Retrieving ", "I: Validating ", "I: Extracting ", "I: Unpacking ", "I: Configuring ")
     return line[3:] if line.startswith("I: ") and not line.startswith(per_package) else None
@@ -78,7 +78,7 @@ def ensure_debootstrap_base(scratch: Path, log: Path, epoch: int) -> str:
         cmd.run(
             ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, root, mirror],
             log=log,
-            progress=_stage,
+            progress=debootstrap_stage,
             fix="debootstrap needs root and the Debian mirror the host's apt uses; or pass --base with an image "
             "podman holds",
         )  # fmt: skip

@@ -25,15 +25,10 @@ _KINDS = ("GLIBC", "GLIBCXX", "CXXABI")
 
 
 def needed_versions(tree: Path) -> dict[str, set[str]]:
-    """Versioned symbols every .so under `tree` needs, by library (libc.so.6: {GLIBC_2.34, ...})."""
-    from auditwheel.elfutils import elf_find_versioned_symbols
-    from elftools.elf.elffile import ELFFile
-
+    """Versioned symbols every shared object under `tree` needs, by library (libc.so.6: {GLIBC_2.34, ...})."""
     found: dict[str, set[str]] = defaultdict(set)
-    for so in sorted(tree.rglob("*.so")):
-        with so.open("rb") as f:
-            for lib, version in elf_find_versioned_symbols(ELFFile(f)):
-                found[lib].add(version)
+    for n in needed_symbols(tree):
+        found[n.library].add(n.version)
     return dict(found)
 
 
@@ -197,23 +192,12 @@ def ops_floor(versions: Mapping[str, set[str]]) -> str | None:
     return next((t for t in tags if _GLIBC_OF.match(t)), None)
 
 
-def wheel_floor(dist_info: Path) -> str | None:
-    """The manylinux_2_N floor an installed wheel's own WHEEL file claims (torch 2.13.0+cpu:
-    manylinux_2_28), from its Tag lines; None when it has no manylinux tag."""
-    try:
-        text = (dist_info / "WHEEL").read_text(encoding="utf-8")
-    except OSError:
-        return None
-    floors = set()
-    for line in text.splitlines():
-        if line.startswith("Tag: "):
-            tag = line.split(": ", 1)[1].rsplit("-", 1)[-1].removesuffix(f"_{platform.machine()}")
-            legacy = {
-                "manylinux1": "manylinux_2_5",
-                "manylinux2010": "manylinux_2_12",
-                "manylinux2014": "manylinux_2_17",
-            }
-            tag = legacy.get(tag, tag)
-            if _GLIBC_OF.match(tag):
-                floors.add(tag)
-    return min(floors, key=floor_glibc) if floors else None
+def wheel_floor(wheel_text: str) -> str | None:
+    """The manylinux_2_N floor a wheel's WHEEL file claims (torch 2.13.0+cpu: manylinux_2_28), from its
+    Tag lines, read as the node reads a platform tag (manylinux2014 is 2.17); None without one."""
+    from builder.node import glibc_floor
+
+    floors = [glibc_floor(line.split(": ", 1)[1].rsplit("-", 1)[-1]) for line in wheel_text.splitlines()
+              if line.startswith("Tag: ")]  # fmt: skip
+    found = [f for f in floors if f is not None]
+    return f"manylinux_{min(found)[0]}_{min(found)[1]}" if found else None

@@ -163,12 +163,9 @@ def check_cxx20(facts: RootFacts, python: Path) -> None:
 
 def torch_floor(python: Path) -> str | None:
     """The manylinux floor torch's own wheel claims in the build environment (its WHEEL file)."""
-    said = query(
-        [str(python), "-c", "import importlib.metadata as m; print(m.distribution('torch').read_text('WHEEL') or '')"]
+    return glibc.wheel_floor(
+        query([str(python), "-c", "import importlib.metadata as m; print(m.distribution('torch').read_text('WHEEL'))"])
     )
-    with tempfile.TemporaryDirectory() as tmp:
-        Path(tmp, "WHEEL").write_text(said, encoding="utf-8")
-        return glibc.wheel_floor(Path(tmp))
 
 
 def check_floor_fits_torch(recipe: Recipe, python: Path) -> str | None:
