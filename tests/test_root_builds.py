@@ -23,7 +23,7 @@ import pytest
 from fakes import default_recipe_text
 
 from builder.buildroot import sandbox
-from builder.wheelbuild.glibc import needed_symbols
+from builder.wheelbuild.glibc import above_floor, needed_symbols
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [
@@ -183,3 +183,34 @@ def test_an_oci_image_is_a_root_a_recipe_can_name(own_workspace: Path) -> None:
         f"image-{image_id[:16]}"))  # fmt: skip
     assert len(exported) == 1 and (exported[0] / "usr" / "bin" / "g++").exists()
     assert "root: exporting the image" in done.stdout + done.stderr or "compiling in the image" in done.stderr
+
+
+def test_a_cuda_recipe_compiles_in_the_root_nvcc_host_code_included(own_workspace: Path) -> None:
+    """CUDA through the toolkit's own Debian 11 root: nvcc's host compiler is the root's gcc 10 (its
+    -ccbin is the wrappers' folder), fused_adam's .so holds manylinux_2_28. torch 2.13.0, PyPI's CUDA
+    13.0 build: torch 2.14's headers need gcc 11+, which is why the shipped CUDA recipes name pypa's
+    image instead. pip's configuration here has a local CPU build of torch 2.13.0 in find-links, which
+    would stand in for PyPI's CUDA one: the build is told to ask PyPI alone."""
+    import re
+    import zipfile
+
+    text = (ROOT / "recipes" / "cu130-hopper-min.toml").read_text()
+    text = re.sub(r"(?ms)^\[root\]\n.*?(?=^\[|\Z)", "", text).replace('version = "2.14.1"', 'version = "2.13.0"')
+    text = re.sub(r"(?m)^ops = \[.*\]$", 'ops = ["fused_adam"]', text).replace('label = "min"', 'label = "inroot"')
+    path = own_workspace / "cuda-in-root.toml"
+    path.write_text(text)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env["PIP_CONFIG_FILE"] = os.devnull
+    done = build(path, own_workspace, env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (wheel,) = (own_workspace / "dist").glob("*.whl")
+    assert wheel.name == "deepspeed-0.19.8+cu130.torch2.13.sm90.inroot-cp311-cp311-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(wheel) as zf:
+        (so,) = [n for n in zf.namelist() if n.endswith(".so") and "fused_adam_op" in n]
+        zf.extract(so, own_workspace / "unpacked")
+    comment = subprocess.run(["readelf", "-p", ".comment", str(own_workspace / "unpacked" / so)],
+                             capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert "GCC: (Debian 10.2.1" in comment and "GCC: (Debian 12" not in comment, comment
+    needed = needed_symbols(own_workspace / "unpacked")
+    assert any(n.version.startswith("GLIBCXX_") for n in needed)  # the check read C++ symbols
+    assert above_floor(needed, "manylinux_2_28") == []
