@@ -297,8 +297,8 @@ def parser() -> argparse.ArgumentParser:
     sg.add_argument(
         "--adopt",
         action="store_true",
-        help="sign a manifest that is unsigned, signed by a key this "
-        "host no longer trusts, or older than this host's record, after every file checks out against it",
+        help="sign a manifest that has no signature (an older toolkit published it), or put back an older one "
+        "this host signed, after every file checks out against it; never one whose signature fails",
     )
 
     ky = sub.add_parser(
@@ -475,12 +475,31 @@ def _torch_source(p: argparse.ArgumentParser) -> None:
     g.add_argument("--recipe", type=Path, help="inspect the recipe's build environment (made if needed)")
 
 
+def _host_trust(args: list[str]) -> list[str]:
+    """On the build host, `install` without --trust checks the signature with the keys this host
+    trusts (its allowed_signers), as every other command here does; the node installer alone has
+    no such default and refuses without a key."""
+    import os
+
+    from builder import node, signing
+
+    given = any(a == "--trust" or a.startswith("--trust=") or a == node.SKIP_FLAG for a in args)
+    if given or os.path.isfile(node.DEFAULT_TRUST):
+        return args
+    try:
+        k = signing.keys()
+        has_keys = k.trust_file.is_file() and bool(k.trust().keys)
+    except (BuilderError, OSError):
+        return args  # the node installer then says what is missing
+    return ["--trust", str(k.trust_file), *args] if has_keys else args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["install"]:  # the node installer has its own CLI: one file, the same on every node
         from builder import node
 
-        return node.main(argv[1:], prog="python -m builder install")
+        return node.main(_host_trust(argv[1:]), prog="python -m builder install")
     args = parser().parse_args(argv)
     from builder import commands
     from builder.node import InstallError  # the contract's errors (a bad manifest or report)

@@ -337,10 +337,15 @@ def verify(args: argparse.Namespace) -> int:
             fix = "pass --wheelhouse with the folder publish wrote (build-wheel publishes into ./wheelhouse)"
         elif any("publish is in progress" in p for p in problems):
             fix = "wait for the publish to finish, then run verify again"
+        elif signature and not (house / "manifest.json.sig").exists():  # unsigned: an older toolkit, or stripped
+            fix = (
+                "do not install from it until it verifies: restore the wheelhouse from the build host; if it is "
+                "what an older toolkit published there, check what it lists, then `python -m builder sign --adopt`"
+            )
         elif signature:  # the signature is checked first: nothing else about the wheelhouse is known then
             fix = (
-                "do not install from it until it verifies: restore the wheelhouse from the build host, or "
-                "re-sign it there (`python -m builder sign`, `sign --adopt` once you checked what it lists)"
+                "do not install from it: its signature is what vouches for every file. Restore the wheelhouse "
+                "from the build host that signed it, or re-sign it there with `python -m builder sign`"
             )
         elif any("interrupted publish" in p or "builder repair" in p for p in problems):
             fix = ("run `python -m builder repair` for what interrupted publishes left; for anything else, "

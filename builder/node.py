@@ -120,6 +120,12 @@ class ManifestError(InstallError):
     exit_code = EXIT_BAD_WHEELHOUSE
 
 
+class NoKey(InstallError):
+    """Nothing to check the wheelhouse's signature with: refused as a wheelhouse that fails it would be."""
+
+    exit_code = EXIT_BAD_WHEELHOUSE
+
+
 # ---------------------------------------------------------------- names
 
 
@@ -309,6 +315,9 @@ class WheelhouseManifest:
     reports: "Mapping[str, FileEntry]" = field(default_factory=dict)  # coverage.json of the last matrix run
     variants: "Mapping[str, VariantEntry]" = field(default_factory=dict)  # variant wheels (experimental)
     variant_indexes: "Mapping[str, FileEntry]" = field(default_factory=dict)  # <name>-<version>-variants.json
+    # locks/<recipe>.lock, locks/pylock.<recipe>.toml, locks/<recipe>.Containerfile: what `lock` wrote,
+    # inside the signed statement like every other file an installer may read.
+    locks: "Mapping[str, FileEntry]" = field(default_factory=dict)
     # The signed statement (schema 4): manifest.json.sig signs these bytes, so nodes trust the
     # fields below only after the signature checks out (see "trust" below).
     serial: int = 0  # grows by one with every signed write; a node refuses one older than it saw
@@ -319,7 +328,7 @@ class WheelhouseManifest:
     def to_json(self) -> str:
         optional: dict[str, Mapping[str, ImageEntry | FileEntry | VariantEntry]] = {
             "images": self.images, "reports": self.reports, "variants": self.variants,
-            "variant_indexes": self.variant_indexes,
+            "variant_indexes": self.variant_indexes, "locks": self.locks,
         }  # fmt: skip
         data = {
             "schema": MANIFEST_SCHEMA,
@@ -648,6 +657,10 @@ def parse_smoke_summary(f: "Fields") -> "SmokeSummary":
 # images/<file>.oci.tar: one path component under images/, no leading dot, no '..'.
 IMAGE_NAME_RE = re.compile(rf"^{IMAGES}/[A-Za-z0-9][A-Za-z0-9_+-]*(?:\.[A-Za-z0-9_+-]+)*\.oci\.tar$")
 LOCK_NAME_RE = re.compile(r"^locks/[A-Za-z0-9][A-Za-z0-9._-]{0,80}\.lock$")
+# Every file `lock` writes: the requirements lock, its PEP 751 twin and its Containerfile.
+LOCK_FILE_RE = re.compile(
+    r"^locks/(?:pylock\.[A-Za-z0-9][A-Za-z0-9._-]{0,80}\.toml|[A-Za-z0-9][A-Za-z0-9._-]{0,80}\.(?:lock|Containerfile))$"
+)
 IMAGE_ID_RE = SHA256_RE
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 # An image reference as podman prints it: registry/path:tag, printable and short.
@@ -822,6 +835,13 @@ def parse_manifest(text: "str | bytes", where: str = MANIFEST_FILE) -> "Wheelhou
     clash = set(variants) & (set(wheels) | set(deps))
     if clash:
         raise ManifestError(f"{where}: {sorted(clash)[0]} is listed twice", "re-publish the wheelhouse")
+    locks = {}
+    for name, value in top.table("locks", optional=True).items():
+        if ".." in name or not LOCK_FILE_RE.match(name):
+            raise ManifestError(f"{where}: locks: {name[:80]!r} is not a file `lock` writes (locks/<recipe>.lock, "
+                                "locks/pylock.<recipe>.toml, locks/<recipe>.Containerfile)",
+                                "the manifest was edited: re-run `lock`")  # fmt: skip
+        locks[name] = FileEntry(name, Fields(value, f"{where}: locks[{name}]").text("sha256", SHA256_RE))
     serial = top.get("serial", int, optional=True) or 0
     if serial < 0:
         raise top.fail("serial", "is negative")
@@ -836,7 +856,7 @@ def parse_manifest(text: "str | bytes", where: str = MANIFEST_FILE) -> "Wheelhou
             fingerprint_of(statement[2])
         except InstallError as exc:
             raise top.fail("signer", "is not a public key") from exc
-    return WheelhouseManifest(wheels, deps, tools, images, reports, variants, indexes, serial, *statement)
+    return WheelhouseManifest(wheels, deps, tools, images, reports, variants, indexes, locks, serial, *statement)
 
 
 # ---------------------------------------------------------------- the build manifest inside a wheel
@@ -1358,6 +1378,20 @@ def parse_trust(text: str, where: str) -> "Trust":
     return Trust(tuple(keys), tuple(revoked))
 
 
+SKIP_FLAG = "--skip-signature-check"
+
+
+def no_key() -> InstallError:
+    """A node given no key installs nothing: fail closed, as apt does with an unsigned repository."""
+    return NoKey(
+        f"no key to check the wheelhouse's signature with (no --trust, and no {DEFAULT_TRUST}): without one, "
+        "whoever can write the wheelhouse decides what this node installs and runs",
+        "give the build host's public key (the line `python -m builder key show` prints): --trust 'ssh-ed25519 "
+        f"AAAA...' or an allowed-signers file, or put it in {DEFAULT_TRUST}; {SKIP_FLAG} installs without "
+        "checking, for a wheelhouse you trust by other means",
+    )
+
+
 def load_trust(values: "Sequence[str]") -> "Trust | None":
     """The node's trust: each --trust value is a file or a key line; with none, DEFAULT_TRUST if
     it exists; None when the node was given no key at all."""
@@ -1815,16 +1849,19 @@ def install(
     pip_args: "Sequence[str]" = (),
     trust: "Trust | None" = None,
     ops: "Sequence[str]" = (),
+    skip_signature_check: bool = False,
 ) -> "dict[str, Any]":
     """Pick, fetch, check and pip-install the wheel for this node, with its dependencies from the
     wheelhouse alone (hash-checked; no index is asked); returns what was done. With `trust`, the
     manifest is read only after its signature, expiry and serial check out."""
     base = wheelhouse_base(wheelhouse)
+    if trust is None and not skip_signature_check:
+        raise no_key()
     verified = load_verified(base, trust)
     manifest = verified.manifest
     if verified.signature is None:
         say(
-            "warning: no --trust given: the manifest's signature is not checked, so whoever can write the "
+            f"warning: {SKIP_FLAG}: the manifest's signature is not checked, so whoever can write the "
             "wheelhouse decides what is installed (give the build host's key: `python -m builder key show`)"
         )
     else:
@@ -1984,6 +2021,10 @@ def parser(prog: "str | None" = None) -> argparse.ArgumentParser:
                    f"(manifest.json.sig) is by one of them, it has not expired, and its serial is not older than "
                    f"the last one this node accepted (kept in {STATE_ENV}, default /var/lib/ds-node-install for "
                    f"root). Default: {DEFAULT_TRUST} where it exists")  # fmt: skip
+    p.add_argument(SKIP_FLAG, action="store_true",
+                   help="install without checking the manifest's signature when no key is given (by default a "
+                   "node given no key refuses: whoever can write the wheelhouse would decide what it "
+                   "runs)")  # fmt: skip
     p.add_argument("--ops", default="", metavar="OP,OP",
                    help="choose a wheel holding these ops (where the wheelhouse has several op sets of one target, "
                    "e.g. cpu and cpu-all; default: the fitting wheel with the most ops)")  # fmt: skip
@@ -2000,7 +2041,9 @@ def main(argv: "Sequence[str] | None" = None, prog: "str | None" = None) -> int:
     args = p.parse_args(argv)
     ops = [op.strip() for op in args.ops.split(",") if op.strip()]
     try:
-        result = install(args.wheelhouse, args.python, args.dry_run, args.pip_args, load_trust(args.trust), ops)
+        trust = load_trust(args.trust)
+        result = install(args.wheelhouse, args.python, args.dry_run, args.pip_args, trust, ops,
+                         args.skip_signature_check)  # fmt: skip
     except InstallError as exc:
         if args.debug:
             raise
@@ -2012,8 +2055,8 @@ def main(argv: "Sequence[str] | None" = None, prog: "str | None" = None) -> int:
     if args.check_configs:
         try:
             base = wheelhouse_base(args.wheelhouse)
-            code, result["configs_checked"] = check_configs(base, load_verified(base, load_trust(args.trust)).manifest,
-                                                            args.python, args.check_configs)  # fmt: skip
+            code, result["configs_checked"] = check_configs(base, load_verified(base, trust).manifest, args.python,
+                                                            args.check_configs)  # fmt: skip
         except InstallError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return exc.exit_code

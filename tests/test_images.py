@@ -50,7 +50,8 @@ def _manifest(with_torch: bool = True) -> WheelhouseManifest:
         "smoke": {"passed": True, "finished_at": "", "checks": {"import": {"status": "passed", "detail": ""}}},
         "version": "0.19.8+cpu.torch2.13"}, "test")  # fmt: skip
     deps = {TORCH: FileEntry(TORCH, "b" * 64)} if with_torch else {}
-    return WheelhouseManifest({WHEEL: wheel}, deps)
+    locks = {"locks/cpu.lock": FileEntry("locks/cpu.lock", hashlib.sha256(LOCK.encode()).hexdigest())}
+    return WheelhouseManifest({WHEEL: wheel}, deps, locks=locks)
 
 
 def test_a_lock_is_read_pin_by_pin_and_each_pin_found_by_its_hash() -> None:
@@ -324,3 +325,6 @@ def test_a_lock_named_with_a_path_is_looked_up_in_locks_only(tmp_path: Path) -> 
         with pytest.raises(ImageError, match="no lock"):
             find_lock(house, _manifest(), name, None, tmp_path / "log")
     assert find_lock(house, _manifest(), None, WHEEL, tmp_path / "log") == "locks/cpu.lock"  # the wheel's own lock
+    (house / "locks" / "planted.lock").write_text(LOCK)  # a lock file the signed manifest does not list
+    with pytest.raises(ImageError, match="that the signed manifest lists"):
+        find_lock(house, _manifest(), "planted", None, tmp_path / "log")

@@ -20,7 +20,7 @@ from builder.wheelbuild.source import sha256_of
 from builder.wheelhouse import publish, verify
 from builder.wheelhouse.layout import load_manifest
 from builder.wheelhouse.page import PAGE, gather, install_commands, render
-from builder.wheelhouse.publish import publish_coverage, repair
+from builder.wheelhouse.publish import publish_coverage, publish_locks, repair
 
 STAGES = {s: {"status": "passed", "reason": "", "seconds": 3.0} for s in ("build", "smoke", "publish")}
 
@@ -142,13 +142,14 @@ def test_a_page_someone_else_put_there_is_never_replaced(tmp_path: Path) -> None
 
 
 def test_only_real_locks_are_listed_and_a_lock_header_is_never_trusted(tmp_path: Path) -> None:
-    """The page lists locks/<name>.lock by the wheel their first line names: a lock that is a link,
-    a header naming no wheel (markup, a path) or a file with another name is not listed."""
+    """The page lists locks/<name>.lock by the wheel their first line names, only for locks the
+    signed manifest lists: a lock that is a link, a header naming no wheel (markup, a path), a file
+    with another name or one the manifest does not list (a header is easy to write) is not listed."""
     house = tmp_path / "house"
     publish([fake_wheel(tmp_path)], house)
     locks = house / "locks"
-    locks.mkdir()
-    (locks / "cpu.lock").write_text(f"# Lock for {NAME}, written by ds-wheel-builder.\n")
+    publish_locks(house, {"locks/cpu.lock": f"# Lock for {NAME}, written by ds-wheel-builder.\n"})
+    (locks / "forged.lock").write_text(f"# Lock for {NAME}, written by ds-wheel-builder.\n")  # not in the manifest
     (locks / "evil.lock").write_text("# Lock for <script>alert(1)</script>, x\n")
     (locks / "path.lock").write_text("# Lock for ../../etc/passwd, x\n")
     outside = tmp_path / "outside.lock"

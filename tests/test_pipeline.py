@@ -463,6 +463,11 @@ def test_lock_installs_with_hashes_required(
     # Every file the lock pins is now in the wheelhouse (torch too) and listed: pip needs no index.
     manifest = json.loads((house / "manifest.json").read_text())
     assert any(name.startswith("torch-2.13.0") for name in manifest["dependencies"])
+    # The three files `lock` wrote are in the signed statement, each with its sha256 (issue 38).
+    assert {rel: entry["sha256"] for rel, entry in manifest["locks"].items()} == {
+        rel: hashlib.sha256((house / rel).read_bytes()).hexdigest()
+        for rel in ("locks/cpu.lock", "locks/pylock.cpu.toml", "locks/cpu.Containerfile")
+    }
     assert builder("verify", "--wheelhouse", str(house)).returncode == 0
     image = tmp_path / "image"
     venv.create(image, with_pip=True)

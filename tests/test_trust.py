@@ -14,6 +14,7 @@ import hashlib
 import http.server
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import threading
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 from fakes import METADATA, NAME, dep_wheel, fake_wheel, write_wheel
@@ -117,11 +118,18 @@ def test_the_consistent_forgery_is_refused_by_verify_repair_the_node_and_provisi
     key = keys.key().line()
     python = node_python(tmp_path / "node")
     forge(house)
-    # Without a key the node has only the hashes the folder itself holds: the forgery installs (the
-    # gap issue 28 found, still what a node given no key gets, with a warning saying so).
+    # A node given no key installs nothing (fail closed, as apt does with an unsigned repository).
     planted = tmp_path / "planted"
     blind = installer(house, python=python)
-    assert blind.returncode == 0 and "no --trust given" in blind.stderr
+    assert blind.returncode == 8 and "no key to check the wheelhouse's signature with" in blind.stderr, blind.stderr
+    assert "--skip-signature-check" in blind.stderr and "Traceback" not in blind.stderr
+    assert "deepspeed" not in installed(python)
+    # Told to skip the check, it has only the hashes the folder itself holds: the forgery installs,
+    # which is what the flag's name and the warning say.
+    blind = installer(house, "--skip-signature-check", python=python)
+    assert blind.returncode == 0 and "warning: --skip-signature-check: the manifest's signature is not checked" in (
+        blind.stderr
+    )
     subprocess.run([python, "-c", "import deepspeed"], env={**os.environ, "PLANTED": str(planted)}, check=True)
     assert planted.read_text() == "planted line ran"
     subprocess.run([python, "-m", "pip", "uninstall", "-y", "-q", "deepspeed"], check=True)
@@ -210,7 +218,8 @@ def test_a_manifest_signed_by_another_key_is_refused(house: Path, keys: signing.
                                                       monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     ours = keys.key().line()
     monkeypatch.setenv(signing.KEYS_ENV, str(tmp_path / "intruder-keys"))
-    resign(house, adopt=True)  # the intruder's own key (its first use made it), over the same files
+    (house / "manifest.json.sig").unlink()  # the intruder strips the signature and adopts the files
+    resign(house, adopt=True)  # with their own key (its first use made it), over the same files
     intruder = signing.keys().key()
     monkeypatch.setenv(signing.KEYS_ENV, str(tmp_path / "keys"))
     done = installer(house, "--trust", ours, "--dry-run")
@@ -479,3 +488,103 @@ def test_the_installer_on_the_pythons_nodes_have(house: Path, keys: signing.Keys
     assert f"==> manifest signed by {keys.key().fingerprint()}" in done.stderr
     assert f"error: no wheel in the wheelhouse fits this node (python {tag}, " in done.stderr
     assert f"{NAME}: built for cp311, node has {tag}" in done.stderr
+
+
+# ---------------------------------------------------------------- locks inside the signed statement (issue 38)
+
+
+def _locks(house: Path) -> dict[str, str]:
+    """What `lock` writes for the published wheel: its lock, the PEP 751 twin and the Containerfile."""
+    from builder.images.plan import render_containerfile
+    from builder.wheelhouse.lockfile import render_lock, render_pylock, served_files
+
+    files = served_files(load_manifest(house))
+    return {"locks/cpu.lock": render_lock(NAME, files), "locks/pylock.cpu.toml": render_pylock(NAME, files),
+            "locks/cpu.Containerfile": render_containerfile("docker.io/library/python:3.11-slim", "locks/cpu.lock",
+                                                            NAME)}  # fmt: skip
+
+
+def _planted(tmp_path: Path) -> tuple[Path, str]:
+    """A wheel named as the served dependency, outside the wheelhouse, with other bytes."""
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    wheel = dep_wheel(evil, "fakedep-a", "1.0", requires=("planted",))
+    return wheel, sha256_of(wheel)
+
+
+def test_locks_are_signed_and_a_lock_pointing_outside_is_refused_by_verify_and_adopt(
+    house: Path, keys: signing.Keys, tmp_path: Path
+) -> None:
+    """The co-tenant's edit of issue 38: the pylock's dependency pointed at a planted wheel outside the
+    wheelhouse (with its true hash), a --find-links line added to the lock, a lock nobody wrote. Every
+    lock `lock` wrote is in the signed manifest, so each edit is a hash the signature does not cover."""
+    from builder.wheelhouse.publish import publish_locks
+
+    publish_locks(house, _locks(house))
+    manifest = load_manifest(house)
+    assert sorted(manifest.locks) == ["locks/cpu.Containerfile", "locks/cpu.lock", "locks/pylock.cpu.toml"]
+    assert verify(house) == []
+    wheel, digest = _planted(tmp_path)
+    pylock = house / "locks" / "pylock.cpu.toml"
+    text = pylock.read_text()
+    served = manifest.dependencies["fakedep_a-1.0-py3-none-any.whl"].sha256
+    pylock.write_text(text.replace('path = "../fakedep_a-1.0-py3-none-any.whl"', f'path = "../../evil/{wheel.name}"')
+                      .replace(served, digest))  # fmt: skip
+    lock = house / "locks" / "cpu.lock"
+    lock.write_text(lock.read_text() + f"--find-links {wheel.parent}\n")
+    (house / "locks" / "other.lock").write_text(f"# Lock for {NAME}, written by ds-wheel-builder.\n")
+    problems = verify(house)
+    assert "locks/pylock.cpu.toml: sha256 differs from manifest.json (tampered or replaced)" in problems
+    assert "locks/cpu.lock: sha256 differs from manifest.json (tampered or replaced)" in problems
+    assert any(p.startswith("locks/other.lock: not in manifest.json") for p in problems), problems
+    done = builder("verify", "--wheelhouse", str(house))
+    assert done.returncode == 8 and "pylock.cpu.toml" in done.stderr
+    with pytest.raises(WheelhouseError, match="does not check out against its manifest"):
+        resign(house, adopt=True)  # the signature is good: the files are not what it covers
+    # The consistent forgery: the manifest lists the edited locks' hashes, so its signature fails,
+    # and adopt, which once signed exactly this, refuses it.
+    data = json.loads((house / "manifest.json").read_text())
+    for rel in ("locks/pylock.cpu.toml", "locks/cpu.lock", "locks/other.lock"):
+        data["locks"][rel] = {"sha256": sha256_of(house / rel)}
+    (house / "manifest.json").write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    done = builder("sign", "--adopt", "--wheelhouse", str(house))
+    assert done.returncode == 8, done.stderr
+    assert "its signature does not check out here" in done.stderr and "never one whose signature fails" in done.stderr
+    done = builder("verify", "--wheelhouse", str(house))
+    assert done.returncode == 8 and "does not match what it signs" in done.stderr
+    assert "--adopt" not in done.stderr.split("fix:")[-1]  # a failing signature is never pointed at adopt
+    assert "planted" not in (house / "manifest.json.sig").read_text()
+
+
+@pytest.mark.parametrize(
+    ("rel", "edit", "said"),
+    [
+        ("locks/pylock.cpu.toml", lambda t: t.replace('path = "../fakedep', 'path = "/srv/evil/fakedep'),
+         "is not the wheelhouse's ../fakedep_a-1.0-py3-none-any.whl"),
+        ("locks/pylock.cpu.toml", lambda t: t.replace('path = "../fakedep_a-1.0-py3-none-any.whl"',
+                                                      'url = "https://evil.example/fakedep_a-1.0-py3-none-any.whl"'),
+         "a wheel with url (a URL or a source outside it)"),
+        ("locks/pylock.cpu.toml", lambda t: t.replace('[[packages.wheels]]', '[packages.sdist]\nurl = "x"\n\n'
+                                                      '[[packages.wheels]]', 1), "sdist (only wheels"),
+        ("locks/pylock.cpu.toml", lambda t: re.sub(r'sha256 = "[0-9a-f]{8}', 'sha256 = "00000000', t, count=1),
+         "is not the served file's"),
+        ("locks/cpu.lock", lambda t: t + "--find-links /srv/evil\n", "'--find-links /srv/evil' is not a pinned"),
+        ("locks/cpu.lock", lambda t: t + "https://evil.example/x.whl\n", "'https://evil.example/x.whl' is not a"),
+        ("locks/cpu.lock", lambda t: re.sub(r"sha256:[0-9a-f]{8}", "sha256:00000000", t, count=1),
+         "which no served file has"),
+        ("locks/cpu.lock", lambda t: t + "einops==0.8.1 \\\n    --hash=sha256:" + "e" * 64 + "\n",
+         "pins einops==0.8.1 to sha256 eeeeeeeeeeeeeeee..., which no served file has"),
+    ],
+)  # fmt: skip
+def test_each_lock_is_read_back_pin_by_pin_against_the_manifest(
+    house: Path, keys: signing.Keys, rel: str, edit: Any, said: str
+) -> None:
+    """What verify reads in a lock the manifest lists (the check behind the signature: a lock written
+    by a toolkit with a bug, or by a build host that was itself fooled, still cannot reach outside)."""
+    from builder.wheelhouse.lockfile import lock_problems
+
+    texts = _locks(house)
+    manifest = load_manifest(house)
+    assert lock_problems(rel, texts[rel], manifest) == []
+    problems = lock_problems(rel, edit(texts[rel]), manifest)
+    assert any(said in p for p in problems), problems

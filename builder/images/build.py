@@ -66,8 +66,8 @@ def find_lock(wheelhouse: Path, manifest: WheelhouseManifest, lock: str | None, 
 
     if lock is not None:  # a name, or locks/<name>: only its last part is joined to the wheelhouse
         rel = f"{LOCKS}/{Path(lock).name.removesuffix('.lock')}.lock"
-        if not LOCK_NAME_RE.match(rel) or not (wheelhouse / rel).is_file():
-            raise ImageError(f"no lock {lock} in {wheelhouse / LOCKS}",
+        if not LOCK_NAME_RE.match(rel) or rel not in manifest.locks or not (wheelhouse / rel).is_file():
+            raise ImageError(f"no lock {lock} in {wheelhouse / LOCKS} that the signed manifest lists",
                              "name a lock of the wheelhouse (ls WHEELHOUSE/locks), or write one: "
                              "python -m builder lock --wheel NAME")  # fmt: skip
         return rel
@@ -75,7 +75,7 @@ def find_lock(wheelhouse: Path, manifest: WheelhouseManifest, lock: str | None, 
         if wheel not in manifest.wheels:
             names = ", ".join(sorted(manifest.wheels))
             raise ImageError(f"{wheel} is not published in {wheelhouse}", f"choose one of: {names}")
-        if wheel in (known := locks_by_wheel(wheelhouse)):
+        if wheel in (known := locks_by_wheel(wheelhouse, manifest)):
             return f"{LOCKS}/{known[wheel].name}"
     return f"{LOCKS}/{write_lock(wheelhouse, wheel, log).name}"
 

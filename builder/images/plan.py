@@ -10,22 +10,17 @@ image digest.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from packaging.utils import canonicalize_name
-
 from builder.errors import ImageError
 from builder.node import IMAGES, WheelEntry, WheelhouseManifest
+from builder.wheelhouse import lockfile
 
 VENV = "/opt/deepspeed"
 IMAGE_LOCK = f"{VENV}/ds-image.lock"  # the lock the image was installed from, kept inside it
 DEFAULT_EPOCH = 0  # SOURCE_DATE_EPOCH when none is set: 1970-01-01, the usual reproducible choice
 SEARCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-_REQ = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>\S+)\s*\\?$")
-_HASH = re.compile(r"^\s*--hash=sha256:(?P<digest>[0-9a-f]{64})\s*$")
 
 
 @dataclass(frozen=True)
@@ -51,28 +46,10 @@ class ImagePlan:
 
 def parse_lock(text: str, where: str) -> tuple[str, dict[str, str]]:
     """The wheel a lock was written for (its first line) and its pins: requirement -> sha256."""
-    lines = text.splitlines()
-    if not lines or not lines[0].startswith("# Lock for "):
-        raise ImageError(f"{where} is not a lock written by `lock` (no '# Lock for' line)",
-                         "write it again: python -m builder lock --wheel NAME")  # fmt: skip
-    wheel = lines[0].removeprefix("# Lock for ").split(",")[0]
-    pins: dict[str, str] = {}
-    pending: str | None = None
-    for number, line in enumerate(lines[1:], start=2):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        if pending is None and (m := _REQ.match(line.strip())):
-            pending = f"{canonicalize_name(m['name'])}=={m['version']}"
-        elif pending is not None and (h := _HASH.match(line)):
-            pins[pending] = h["digest"]
-            pending = None
-        else:
-            raise ImageError(f"{where}, line {number}: {line.strip()[:80]!r} is not a pinned requirement with its hash",
-                             "write the lock again: python -m builder lock --wheel NAME")  # fmt: skip
-    if pending is not None or not pins:
-        what = f"{pending} without a hash" if pending is not None else "no file"
-        raise ImageError(f"{where} pins {what}", "write the lock again: python -m builder lock --wheel NAME")
-    return wheel, pins
+    try:
+        return lockfile.parse_lock(text, where)
+    except lockfile.LockFileError as exc:
+        raise ImageError(str(exc), "write the lock again: python -m builder lock --wheel NAME") from exc
 
 
 def locked_files(pins: Mapping[str, str], manifest: WheelhouseManifest, lock: str) -> tuple[LockedFile, ...]:

@@ -89,9 +89,12 @@ def load_manifest(wheelhouse: Path, trust: Trust | None = None) -> WheelhouseMan
     return found[1]
 
 
-def check_signed(wheelhouse: Path, data: bytes, manifest: WheelhouseManifest, trust: Trust | None = None) -> Signature:
+def check_signed(
+    wheelhouse: Path, data: bytes, manifest: WheelhouseManifest, trust: Trust | None = None, rollback: bool = False
+) -> Signature:
     """manifest.json's signature by a trusted key (this host's allowed_signers, or `trust`), and a
-    serial not below the last one this host signed or accepted for that wheelhouse."""
+    serial not below the last one this host signed or accepted for that wheelhouse (unless
+    `rollback`: going back on purpose)."""
     k = signing.keys()
     trust = trust if trust is not None else k.trust()
     path = wheelhouse / SIGNATURE
@@ -112,7 +115,7 @@ def check_signed(wheelhouse: Path, data: bytes, manifest: WheelhouseManifest, tr
     except (OSError, node.TooLarge) as exc:
         raise WheelhouseError(f"cannot read {path}: {exc}", "re-sign the wheelhouse: `python -m builder sign`") from exc
     floor = signing.last_serial(k, manifest.wheelhouse_id)
-    if manifest.serial < floor:
+    if manifest.serial < floor and not rollback:
         raise WheelhouseError(f"{wheelhouse / MANIFEST} has serial {manifest.serial}, older than serial {floor} this "
                               "host signed or accepted for the same wheelhouse: an old manifest was put back "
                               "(rollback)", "restore the current wheelhouse from a backup; to go back on purpose, "
@@ -195,16 +198,16 @@ def locked(wheelhouse: Path) -> Iterator[None]:
         yield
 
 
-def lock_headers(wheelhouse: Path) -> dict[str, str]:
-    """locks/<name>.lock -> the wheel it was written for (its first line), for every lock file
-    that is a regular file with a lock's name and a wheel's name in its header."""
+def lock_headers(wheelhouse: Path, manifest: WheelhouseManifest) -> dict[str, str]:
+    """locks/<name>.lock -> the wheel it was written for (its first line), for every lock the signed
+    manifest lists that is a regular file with a lock's name and a wheel's name in its header."""
     found: dict[str, str] = {}
     folder = wheelhouse / LOCKS
     if not folder.is_dir() or folder.is_symlink():
         return found
     for path in sorted(folder.glob("*.lock")):
         rel = f"{LOCKS}/{path.name}"
-        if path.is_symlink() or not path.is_file() or not LOCK_NAME_RE.match(rel):
+        if rel not in manifest.locks or path.is_symlink() or not path.is_file() or not LOCK_NAME_RE.match(rel):
             continue
         with open(path, "rb") as f:
             first = f.read(4096).decode("utf-8", errors="replace").partition("\n")[0]

@@ -10,56 +10,18 @@ from __future__ import annotations
 
 import sys
 import tempfile
-from collections.abc import Mapping
 from pathlib import Path
-
-from packaging.utils import parse_sdist_filename, parse_wheel_filename
 
 from builder import cmd, output
 from builder.errors import WheelhouseError
-from builder.files import write_atomic
 from builder.images.plan import python_version, render_containerfile
-from builder.node import version_key
+from builder.node import WheelhouseManifest, version_key
 from builder.wheelbuild.source import sha256_of
 from builder.wheelhouse.layout import load_manifest, lock_headers
-from builder.wheelhouse.publish import add_files, refresh_page
+from builder.wheelhouse.lockfile import render_lock, render_pylock
+from builder.wheelhouse.publish import add_files, publish_locks
 
 LOCKS = "locks"
-
-
-def requirement_of(filename: str) -> str:
-    """'name==version' of a downloaded wheel or sdist file."""
-    if filename.endswith(".whl"):
-        name, version, _, _ = parse_wheel_filename(filename)
-    else:
-        name, version = parse_sdist_filename(filename)
-    return f"{name}=={version}"
-
-
-def render_lock(wheel: str, files: Mapping[str, str]) -> str:
-    """The lock text: one requirement per downloaded file, with its sha256, sorted by name."""
-    lines = [
-        f"# Lock for {wheel}, written by ds-wheel-builder. Install exactly these files with:",
-        "#   pip install --require-hashes --find-links <wheelhouse> -r <this file>",
-    ]
-    for filename, digest in sorted(files.items(), key=lambda item: requirement_of(item[0]).lower()):
-        lines.append(f"{requirement_of(filename)} \\\n    --hash=sha256:{digest}")
-    return "\n".join(lines) + "\n"
-
-
-def render_pylock(wheel: str, files: Mapping[str, str]) -> str:
-    """The same files as a PEP 751 lock (`locks/pylock.<recipe>.toml`, read by uv and pip 26.1+):
-    one package per file, its wheel by a path relative to the lock (the wheelhouse's own copy,
-    `../<file>`) with its sha256, so it installs from the wheelhouse alone, offline."""
-    lines = [f"# Lock for {wheel}, written by ds-wheel-builder (PEP 751). Install exactly these files with:",
-             "#   uv pip install --offline -r <this file>     (or pip 26.1+: pip install --no-index -r <this file>)",
-             'lock-version = "1.0"', 'created-by = "ds-wheel-builder"', ""]  # fmt: skip
-    for filename, digest in sorted(files.items(), key=lambda item: requirement_of(item[0]).lower()):
-        name, version = requirement_of(filename).split("==")
-        lines += ["[[packages]]", f'name = "{name}"', f'version = "{version}"', "",
-                  "[[packages.wheels]]", f'name = "{filename}"', f'path = "../{filename}"',
-                  f'hashes = {{ sha256 = "{digest}" }}', ""]  # fmt: skip
-    return "\n".join(lines)
 
 
 def default_base(python_tag: str) -> str:
@@ -99,20 +61,25 @@ def lock(wheelhouse: Path, wheel: str | None, log: Path) -> Path:
         added = add_files(wheelhouse, [p for p in got if p.name != wheel], f"the lock of {wheel}")
     out = wheelhouse / LOCKS
     name = entry.recipe
-    target = write_atomic(out / f"{name}.lock", render_lock(wheel, files))
-    write_atomic(out / f"pylock.{name}.toml", render_pylock(wheel, files))
     rel = f"{LOCKS}/{name}.lock"
-    write_atomic(out / f"{name}.Containerfile", render_containerfile(default_base(entry.python_tag), rel, wheel))
-    refresh_page(wheelhouse)  # the page lists the locks
+    publish_locks(wheelhouse, {
+        rel: render_lock(wheel, files),
+        f"{LOCKS}/pylock.{name}.toml": render_pylock(wheel, files),
+        f"{LOCKS}/{name}.Containerfile": render_containerfile(default_base(entry.python_tag), rel, wheel),
+    })  # fmt: skip
+    target = wheelhouse / rel
     output.step(f"{target}: {len(files)} files pinned by sha256 ({len(added)} added to the wheelhouse); "
-                f"the same as {out / f'pylock.{name}.toml'} (PEP 751); {out / (name + '.Containerfile')}")  # fmt: skip
+                f"the same as {out / f'pylock.{name}.toml'} (PEP 751); {out / (name + '.Containerfile')}; all three "
+                "listed in the signed manifest")  # fmt: skip
     return target
 
 
-def locks_by_wheel(wheelhouse: Path) -> dict[str, Path]:
-    """Each wheel some lock of the wheelhouse was written for (its first line), with that lock."""
+def locks_by_wheel(wheelhouse: Path, manifest: WheelhouseManifest | None = None) -> dict[str, Path]:
+    """Each wheel some lock of the wheelhouse was written for (its first line), with that lock: only
+    locks the signed manifest lists."""
     found: dict[str, Path] = {}
-    for rel, wheel in lock_headers(wheelhouse).items():
+    listed = manifest if manifest is not None else load_manifest(wheelhouse)
+    for rel, wheel in lock_headers(wheelhouse, listed).items():
         found.setdefault(wheel, wheelhouse / rel)
     return found
 

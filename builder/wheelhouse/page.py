@@ -411,7 +411,7 @@ def gather(wheelhouse: Path, manifest: WheelhouseManifest) -> PageFacts:
             report = parse_report(json.loads(read_bounded(path, "report")), name)
         except (OSError, ValueError, ManifestError) as exc:
             problem = f"{name}: {getattr(exc, 'message', exc)}"
-    return PageFacts(manifest, lock_headers(wheelhouse), report, problem)
+    return PageFacts(manifest, lock_headers(wheelhouse, manifest), report, problem)
 
 
 def write_page(wheelhouse: Path, manifest: WheelhouseManifest) -> Path:

@@ -65,7 +65,9 @@ from builder.wheelhouse.layout import (
     LOCKS,
     MANIFEST,
     NOT_BUNDLED,
+    SIGNATURE,
     _companions,
+    check_signed,
     is_deps_folder,
     load_manifest,
     locked,
@@ -180,6 +182,19 @@ def _leftovers(wheelhouse: Path, manifest: WheelhouseManifest) -> tuple[list[Pat
                 for n, e in table.items()
             }
             for name, digest in files.items():
+                path = wheelhouse / name
+                if name.startswith(f"{LOCKS}/"):
+                    if ".." in name or not node.LOCK_FILE_RE.match(name):
+                        raise ManifestError(f"{JOURNAL}: {name[:80]!r} is not a lock file name", "")
+                    listed_lock = manifest.locks.get(name)
+                    if (
+                        path.is_file()
+                        and not path.is_symlink()
+                        and sha256_of(path) == digest
+                        and (listed_lock is None or listed_lock.sha256 != digest)
+                    ):
+                        doomed.append(path)  # the killed `lock` wrote it; the manifest never listed these bytes
+                    continue
                 if name.startswith(f"{IMAGES}/"):
                     check_image_name(name, JOURNAL)
                 elif name.endswith("-variants.json"):
@@ -450,6 +465,42 @@ def add_files(wheelhouse: Path, files: Sequence[Path], why: str) -> list[str]:
     return sorted(new)
 
 
+def publish_locks(wheelhouse: Path, texts: Mapping[str, str]) -> None:
+    """Write the files `lock` made (locks/...) and list each with its sha256 in the signed manifest,
+    under the publish lock and its journal: a node or an image reads no file the signature does not
+    cover. A file there that the manifest does not list is replaced only where `lock` wrote it (its
+    first line says so, as before locks were signed); anything else is not ours."""
+    digests = {rel: hashlib.sha256(text.encode()).hexdigest() for rel, text in texts.items()}
+    _writable(wheelhouse)
+    with locked(wheelhouse):
+        manifest = load_manifest(wheelhouse)
+        _clean(wheelhouse, manifest)
+        for rel in texts:
+            path = wheelhouse / rel
+            if path.is_symlink() or (path.exists() and rel not in manifest.locks and not _written_by_lock(path)):
+                raise PublishError(f"{path} exists and is not a file `lock` wrote", "move it away; it is not ours")
+        _journal(wheelhouse, digests)
+        try:
+            make_dirs(wheelhouse / LOCKS)
+            for rel, text in texts.items():
+                write_atomic(wheelhouse / rel, text)
+            locks = {**manifest.locks, **{rel: FileEntry(rel, digest) for rel, digest in digests.items()}}
+            commit(wheelhouse, dataclasses.replace(manifest, locks=locks))  # the page lists the locks
+        except BaseException as exc:
+            _undo(wheelhouse, exc)
+            raise
+        (wheelhouse / JOURNAL).unlink(missing_ok=True)
+
+
+def _written_by_lock(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            first = f.read(200)
+    except OSError:
+        return False
+    return path.is_file() and b", written by ds-wheel-builder" in first.partition(b"\n")[0]
+
+
 def publish_image(wheelhouse: Path, archive: Path, entry: ImageEntry) -> Path:
     """Copy an image's OCI archive to images/ and list it in the manifest, under the publish lock
     and its journal (a kill leaves no half archive: the next publish or repair removes it)."""
@@ -607,8 +658,9 @@ def repair(wheelhouse: Path) -> list[str]:
 
 def resign(wheelhouse: Path, days: int | None = None, adopt: bool = False) -> WheelhouseManifest:
     """Sign the manifest again, unchanged but for its statement (next serial, new expiry). With
-    `adopt`, a manifest this host cannot verify (unsigned, another key, older than its record) is
-    signed once every file checks out against it."""
+    `adopt`, a manifest that has no signature (an older toolkit published it), or whose good
+    signature is older than this host's record (going back on purpose), is signed once every file
+    checks out against it. A signature that fails is never adopted: it is what a forgery looks like."""
     from builder.wheelhouse.verify import verify
 
     if not (wheelhouse / MANIFEST).is_file():
@@ -618,13 +670,31 @@ def resign(wheelhouse: Path, days: int | None = None, adopt: bool = False) -> Wh
             return commit(wheelhouse, load_manifest(wheelhouse), days)
         found = read_manifest(wheelhouse)
         assert found is not None
+        signature = wheelhouse / SIGNATURE
+        if signature.exists() or signature.is_symlink():
+            try:
+                check_signed(wheelhouse, *found, rollback=True)
+            except WheelhouseError as exc:
+                raise WheelhouseError(
+                    f"{wheelhouse / MANIFEST} is signed, and its signature does not check out here ({exc.message}); "
+                    "--adopt signs only a manifest that has no signature, never one whose signature fails",
+                    "restore the wheelhouse from the build host that signed it, or publish the wheels again into a "
+                    "new wheelhouse; if this host's key was rotated, `python -m builder key trust` the key that "
+                    "signed it, then `python -m builder sign`",
+                ) from exc
         _clean(wheelhouse, found[1])
         problems = verify(wheelhouse, signature=False)
         if problems:
             raise WheelhouseError(f"{wheelhouse} does not check out against its manifest, so it is not signed:\n    "
                                   + "\n    ".join(problems), "re-publish the wheels into a new wheelhouse")  # fmt: skip
-        output.note(f"adopting {MANIFEST} as it is: {len(found[1].wheels)} wheels, every file checked against it")
-        return commit(wheelhouse, found[1], days)
+        manifest = found[1]
+        output.note(f"adopting {MANIFEST} as it is, every file checked against it:")
+        for name, entry in sorted(manifest.wheels.items()):
+            output.note(f"    {name}  sha256 {entry.sha256[:16]}...")
+        counts = [(manifest.dependencies, "dependency wheels"), (manifest.locks, "lock files"),
+                  (manifest.images, "images"), (manifest.variants, "variant wheels")]  # fmt: skip
+        output.note("    " + ", ".join(f"{len(table)} {what}" for table, what in counts))
+        return commit(wheelhouse, manifest, days)
 
 
 def _publish_traces(wheelhouse: Path) -> bool:

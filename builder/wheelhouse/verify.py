@@ -43,6 +43,7 @@ from builder.wheelhouse.layout import (
     read_manifest,
     symlinked_folders,
 )
+from builder.wheelhouse.lockfile import lock_problems
 
 
 def _read_text(path: Path) -> str | None:
@@ -105,6 +106,7 @@ def verify(wheelhouse: Path, trust: Trust | None = None, signature: bool = True)
     for name, dep in sorted({**manifest.dependencies, **manifest.tools, **manifest.reports}.items()):
         problems += _listed_file(wheelhouse, name, dep.sha256)
     problems += _verify_tree(wheelhouse, manifest)
+    problems += _verify_locks(wheelhouse, manifest)
     problems += _verify_images(wheelhouse, manifest)
     problems += _verify_index(wheelhouse, manifest)
     problems += _verify_variants(wheelhouse, manifest)
@@ -264,12 +266,28 @@ def _verify_tree(wheelhouse: Path, manifest: WheelhouseManifest) -> list[str]:
             if rel not in manifest.tools:
                 problems.append(f"{rel}: {interrupted if is_temp_name(path.name) else 'not in ' + MANIFEST}")
     locks = wheelhouse / LOCKS
-    if locks.is_dir():
+    if locks.is_dir() and not locks.is_symlink():
         for path in sorted(locks.iterdir()):
-            written = path.suffix in (".lock", ".Containerfile") or (path.name.startswith("pylock.")
-                                                                     and path.suffix == ".toml")  # fmt: skip
-            if not (path.is_file() and written):
-                problems.append(f"{LOCKS}/{path.name}: not a lock or Containerfile written by `lock`")
+            rel = f"{LOCKS}/{path.name}"
+            if is_temp_name(path.name):
+                problems.append(f"{rel}: {interrupted}")
+            elif rel not in manifest.locks:
+                problems.append(f"{rel}: not in {MANIFEST}, which lists every lock `lock` wrote (run `lock` "
+                                "again for a lock written before locks were signed)")  # fmt: skip
+    return problems
+
+
+def _verify_locks(wheelhouse: Path, manifest: WheelhouseManifest) -> list[str]:
+    """Each lock the manifest lists: its sha256, then what it pins read back against the manifest
+    (only files the wheelhouse serves, by their hashes; no option, path or URL that reaches elsewhere)."""
+    problems = []
+    for rel, entry in sorted(manifest.locks.items()):
+        wrong = _listed_file(wheelhouse, rel, entry.sha256)
+        if wrong:
+            problems += wrong
+            continue
+        text = _read_text(wheelhouse / rel)
+        problems += [f"{rel}: unreadable"] if text is None else lock_problems(rel, text, manifest)
     return problems
 
 
