@@ -38,7 +38,6 @@ import io
 import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import tempfile
@@ -1350,30 +1349,85 @@ class Trust:
         return ", ".join(k.fingerprint() for k in self.keys if k not in self.revoked) or "none"
 
 
-def parse_trust(text: str, where: str) -> "Trust":
-    """OpenSSH allowed-signers lines (`principals [options] keytype base64`), bare public-key lines
-    (`keytype base64 [comment]`, a .pub file), and `@revoked keytype base64` lines. A line whose
-    namespaces= option leaves out this toolkit's namespace grants nothing here."""
+# One whitespace-free field of an allowed-signers line; double quotes may hold spaces and commas.
+_SIGNERS_FIELD = re.compile(r'(?:"[^"]*"|[^\s"])+')
+_SIGNERS_OPTION = re.compile(r'([A-Za-z-]+)(?:="([^"]*)")?(?:,|$)')
+_SIGNERS_TIME = re.compile(r"^(\d{8})(\d{4})?(\d{2})?(Z?)$")
+
+
+def _signers_time(value: str, where: str) -> "datetime.datetime":
+    """A valid-after/valid-before time as OpenSSH reads it: YYYYMMDD[HHMM[SS]], local time unless Z."""
+    m = _SIGNERS_TIME.match(value)
+    if not m:
+        raise InstallError(f"{where}: {value[:40]!r} is not a time OpenSSH reads (YYYYMMDD[HHMM[SS]][Z])",
+                           "write it as 20270101 or 202701011200Z")  # fmt: skip
+    try:
+        stamp = datetime.datetime.strptime(m[1] + (m[2] or "0000") + (m[3] or "00"), "%Y%m%d%H%M%S")
+    except ValueError as exc:
+        raise InstallError(f"{where}: {value[:40]!r} is not a date", "write it as 20270101") from exc
+    return stamp.replace(tzinfo=datetime.timezone.utc) if m[4] else stamp.astimezone()
+
+
+def _grants(options: str, where: str, now: "datetime.datetime") -> bool:
+    """Whether an allowed-signers line's options let its key sign for this toolkit now. Read as
+    `ssh-keygen -Y verify` reads them; an option the toolkit cannot honour the same way is refused
+    (the OpenSSL path must agree with ssh-keygen line for line)."""
+    import fnmatch
+
+    grants, pos = True, 0
+    while pos < len(options):
+        m = _SIGNERS_OPTION.match(options, pos)
+        if not m or m.end() == pos:
+            raise InstallError(f"{where}: cannot read the options {options[:80]!r}",
+                               'options are name="value" pairs joined by commas')  # fmt: skip
+        pos = m.end()
+        name, value = m[1].lower(), m[2]
+        if name == "cert-authority":
+            raise InstallError(f"{where}: cert-authority: this toolkit does not check SSH certificates, and a "
+                               "signature it accepted would then not be one ssh-keygen accepts",
+                               "list the build host's public key itself (`python -m builder key show`)")  # fmt: skip
+        if name not in ("namespaces", "valid-after", "valid-before") or value is None:
+            raise InstallError(f"{where}: option {m[0].rstrip(',')[:60]!r} is not one OpenSSH's allowed_signers "
+                               "takes with a value (namespaces=, valid-after=, valid-before=)",
+                               "remove it, or write it as name=\"value\"")  # fmt: skip
+        if name == "namespaces":
+            patterns = [p.strip() for p in value.split(",") if p.strip()]
+            denied = any(p.startswith("!") and fnmatch.fnmatchcase(NAMESPACE, p[1:]) for p in patterns)
+            grants &= not denied and any(not p.startswith("!") and fnmatch.fnmatchcase(NAMESPACE, p) for p in patterns)
+        elif name == "valid-after":
+            grants &= now >= _signers_time(value, where)
+        else:
+            grants &= now < _signers_time(value, where)
+    return grants
+
+
+def parse_trust(text: str, where: str, now: "datetime.datetime | None" = None) -> "Trust":
+    """OpenSSH allowed-signers lines (`principals [options] keytype base64 [comment]`), bare public-key
+    lines (`keytype base64 [comment]`, a .pub file), and `@revoked keytype base64` lines. A line whose
+    options leave out this toolkit's namespace, or whose key is not valid now (valid-after,
+    valid-before), grants nothing; cert-authority and options OpenSSH does not know are refused."""
+    now = now or datetime.datetime.now(datetime.timezone.utc)
     keys: list[PublicKey] = []
     revoked: list[PublicKey] = []
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
-        try:
-            tokens = shlex.split(line)
-        except ValueError as exc:
-            raise InstallError(f"{where}:{number}: cannot read the line ({exc})", "one key a line") from exc
-        at = next((i for i, t in enumerate(tokens) if t in KEY_TYPES), None)
-        if at is None or at + 1 >= len(tokens):
-            raise InstallError(f"{where}:{number}: no public key on the line {line[:60]!r}",
+        at_line = f"{where}:{number}"
+        fields = _SIGNERS_FIELD.findall(line)
+        at = next((i for i, t in enumerate(fields) if t in KEY_TYPES), None)
+        if at is None or at + 1 >= len(fields):
+            if "cert-authority" in line:
+                _grants("cert-authority", at_line, now)
+            raise InstallError(f"{at_line}: no public key on the line {line[:60]!r}",
                                "give the line `python -m builder key show` prints (ssh-ed25519 AAAA...)")  # fmt: skip
-        key = key_from_line(tokens[at], tokens[at + 1], f"{where}:{number}")
-        options = [t for t in tokens[:at] if "=" in t]
-        scoped = [o.split("=", 1)[1].split(",") for o in options if o.lower().startswith("namespaces=")]
-        if tokens[0] == "@revoked":
+        if at > 2:
+            raise InstallError(f"{at_line}: {' '.join(fields[:at])[:80]!r} before the key is not `principals "
+                               "[options]`", "one principals field, then one options field at most")  # fmt: skip
+        key = key_from_line(fields[at], fields[at + 1], at_line)
+        if fields[0] == "@revoked":
             revoked.append(key)
-        elif not scoped or NAMESPACE in scoped[0]:
+        elif at < 2 or _grants(fields[1], at_line, now):
             keys.append(key)
     return Trust(tuple(keys), tuple(revoked))
 

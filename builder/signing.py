@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import shutil
 import tempfile
 import uuid
 from collections.abc import Mapping, Sequence
@@ -32,7 +33,7 @@ from filelock import FileLock
 
 from builder import cmd, node, output
 from builder.errors import ToolError, TrustError
-from builder.files import make_dirs, write_atomic
+from builder.files import is_system_folder, make_dirs, write_atomic
 from builder.node import InstallError, ManifestError, PublicKey, Signature, Trust, WheelhouseManifest
 
 KEYS_ENV = "DS_BUILDER_KEYS"
@@ -97,6 +98,7 @@ class Keys:
 
     def trust(self) -> Trust:
         """The keys this host accepts signatures from (its own, and those added), less revoked ones."""
+        check_folder(self)
         own = (self.key(),) if self.exists() else ()
         try:
             text = self.trust_file.read_text(encoding="utf-8") if self.trust_file.is_file() else ""
@@ -128,7 +130,40 @@ def check_private(path: Path) -> None:
         )
 
 
+def _check_owned(path: Path, what: str) -> None:
+    st = path.stat()
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        raise TrustError(f"the {what} {path} belongs to another user (uid {st.st_uid}), who decides which keys this "
+                         "host trusts", f"use a key folder of your own ({KEYS_ENV}, default "
+                         "~/.config/ds-wheel-builder)")  # fmt: skip
+    if st.st_mode & 0o022:
+        raise TrustError(f"the {what} {path} can be changed by others (mode {st.st_mode & 0o777:o}): anyone could add "
+                         "a key this host and its nodes then trust", f"chmod go-w {path}, and check that it lists "
+                         "only keys you trust (`python -m builder key show`)")  # fmt: skip
+
+
+def check_folder(k: Keys) -> None:
+    """The key folder kept as ssh keeps ~/.ssh: not a system folder, owned by this user and writable
+    by no one else, and so are allowed_signers and the public key; each key file a regular file."""
+    resolved = Path(os.path.abspath(k.folder)).resolve()
+    if is_system_folder(resolved):
+        raise TrustError(f"the key folder {k.folder} is the system folder {resolved}: the signing key and its lock "
+                         "would be written there", f"point {KEYS_ENV} at a folder of its own, or unset it for "
+                         "~/.config/ds-wheel-builder")  # fmt: skip
+    if resolved.exists() and not resolved.is_dir():
+        raise TrustError(f"the key folder {k.folder} is not a folder", f"point {KEYS_ENV} at a folder (or unset it)")
+    if not resolved.is_dir():
+        return
+    _check_owned(resolved, "key folder")
+    for path, what in ((k.trust_file, "allowed_signers file"), (k.public, "public key"), (k.private, "signing key")):
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            raise TrustError(f"the {what} {path} is not a regular file", f"move {path} away; the toolkit writes it")
+        if path.exists() and path != k.private:
+            _check_owned(path, what)
+
+
 def _lock(k: Keys) -> FileLock:
+    check_folder(k)
     make_dirs(k.folder, mode=0o700)
     return FileLock(str(k.folder / ".lock"))
 
@@ -153,8 +188,8 @@ def _make(k: Keys) -> PublicKey:
         cmd.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"ds-wheel-builder@{os.uname().nodename}",
                  "-f", new], fix=_SSH_KEYGEN_FIX)  # fmt: skip
         os.chmod(new, 0o600)
+        os.replace(new, k.private)  # the private half first: a kill in between loses no private key
         os.replace(f"{new}.pub", k.public)
-        os.replace(new, k.private)
     key = k.key()
     _add_trust(k, [key] if old is None else [key, old])
     return key
@@ -220,8 +255,26 @@ def sign(data: bytes, namespace: str, k: Keys | None = None) -> bytes:
             cmd.run(["ssh-keygen", "-q", "-Y", "sign", "-f", k.private, "-n", namespace, message],
                     fix=_SSH_KEYGEN_FIX)  # fmt: skip
         except ToolError as exc:
-            raise TrustError(f"cannot sign with {k.private}: {exc.message}", exc.fix or _SSH_KEYGEN_FIX) from exc
+            raise _unusable_key(k, exc) from exc
         return (Path(tmp) / "message.sig").read_bytes()
+
+
+def _unusable_key(k: Keys, exc: ToolError) -> TrustError:
+    """Why ssh-keygen would not sign: no ssh-keygen, a private key it cannot read, or one that is not
+    the public key's pair (what it signed would be refused as another key's)."""
+    if shutil.which("ssh-keygen") is None:
+        return TrustError(f"cannot sign with {k.private}: {exc.message}", _SSH_KEYGEN_FIX)
+    derived = cmd.query(["ssh-keygen", "-y", "-f", str(k.private)]).split()[:2]
+    fix = (
+        "restore the key pair from a backup, or make a new key (`python -m builder key rotate`) and give nodes its line"
+    )
+    if not derived:
+        return TrustError(f"cannot sign with {k.private}: ssh-keygen cannot use it as a private key (damaged, or "
+                          "not an OpenSSH key)", fix)  # fmt: skip
+    if derived != k.public.read_text(encoding="ascii", errors="replace").split()[:2]:
+        return TrustError(f"the signing key {k.private} is not the pair of {k.public.name}: what it signed would be "
+                          "refused as signed by another key", fix)  # fmt: skip
+    return TrustError(f"cannot sign with {k.private}: {exc.message}", exc.fix or _SSH_KEYGEN_FIX)
 
 
 def check(data: bytes, signature: bytes, where: str, trust: Trust, namespace: str = node.NAMESPACE) -> Signature:

@@ -32,7 +32,7 @@ from builder.errors import FolderError, TrustError, WheelhouseError
 from builder.node import INSTALLER, InstallError, ManifestError
 from builder.wheelbuild.source import sha256_of
 from builder.wheelhouse import publish, verify
-from builder.wheelhouse.layout import load_manifest, read_manifest, write_manifest
+from builder.wheelhouse.layout import load_manifest, read_manifest, signed_manifest, write_manifest
 from builder.wheelhouse.provision import Host, host_script
 from builder.wheelhouse.publish import resign
 
@@ -194,7 +194,8 @@ def test_an_expired_manifest_is_refused_until_it_is_re_signed(house: Path, keys:
     found = read_manifest(house)
     assert found is not None
     past = node.stamp(datetime.datetime.now(datetime.UTC) - datetime.timedelta(hours=1))
-    write_manifest(house, dataclasses.replace(found[1], serial=found[1].serial + 1, expires=past))
+    stale = dataclasses.replace(found[1], serial=found[1].serial + 1, expires=past)
+    write_manifest(house, stale, signed_manifest(stale))
     done = installer(house, "--trust", key, "--dry-run")
     assert done.returncode == 8 and f"expired at {past}" in done.stderr and "builder sign" in done.stderr
     assert any(f"expired at {past}" in p for p in verify(house))
@@ -360,6 +361,38 @@ def test_the_trust_given_to_a_node_is_checked() -> None:
     scoped = node.parse_trust('x namespaces="git" ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAILF4WHI7T5v/sYCfwHBDEp/'
                               "UDmc1973dx9ZYD7xGdfok\n", "t")  # fmt: skip
     assert scoped.keys == ()  # a key trusted for git signs no wheelhouse
+
+
+@pytest.mark.parametrize(
+    "options",
+    ['namespaces="ds-wheelhouse"', 'namespaces="git"', 'namespaces="ds-*"', 'namespaces="*,!ds-wheelhouse"',
+     'valid-before="20200101"', 'valid-after="20991231"', 'valid-after="20200101",valid-before="20991231Z"',
+     'valid-after="202001011200Z",namespaces="git,ds-wheelhouse"', "cert-authority", 'cert-authority,namespaces="*"',
+     'foo="bar"', "no-touch-required", 'valid-before="2020"', ""],
+)  # fmt: skip
+def test_allowed_signers_lines_are_read_as_ssh_keygen_reads_them(keys: signing.Keys, tmp_path: Path,
+                                                                  options: str) -> None:  # fmt: skip
+    """Each line, with the host's real key and a real signature: the toolkit trusts the key exactly
+    where `ssh-keygen -Y verify` with the same file accepts the signature, or refuses the line."""
+    key = signing.ensure_key(keys)
+    message = tmp_path / "message"
+    message.write_bytes(b"a manifest\n")
+    subprocess.run(["ssh-keygen", "-q", "-Y", "sign", "-f", str(keys.private), "-n", node.NAMESPACE, str(message)],
+                   check=True, capture_output=True)  # fmt: skip
+    line = f"{node.NAMESPACE} {options} {key.line()}".replace("  ", " ")
+    signers = tmp_path / "allowed_signers"
+    signers.write_text(line + "\n")
+    with message.open("rb") as stdin:
+        ssh = subprocess.run(["ssh-keygen", "-Y", "verify", "-f", str(signers), "-I", node.NAMESPACE, "-n",
+                              node.NAMESPACE, "-s", f"{message}.sig"], stdin=stdin, capture_output=True,
+                             text=True)  # fmt: skip
+    try:
+        ours = key in node.parse_trust(line, "allowed_signers").keys
+    except InstallError as exc:
+        assert ssh.returncode != 0, (line, ssh.stdout)  # refused here, and not accepted there either
+        assert str(signers) not in exc.message and "allowed_signers:1" in exc.message
+        return
+    assert ours == (ssh.returncode == 0), (line, ssh.stdout, ssh.stderr)
 
 
 # ---------------------------------------------------------------- over HTTP, and copies
@@ -588,3 +621,65 @@ def test_each_lock_is_read_back_pin_by_pin_against_the_manifest(
     assert lock_problems(rel, texts[rel], manifest) == []
     problems = lock_problems(rel, edit(texts[rel]), manifest)
     assert any(said in p for p in problems), problems
+
+
+# ---------------------------------------------------------------- the key folder, kept as ssh keeps ~/.ssh (issue 38)
+
+
+def _key_cli(folder: Path | str, *args: str) -> subprocess.CompletedProcess[str]:
+    return builder("key", *args, env={signing.KEYS_ENV: str(folder)})
+
+
+def test_a_key_folder_others_can_write_is_refused_before_anything_is_signed(keys: signing.Keys, house: Path) -> None:
+    """A folder 0777 (anyone could add a key to allowed_signers), then an allowed_signers 0666: sign,
+    verify and key show refuse (exit 13), naming the file and chmod."""
+    keys.folder.chmod(0o777)
+    done = builder("sign", "--wheelhouse", str(house), env={signing.KEYS_ENV: str(keys.folder)})
+    assert done.returncode == 13 and f"the key folder {keys.folder} can be changed by others (mode 777)" in done.stderr
+    assert f"chmod go-w {keys.folder}" in done.stderr and "Traceback" not in done.stderr
+    keys.folder.chmod(0o700)
+    keys.trust_file.chmod(0o666)
+    for args in (("sign", "--wheelhouse", str(house)), ("verify", "--wheelhouse", str(house)), ("key", "show")):
+        done = builder(*args, env={signing.KEYS_ENV: str(keys.folder)})
+        assert done.returncode == 13, (args, done.stderr)
+        assert "allowed_signers file" in done.stderr and "(mode 666)" in done.stderr, done.stderr
+    keys.trust_file.chmod(0o644)
+    assert builder("verify", "--wheelhouse", str(house), env={signing.KEYS_ENV: str(keys.folder)}).returncode == 0
+
+
+def test_a_key_folder_that_is_a_system_folder_a_file_or_holds_a_folder_for_a_key_is_refused(tmp_path: Path) -> None:
+    link = tmp_path / "keys-link"
+    link.symlink_to("/")
+    before = set(os.listdir("/"))
+    done = _key_cli(link, "create")
+    assert done.returncode == 13 and "is the system folder /" in done.stderr, done.stderr
+    assert set(os.listdir("/")) == before  # no key, no lock file written into /
+    plain = tmp_path / "a-file"
+    plain.write_text("not a folder\n")
+    done = _key_cli(plain, "create")
+    assert done.returncode == 13 and "is not a folder" in done.stderr and "Traceback" not in done.stderr
+    assert plain.read_text() == "not a folder\n"
+    folder = tmp_path / "keys"
+    assert _key_cli(folder, "create").returncode == 0
+    public = (folder / "wheelhouse-signing-key.pub").read_bytes()
+    (folder / "wheelhouse-signing-key").unlink()
+    (folder / "wheelhouse-signing-key").mkdir()  # a folder where the private key belongs
+    done = _key_cli(folder, "create")
+    assert done.returncode == 13 and "is not a regular file" in done.stderr and "Traceback" not in done.stderr
+    assert (folder / "wheelhouse-signing-key.pub").read_bytes() == public  # nothing made, nothing overwritten
+
+
+def test_a_damaged_or_mismatched_private_key_is_named_as_such(keys: signing.Keys, house: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    assert _key_cli(other, "create").returncode == 0
+    private = keys.private.read_bytes()
+    shutil.copy(other / "wheelhouse-signing-key", keys.private)  # another key's private half
+    done = builder("sign", "--wheelhouse", str(house), env={signing.KEYS_ENV: str(keys.folder)})
+    assert done.returncode == 13 and "is not the pair of wheelhouse-signing-key.pub" in done.stderr, done.stderr
+    keys.private.write_bytes(b"-----BEGIN OPENSSH PRIVATE KEY-----\ngarbage\n-----END OPENSSH PRIVATE KEY-----\n")
+    done = builder("sign", "--wheelhouse", str(house), env={signing.KEYS_ENV: str(keys.folder)})
+    assert done.returncode == 13 and "ssh-keygen cannot use it as a private key" in done.stderr, done.stderr
+    assert "install OpenSSH" not in done.stderr and "Traceback" not in done.stderr
+    keys.private.write_bytes(private)
+    keys.private.chmod(0o600)
+    assert builder("verify", "--wheelhouse", str(house), env={signing.KEYS_ENV: str(keys.folder)}).returncode == 0

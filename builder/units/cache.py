@@ -22,7 +22,7 @@ from typing import Any
 
 from builder import output, signing
 from builder.errors import FolderError
-from builder.files import make_dirs, write_atomic
+from builder.files import is_system_folder, make_dirs, write_atomic
 from builder.node import SHA256_RE, Fields, ManifestError, check_wheel_name, read_bounded
 from builder.units.plan import UNIT_SCHEMA, Unit
 from builder.wheelbuild.source import sha256_of
@@ -35,34 +35,6 @@ SIGNATURE = "unit.json.sig"  # the record signed by the build host's key (builde
 
 # Folders a unit cache must never be (or, for the trees, be inside): the toolkit would write its
 # lock files and unit folders there, as root into the system.
-_SYSTEM = (
-    "/",
-    "/bin",
-    "/boot",
-    "/dev",
-    "/etc",
-    "/home",
-    "/lib",
-    "/lib32",
-    "/lib64",
-    "/media",
-    "/mnt",
-    "/opt",
-    "/proc",
-    "/root",
-    "/run",
-    "/sbin",
-    "/srv",
-    "/sys",
-    "/tmp",
-    "/usr",
-    "/var",
-    "/var/tmp",
-    "/var/lib",
-)
-_SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/run", "/sbin", "/sys", "/usr")
-
-
 def cache_folder(work_cache: Path, env: Mapping[str, str]) -> Path:
     """DS_BUILDER_UNIT_CACHE (shared by several work folders or nodes), else the work folder's cache."""
     if not env.get(UNIT_CACHE_ENV):
@@ -75,8 +47,7 @@ def check_cache_path(path: Path) -> Path:
     its path passes through a link that neither this user nor root made."""
     absolute = Path(os.path.abspath(path))
     resolved = absolute.resolve()
-    home = Path(os.path.expanduser("~")).resolve()
-    if str(resolved) in _SYSTEM or resolved == home or any(resolved.is_relative_to(t) for t in _SYSTEM_TREES):
+    if is_system_folder(resolved):
         raise FolderError(f"{UNIT_CACHE_ENV}={path} is the system folder {resolved}: the unit cache writes lock "
                           "files and unit folders there", f"point {UNIT_CACHE_ENV} at a folder of its own, e.g. "
                           "/shared/ds-unit-cache")  # fmt: skip

@@ -133,16 +133,22 @@ def stamped(wheelhouse: Path, manifest: WheelhouseManifest, days: int | None = N
     return signing.statement(manifest, signing.keys(), days)
 
 
-def write_manifest(wheelhouse: Path, manifest: WheelhouseManifest) -> None:
-    """The one writer of manifest.json, and its signature: what it writes must pass the loader
-    every reader uses. The signature is staged first (SIG_PENDING), the manifest renamed into
-    place, then the signature: a kill in between leaves a staged signature that `locked`
-    finishes, so a killed publish never leaves a manifest nobody can verify."""
+def signed_manifest(manifest: WheelhouseManifest) -> tuple[str, bytes]:
+    """A stamped manifest's text, checked by the loader every reader uses, and its signature: made
+    before anything of the wheelhouse is written, so a key that cannot sign changes nothing."""
     if not manifest.serial:
-        raise AssertionError("write_manifest needs a stamped manifest (layout.stamped)")
+        raise AssertionError("a manifest is signed once stamped (layout.stamped)")
     text = manifest.to_json()
     node.parse_manifest(text, "the manifest about to be written")
-    signature = signing.sign(text.encode("utf-8"), node.NAMESPACE)
+    return text, signing.sign(text.encode("utf-8"), node.NAMESPACE)
+
+
+def write_manifest(wheelhouse: Path, manifest: WheelhouseManifest, signed: tuple[str, bytes]) -> None:
+    """The one writer of manifest.json, and its signature (`signed_manifest`). The signature is
+    staged first (SIG_PENDING), the manifest renamed into place, then the signature: a kill in
+    between leaves a staged signature that `locked` finishes, so a killed publish never leaves a
+    manifest nobody can verify."""
+    text, signature = signed
     write_atomic(wheelhouse / SIG_PENDING, signature)
     write_atomic(wheelhouse / MANIFEST, text)
     os.replace(wheelhouse / SIG_PENDING, wheelhouse / SIGNATURE)

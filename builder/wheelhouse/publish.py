@@ -72,6 +72,7 @@ from builder.wheelhouse.layout import (
     load_manifest,
     locked,
     read_manifest,
+    signed_manifest,
     stamped,
     write_manifest,
 )
@@ -337,8 +338,9 @@ def commit(wheelhouse: Path, manifest: WheelhouseManifest, days: int | None = No
     of a wheelhouse ends here, so a kill in between leaves the previous manifest whole (and
     signed) and the journal naming what is out of step."""
     manifest = stamped(wheelhouse, manifest, days)
+    signed = signed_manifest(manifest)  # first: a key that cannot sign leaves the wheelhouse as it was
     write_index(wheelhouse, manifest)
-    write_manifest(wheelhouse, manifest)
+    write_manifest(wheelhouse, manifest, signed)
     return manifest
 
 
