@@ -68,10 +68,14 @@ class PackageSources:
         return args
 
     def describe(self) -> str:
+        """Where packages come from, for people and logs: credentials in a URL shown as ***."""
         parts = [f"index {self.index_url}" if self.index_url else ("no index" if self.no_index else "PyPI")]
         parts += [f"extra index {u}" for u in self.extra_index_urls]
         parts += [f"find-links {f}" for f in self.find_links]
-        return ", ".join(parts)
+        return _USERINFO.sub(r"\1***@", ", ".join(parts))
+
+
+_USERINFO = re.compile(r"(://)[^/@\s]+@")
 
 
 @dataclass(frozen=True)

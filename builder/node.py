@@ -416,7 +416,8 @@ KEY_LINE_RE = re.compile(r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|s
 CUDA_RE = re.compile(r"^\d{1,2}\.\d{1,2}(\.\d+)?$")
 # A torch build as PyTorch's indexes name it (cpu, cu126, cu130), and where one comes from: an index URL.
 TORCH_VARIANT_RE = re.compile(r"^(cpu|cu[1-9][0-9][0-9])$")
-INDEX_URL_RE = re.compile(r"^(https?|file)://[^\s]{1,400}$")
+# An index URL: printable, no credentials (user:TOKEN@host would be printed, logged and embedded).
+INDEX_URL_RE = re.compile(r"^(https?|file)://(?![^/]*@)[^\s\x00-\x1f\x7f]{1,400}$")
 
 
 def torch_variant(cuda: "str | None") -> str:

@@ -11,6 +11,7 @@ import collections
 import dataclasses
 import difflib
 import json
+import os
 import re
 import stat
 import tomllib
@@ -246,7 +247,12 @@ def load_recipe(path: Path) -> Recipe:
     from builder.configs import read_config
 
     read = []
+    folder = path.parent.resolve()
     for name in recipe.config_files:
+        if not (path.parent / name).resolve().is_relative_to(folder):
+            raise RecipeError(f"{path}: configs: {name[:100]!r} is outside the recipe's folder {folder}: its text "
+                              "would be embedded in every wheel", "copy the config into the recipe's folder (e.g. "
+                              "configs/) and name it relative to it")  # fmt: skip
         case = read_config(path.parent / name)
         if case.error:
             raise RecipeError(f"{path}: configs: {case.error}",
@@ -255,9 +261,24 @@ def load_recipe(path: Path) -> Recipe:
     return dataclasses.replace(recipe, configs=tuple(read))
 
 
+def _control_characters(data: object, key: str = "") -> str | None:
+    """The first key (dotted) whose text holds a control character (ESC would rewrite a terminal)."""
+    if isinstance(data, str):
+        return key if any(ord(c) < 32 or ord(c) == 127 for c in data) else None
+    items = data.items() if isinstance(data, Mapping) else enumerate(data) if isinstance(data, list) else ()
+    for k, v in items:
+        found = _control_characters(k, f"{key}.{k}".lstrip(".")) or _control_characters(v, f"{key}.{k}".lstrip("."))
+        if found is not None:
+            return found
+    return None
+
+
 def parse_recipe(data: Mapping[str, Any], path: Path | None = None) -> Recipe:
     """Validate a recipe's parsed TOML; pure, so every rule is unit-tested without files."""
     where = str(path) if path else "recipe"
+    bad = _control_characters(data)
+    if bad is not None:
+        raise RecipeError(f"{where}: {bad[:80]!r} holds a control character", "write it as plain text")
     _check_table(data, "", where)
     ds = data["deepspeed"]
     torch = data["torch"]
@@ -321,7 +342,7 @@ def parse_recipe(data: Mapping[str, Any], path: Path | None = None) -> Recipe:
     if not all(isinstance(c, str) and c.strip() for c in config_files):
         raise RecipeError(f"{where}: configs must list DeepSpeed config files (relative to the recipe's folder)",
                           'e.g. configs = ["configs/adam-zero1.json"] (JSON, or a .py file of one dict)')  # fmt: skip
-    if len(set(config_files)) != len(config_files):
+    if len({os.path.normpath(c) for c in config_files}) != len(config_files):
         raise RecipeError(f"{where}: configs names a file twice", "name each config once")
     label = data.get("label", "")
     if label and not _LABEL.match(label):
@@ -425,6 +446,11 @@ def _torch(table: Mapping[str, Any], accelerator: str, where: str) -> TorchSpec:
             raise RecipeError(f'{where}: torch.variant "{variant}" does not fit accelerator "{accelerator}"',
                               f"use a {accelerator} build of torch: variant = {wanted}")  # fmt: skip
     if index is not None:
+        if isinstance(index, str) and "@" in index.partition("://")[2].partition("/")[0]:
+            raise RecipeError(f"{where}: torch.index holds a user name or password (user:TOKEN@host): it would be "
+                              "printed, logged and embedded in every wheel's build manifest",
+                              "keep credentials out of the recipe: put them in ~/.netrc (pip and uv read it) or a "
+                              "keyring, and name the index without them")  # fmt: skip
         if not INDEX_URL_RE.match(index):
             raise RecipeError(f'{where}: torch.index "{index[:60]}" is not an index URL',
                               'e.g. index = "https://download.pytorch.org/whl/cu130", a mirror of it, '

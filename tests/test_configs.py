@@ -128,9 +128,25 @@ def test_a_recipe_reads_its_configs_and_refuses_bad_ones(tmp_path: Path) -> None
     copy.write_text(text.replace('"configs/adam-zero0.json",', '"configs/adam-zero0.json", "configs/adam-zero0.json",'))
     with pytest.raises(RecipeError, match="configs names a file twice"):
         load_recipe(copy)
+    copy.write_text(
+        text.replace('"configs/adam-zero0.json",', '"configs/adam-zero0.json", "./configs/adam-zero0.json",')
+    )
+    with pytest.raises(RecipeError, match="configs names a file twice"):
+        load_recipe(copy)  # one file, two spellings
     copy.write_text(text.replace('"configs/adam-zero0.json",', '"", '))
     with pytest.raises(RecipeError, match="configs must list DeepSpeed config files"):
         load_recipe(copy)
+    # A config outside the recipe's folder (its text is embedded in every wheel): refused, by a path
+    # with '..', an absolute path, or a link out of the folder.
+    secret = tmp_path.parent / f"{tmp_path.name}-secret" / "creds.json"
+    secret.parent.mkdir()
+    secret.write_text('{"train_batch_size": 1, "token": "s3cret"}')
+    (tmp_path / "configs" / "link.json").symlink_to(secret)
+    for name in (f"../{secret.parent.name}/creds.json", str(secret), "configs/link.json"):
+        copy.write_text(text.replace('"configs/adam-zero0.json",', f'"{name}",'))
+        with pytest.raises(RecipeError) as err:
+            load_recipe(copy)
+        assert "is outside the recipe's folder" in err.value.message and err.value.exit_code == 2
 
 
 def test_the_runner_refuses_before_starting_what_cannot_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -98,6 +98,17 @@ def test_torch_build_is_named_by_variant_or_index() -> None:
             "mirror",
         ),
         ({**GOOD, "torch": {"version": "2.13.0", "variant": 3}}, "torch.variant must be a string", ""),
+        (
+            {**GOOD, "torch": {"version": "2.13.0", "index": "http://user:TOKEN@mirror.example/simple"}},
+            "torch.index holds a user name or password (user:TOKEN@host)",
+            "~/.netrc",
+        ),
+        (
+            {**GOOD, "torch": {"version": "2.13.0", "index": "https://mirror.example/\x1b[2Jsimple"}},
+            "holds a control character",
+            "plain text",
+        ),
+        ({**GOOD, "description": "a\x1b]0;owned\x07 recipe"}, "'description' holds a control character", ""),
     ],
 )
 def test_bad_torch_builds_are_refused(data: dict[str, Any], expected: str, fix: str) -> None:
