@@ -156,21 +156,36 @@ def test_the_runner_refuses_before_starting_what_cannot_run(tmp_path: Path, monk
     assert config_runner.world_size_of({"train_micro_batch_size_per_gpu": 2}) == 1
     config = {"train_batch_size": 4096, "train_micro_batch_size_per_gpu": 1}
     many = {"name": "many", "config": config, "max_world": 8}
-    said = config_runner._refuse_early(many, config_runner.world_size_of(config))
+    said = config_runner._refuse_early(many, config_runner.world_size_of(config), [])
     assert said.startswith("the config needs 4096 processes") and "this machine allows 8" in said
     ro = tmp_path / "ro"
     ro.mkdir(mode=0o500)
-    for path, expected in ((str(ro), "is not a folder this user can write") if not _root() else
-                           ("/proc/nope", "is not a folder this user can write"),
-                           ("", "gives no nvme_path")):  # fmt: skip
+    etc_link = tmp_path / "etc-link"
+    etc_link.symlink_to("/etc")
+    cases = [(str(tmp_path / "absent") if _root() else str(ro), "is not a folder this user can write"),
+             ("", "gives no nvme_path"), ("/", "the system folder /:"), ("/etc", "the system folder /etc:"),
+             (str(etc_link), "the system folder /etc:"), ("/usr/lib", "the system folder /usr/lib:")]  # fmt: skip
+    for path, expected in cases:
         section = {"device": "nvme", "nvme_path": path} if path else {"device": "nvme"}
         entry = {"name": "n", "config": {"zero_optimization": {"stage": 3, "offload_optimizer": section}}}
-        assert expected in config_runner._refuse_early(entry, 1)
+        made: list[str] = []
+        assert expected in config_runner._refuse_early(entry, 1, made), path
+        assert made == []
     nvme = next(c for c in matrix("cpu", ["async_io"]) if "/nvme/" in c.name)
     scratch = {"name": "s", "config": json.loads(json.dumps(nvme.config))}
-    assert config_runner._refuse_early(scratch, 1) == ""
-    made = Path(scratch["config"]["zero_optimization"]["offload_optimizer"]["nvme_path"])
-    assert made.parent == tmp_path and made.is_dir()  # the work disk, not /tmp (O_DIRECT)
+    made = []
+    assert config_runner._refuse_early(scratch, 1, made) == ""
+    folder = Path(scratch["config"]["zero_optimization"]["offload_optimizer"]["nvme_path"])
+    assert folder.parent == tmp_path and folder.is_dir() and str(folder) in made  # the work disk (O_DIRECT)
+    assert all(Path(m).parent == tmp_path for m in made)
+    # A node's own NVMe folder: the check writes into a scratch folder of its own inside it.
+    disk = tmp_path / "nvme0"
+    disk.mkdir()
+    own = {"name": "o", "config": {"zero_optimization": {"stage": 3, "offload_optimizer": {
+        "device": "nvme", "nvme_path": str(disk)}}}}  # fmt: skip
+    made = []
+    assert config_runner._refuse_early(own, 1, made) == ""
+    assert [Path(m).parent for m in made] == [disk] and Path(made[0]).name.startswith(".ds-config-check-")
     spec = configs.runner_spec([ConfigCase("bad", {}, "x.json", "x.json does not exist"), nvme], "cpu", 5.0, jobs=3)
     assert spec["configs"][0] == {"name": "bad", "error": "x.json does not exist"}
     assert spec["timeout"] == 5.0 and spec["jobs"] == 3 and spec["accelerator"] == "cpu"

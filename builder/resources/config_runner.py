@@ -24,6 +24,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -272,7 +273,9 @@ class Running:
         self.world = world_size_of(self.config)
         self.procs: list[Any] = []
         self.pipes: list[Any] = []
-        self.early = _refuse_early(entry, self.world)
+        self.scratch: list[str] = []
+        self.config = entry["config"] = json.loads(json.dumps(self.config))  # its nvme paths are changed below
+        self.early = _refuse_early(entry, self.world, self.scratch)
         if self.early:
             return
         port = _free_port()
@@ -285,6 +288,13 @@ class Running:
             self.pipes.append(receive)
 
     def finish(self) -> dict[str, Any]:
+        try:
+            return self._finish()
+        finally:
+            for folder in self.scratch:
+                shutil.rmtree(folder, ignore_errors=True)
+
+    def _finish(self) -> dict[str, Any]:
         base = {"name": self.entry["name"], "world_size": self.world, "ops": [], "jit": []}
         if self.early:
             return {**base, "status": "failed", "detail": self.early, "seconds": 0.0}
@@ -329,23 +339,36 @@ def _nvme_paths(config: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
     return found
 
 
-def _refuse_early(entry: dict[str, Any], world: int) -> str:
+# Folders a config's nvme_path may not name: the checker would write DeepSpeed's swap files there.
+_SYSTEM = ("/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/opt", "/proc", "/root", "/run",
+           "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var")  # fmt: skip
+_SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/run", "/sbin", "/sys", "/usr")
+
+
+def _refuse_early(entry: dict[str, Any], world: int, scratch: list[str]) -> str:
     """What stops a config before it starts: more processes than allowed, an NVMe folder that cannot
-    be written. SCRATCH as nvme_path (the smoke's matrix) becomes a folder on the work disk."""
+    be written or is a system folder. Each nvme_path is then pointed at a scratch folder of the
+    checker's own inside it (SCRATCH: on the work disk), listed in `scratch` and removed after the
+    config ran, so a check leaves nothing in the node's NVMe folder."""
     allowed = int(entry.get("max_world") or os.cpu_count() or 1)
     if world > allowed:
         return (f"the config needs {world} processes (train_batch_size / (micro batch x gradient accumulation)) "
                 f"and this machine allows {allowed}: run it where there are {world} CPUs or GPUs, or lower "
                 "train_batch_size")  # fmt: skip
     for section, path in _nvme_paths(entry["config"]):
-        if path == SCRATCH:
-            path = tempfile.mkdtemp(prefix="nvme-", dir=os.getcwd())  # O_DIRECT: not tmpfs
-            section["nvme_path"] = path
         if not path:
             return "the config offloads to nvme but gives no nvme_path: name a folder on a local NVMe disk"
-        if not os.path.isdir(path) or not os.access(path, os.W_OK | os.X_OK):
-            return (f"the config offloads to nvme_path {path}, which is not a folder this user can write: "
+        if path == SCRATCH:
+            path = os.getcwd()  # O_DIRECT: not tmpfs
+        real = os.path.realpath(path)
+        if real in _SYSTEM or any(real.startswith(tree + "/") for tree in _SYSTEM_TREES):
+            return (f"the config offloads to nvme_path {path[:200]!r}, the system folder {real}: DeepSpeed would "
+                    "write its swap files there; name a folder on a local NVMe disk")  # fmt: skip
+        if not os.path.isdir(real) or not os.access(real, os.W_OK | os.X_OK):
+            return (f"the config offloads to nvme_path {path[:200]!r}, which is not a folder this user can write: "
                     "create it or name another")  # fmt: skip
+        scratch.append(tempfile.mkdtemp(prefix=".ds-config-check-", dir=real))
+        section["nvme_path"] = scratch[-1]
     return ""
 
 
