@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import math
 import os
 import shutil
 import statistics
@@ -290,41 +291,84 @@ def bench(recipe: Recipe, out: Path, runs: int) -> dict[str, Any]:
         )
     }
     sizes: dict[str, int] = {}
-    for run in range(runs):
-        output.step(f"bench run {run + 1}/{runs}: recipe {recipe.name}")
-        plain_s, sizes["plain"] = plain_build(recipe, ws, out, log)
-        samples["plain"].append(plain_s)
-        if run == 0:
-            samples["root_make"].append(root_making(out))
-        shutil.rmtree(ws.dist, ignore_errors=True)
-        for cached in (ws.cache / "ccache", unit_cache(ws.cache, os.environ)):
-            shutil.rmtree(cached, ignore_errors=True)
-        cold = build_wheel(recipe, ws)
-        samples["cold"].append(cold.seconds)
-        for cached in (ws.cache / "ccache", unit_cache(ws.cache, os.environ)):
-            shutil.rmtree(cached, ignore_errors=True)
-        samples["cold_host"].append(build_wheel(on_the_host(recipe), ws).seconds)  # the same build, host compilers
-        sizes["toolkit"] = cold.wheel.stat().st_size
-        samples["unchanged"].append(build_wheel(recipe, ws).seconds)
-        if extra:
-            samples["one_op"].append(build_wheel(dataclasses.replace(recipe, ops=(*recipe.ops, extra)), ws).seconds)
-        node_wheel, node_jit = fresh_node(recipe, cold.wheel, out, log)
-        samples["node_wheel"].append(node_wheel)
-        samples["node_jit"].append(node_jit)
-        for name, seconds in env_creation(recipe, out, log).items():
-            samples[f"env_{name}"].append(seconds)
-        for name, seconds in smoke_times(cold.wheel, ws).items():
-            samples[f"smoke_{name}"].append(seconds)
-        costs = config_costs(cold.wheel, ws, log)
-        samples["configs_matrix"].append(costs["matrix"])
-        samples["configs_each"].append(costs["each"])
-        sizes["configs"] = int(costs["count"])
-        if run == 0:
-            for name, seconds in fresh_clone(out, log).items():
-                samples[f"clone_{name}"].append(seconds)
+    stem, at = out / "bench", {"step": "the start"}
+
+    def record(key: str, value: float) -> None:
+        """A measurement, written with every row so far as soon as it is taken."""
+        samples[key].append(value)
+        _write_partial(stem, _result(recipe.name, runs, extra, samples, sizes))
+
+    try:
+        for run in range(runs):
+            output.step(f"bench run {run + 1}/{runs}: recipe {recipe.name}")
+            n = f" (run {run + 1})"
+            at["step"] = "plain DeepSpeed build" + n
+            plain_s, sizes["plain"] = plain_build(recipe, ws, out, log)
+            record("plain", plain_s)
+            if run == 0:
+                at["step"] = "making the build root"
+                record("root_make", root_making(out))
+            shutil.rmtree(ws.dist, ignore_errors=True)
+            for cached in (ws.cache / "ccache", unit_cache(ws.cache, os.environ)):
+                shutil.rmtree(cached, ignore_errors=True)
+            at["step"] = "cold build" + n
+            cold = build_wheel(recipe, ws)
+            sizes["toolkit"] = cold.wheel.stat().st_size
+            record("cold", cold.seconds)
+            for cached in (ws.cache / "ccache", unit_cache(ws.cache, os.environ)):
+                shutil.rmtree(cached, ignore_errors=True)
+            at["step"] = "cold build on the host" + n  # the same build, host compilers
+            record("cold_host", build_wheel(on_the_host(recipe), ws).seconds)
+            at["step"] = "unchanged rebuild" + n
+            record("unchanged", build_wheel(recipe, ws).seconds)
+            if extra:
+                at["step"] = f"rebuild with {extra} added" + n
+                record("one_op", build_wheel(dataclasses.replace(recipe, ops=(*recipe.ops, extra)), ws).seconds)
+            at["step"] = "fresh node" + n
+            node_wheel, node_jit = fresh_node(recipe, cold.wheel, out, log)
+            record("node_wheel", node_wheel)
+            record("node_jit", node_jit)
+            at["step"] = "environments" + n
+            for name, seconds in env_creation(recipe, out, log).items():
+                record(f"env_{name}", seconds)
+            at["step"] = "smoke" + n
+            for name, seconds in smoke_times(cold.wheel, ws).items():
+                record(f"smoke_{name}", seconds)
+            at["step"] = "config matrix" + n
+            costs = config_costs(cold.wheel, ws, log)
+            sizes["configs"] = int(costs["count"])
+            record("configs_matrix", costs["matrix"])
+            record("configs_each", costs["each"])
+            if run == 0:
+                at["step"] = "fresh clone"
+                for name, seconds in fresh_clone(out, log).items():
+                    record(f"clone_{name}", seconds)
+    except BaseException as exc:
+        result = {**_result(recipe.name, runs, extra, samples, sizes), "failed": f"{at['step']}: {exc}"}
+        _write_partial(stem, result, f"\nStopped at {at['step']}: {str(exc).splitlines()[0][:300]}\n")
+        output.error(f"the bench stopped at {at['step']}; every row measured before it is in {stem}.md")
+        raise
+    result = _result(recipe.name, runs, extra, samples, sizes)
+    return _report(stem, result, render_table(result))
+
+
+def _write_partial(stem: Path, result: dict[str, Any], tail: str = "") -> None:
+    """The rows measured so far (nan where a side is not measured yet), without printing them."""
+    write_atomic(stem.with_suffix(".json"), json.dumps(result, indent=2) + "\n")
+    write_atomic(stem.with_suffix(".md"), render_table(result) + tail)
+
+
+def _result(name: str, runs: int, extra: str | None, samples: dict[str, list[float]],
+            sizes: dict[str, int]) -> dict[str, Any]:  # fmt: skip
+    """Medians and ratios of what was measured; a ratio whose sides are not both measured is nan."""
     med = {k: statistics.median(v) if v else float("nan") for k, v in samples.items()}
-    result = {
-        "recipe": recipe.name,
+
+    def ratio(a: float, b: float) -> float:
+        return a / b if b and not math.isnan(a) and not math.isnan(b) else float("nan")
+
+    toolkit, plain = sizes.get("toolkit", float("nan")), sizes.get("plain", float("nan"))
+    return {
+        "recipe": name,
         "runs": runs,
         "cores": os.cpu_count(),
         "extra_op": extra,
@@ -332,19 +376,18 @@ def bench(recipe: Recipe, out: Path, runs: int) -> dict[str, Any]:
         "median_s": med,
         "wheel_bytes": sizes,
         "ratios": {
-            "cold_vs_plain": med["cold"] / med["plain"],
-            "unchanged_vs_cold": med["unchanged"] / med["cold"],
-            "one_op_vs_cold": med["one_op"] / med["cold"],
-            "wheel_vs_plain": sizes["toolkit"] / sizes["plain"],
-            "node_vs_jit": med["node_wheel"] / med["node_jit"],
-            "env_uv_vs_pip": med["env_uv"] / med["env_pip"],
-            "smoke_uv_vs_pip": med["smoke_uv"] / med["smoke_pip"],
-            "clone_uv_vs_pip": med["clone_uv"] / med["clone_pip"],
-            "configs_vs_each": med["configs_matrix"] / med["configs_each"],
-            "root_vs_host": med["cold"] / med["cold_host"],
+            "cold_vs_plain": ratio(med["cold"], med["plain"]),
+            "unchanged_vs_cold": ratio(med["unchanged"], med["cold"]),
+            "one_op_vs_cold": ratio(med["one_op"], med["cold"]),
+            "wheel_vs_plain": ratio(toolkit, plain),
+            "node_vs_jit": ratio(med["node_wheel"], med["node_jit"]),
+            "env_uv_vs_pip": ratio(med["env_uv"], med["env_pip"]),
+            "smoke_uv_vs_pip": ratio(med["smoke_uv"], med["smoke_pip"]),
+            "clone_uv_vs_pip": ratio(med["clone_uv"], med["clone_pip"]),
+            "configs_vs_each": ratio(med["configs_matrix"], med["configs_each"]),
+            "root_vs_host": ratio(med["cold"], med["cold_host"]),
         },
     }
-    return _report(out / "bench", result, render_table(result))
 
 
 TARGETS = {
@@ -371,7 +414,8 @@ def render_table(result: dict[str, Any]) -> str:
         "cold_vs_plain": f"{med['cold']:.0f} s vs {med['plain']:.0f} s",
         "unchanged_vs_cold": f"{med['unchanged']:.1f} s vs {med['cold']:.0f} s",
         "one_op_vs_cold": f"{med['one_op']:.0f} s vs {med['cold']:.0f} s (+{result['extra_op']})",
-        "wheel_vs_plain": f"{sizes['toolkit'] / 1e6:.1f} MB vs {sizes['plain'] / 1e6:.1f} MB",
+        "wheel_vs_plain": f"{sizes.get('toolkit', float('nan')) / 1e6:.1f} MB vs "
+        f"{sizes.get('plain', float('nan')) / 1e6:.1f} MB",
         "node_vs_jit": f"{med['node_wheel']:.0f} s vs {med['node_jit']:.0f} s",
         "env_uv_vs_pip": f"{med['env_uv']:.1f} s vs {med['env_pip']:.1f} s",
         "smoke_uv_vs_pip": f"{med['smoke_uv']:.0f} s vs {med['smoke_pip']:.0f} s",
@@ -410,8 +454,11 @@ def _copy_matrix(matrix: Path, dest: Path) -> tuple[Path, list[Path]]:
         source = (matrix.parent / rel).resolve()
         recipe = source.read_text(encoding="utf-8")
         configs = tomllib.loads(recipe).get("configs")
-        if configs:  # the copy names the recipe's config files by their absolute paths
-            named = "configs = [" + ", ".join(json.dumps(str(source.parent / c)) for c in configs) + "]"
+        if configs:  # the configs go beside the copy (a recipe reads configs from its own folder only)
+            for c in configs:
+                (dest / f"{i}-configs" / c).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source.parent / c, dest / f"{i}-configs" / c)
+            named = "configs = [" + ", ".join(json.dumps(f"{i}-configs/{c}") for c in configs) + "]"
             found = re.search(r"(?ms)^configs\s*=\s*\[.*?\]", recipe)
             if found:
                 recipe = recipe[: found.start()] + named + recipe[found.end() :]

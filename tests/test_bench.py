@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from builder.bench import render_table
 
@@ -93,3 +94,39 @@ def test_the_image_bench_table() -> None:
     table = render_image(result)
     assert "(base 88 s, build 47 s) | 200 s |" in table and "| 90 s | 0.45 of cold |" in table
     assert "1190 MB / 363 MB" in table and "the same ID both times: True" in table
+
+
+def test_a_bench_that_fails_midway_keeps_every_row_it_measured(tmp_path: Path, monkeypatch: Any) -> None:
+    """FAKE measurements (each returns a fixed time; nothing is built): the smoke step fails, and
+    bench.md still holds the rows taken before it, and names the step that stopped it."""
+    import pytest
+
+    from builder import bench
+    from builder.errors import SmokeError
+    from builder.recipe import load_recipe
+
+    class Built:
+        seconds = 90.0
+        wheel = tmp_path / "w.whl"
+
+    Built.wheel.write_bytes(b"x" * 2000)
+    monkeypatch.setattr(bench, "plain_build", lambda *a: (110.0, 8000))
+    monkeypatch.setattr(bench, "root_making", lambda out: 41.0)
+    monkeypatch.setattr(bench, "build_wheel", lambda recipe, ws: Built())
+    monkeypatch.setattr(bench, "fresh_node", lambda *a: (6.0, 60.0))
+    monkeypatch.setattr(bench, "env_creation", lambda *a: {"uv": 2.0, "pip": 30.0})
+
+    def smoke_fails(*a: Any) -> dict[str, float]:
+        raise SmokeError("config 17 failed: EADDRINUSE", "run it again")
+
+    monkeypatch.setattr(bench, "smoke_times", smoke_fails)
+    with pytest.raises(SmokeError):
+        bench.bench(load_recipe(ROOT / "recipes" / "cpu.toml"), tmp_path / "out", 1)
+    table = (tmp_path / "out" / "bench.md").read_text()
+    assert "| cold build vs plain `setup.py build_ext -j bdist_wheel` | 90 s vs 110 s | 0.82 | <= 0.8 |" in table
+    assert "| environment with the recipe's torch: uv vs venv + pip | 2.0 s vs 30.0 s | 0.07 | - |" in table
+    assert "Making the build root (Debian 11, once per machine): 41 s." in table
+    assert "Stopped at smoke (run 1): config 17 failed: EADDRINUSE" in table
+    import json
+
+    assert json.loads((tmp_path / "out" / "bench.json").read_text())["failed"].startswith("smoke (run 1): ")
