@@ -307,3 +307,36 @@ def test_a_launched_rank_whose_world_does_not_fit_the_config_says_so(monkeypatch
     assert got["status"] == "invalid" and got["rank"] == 1 and got["world"] == 2 and got["ops"] == []
     assert got["detail"] == ("the config's batch sizes give 3 processes (train_batch_size / (micro batch x "
                              "accumulation)); the launcher started 2")  # fmt: skip
+
+
+def test_a_configs_rendezvous_port_is_held_until_its_ranks_are_done() -> None:
+    """The store the runner hosts keeps its port bound: another process cannot take it between the
+    choice and rank 0's rendezvous (the smoke failed one config in 91 with EADDRINUSE when the port
+    was chosen by binding port 0 and closing it)."""
+    import socket
+
+    store = config_runner.held_store(2)
+    with socket.socket() as other, pytest.raises(OSError) as taken:
+        other.bind(("127.0.0.1", store.port))
+    assert taken.value.errno == 98  # EADDRINUSE: held, not merely chosen
+    client = __import__("torch").distributed.TCPStore("127.0.0.1", store.port, 2, False)  # a rank connects
+    client.set("k", "v")
+    assert store.get("k") == b"v"
+
+
+def test_sixteen_worlds_at_once_each_meet_at_their_own_store() -> None:
+    """The rendezvous of 16 two-rank worlds at once (the smoke runs configs 4 at a time; its 91
+    configs run for real in test_pipeline): 16 distinct held ports, each rank meeting its own."""
+    torch = pytest.importorskip("torch")
+    from concurrent.futures import ThreadPoolExecutor
+
+    stores = [config_runner.held_store(2) for _ in range(16)]
+    assert len({s.port for s in stores}) == 16
+
+    def meet(store: object) -> bytes:
+        client = torch.distributed.TCPStore("127.0.0.1", store.port, 2, False)  # type: ignore[attr-defined]
+        client.set("rank1", "here")
+        return store.get("rank1")  # type: ignore[attr-defined,no-any-return]
+
+    with ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(meet, stores)) == [b"here"] * 16

@@ -131,10 +131,14 @@ def intercept() -> None:
     cpp.load_inline = _refuse_cpp_load
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def held_store(world: int) -> Any:
+    """A rendezvous store this process hosts, on a port the kernel picked and this process keeps: the
+    ranks connect to it as clients (TORCHELASTIC_USE_AGENT_STORE, as under torchrun's agent). A port
+    chosen by binding port 0 and closing it could be taken by another process before rank 0 bound it
+    again (EADDRINUSE, a config failing by chance)."""
+    from torch.distributed import TCPStore
+
+    return TCPStore("127.0.0.1", 0, world, True, wait_for_workers=False)
 
 
 def world_size_of(config: dict[str, Any]) -> int:
@@ -186,7 +190,8 @@ def run_rank(config: dict[str, Any], rank: int, world: int, port: int, send: Any
     result: dict[str, Any] = {"rank": rank}
     ext = tempfile.mkdtemp(prefix="config-ext-")
     os.environ.update({"TORCH_EXTENSIONS_DIR": ext, "RANK": str(rank), "LOCAL_RANK": str(rank),
-                       "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})  # fmt: skip
+                       "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                       "TORCHELASTIC_USE_AGENT_STORE": "True"})  # fmt: skip
     send.send(_one_rank(config, result, ext))
     send.close()
 
@@ -274,11 +279,13 @@ class Running:
         self.procs: list[Any] = []
         self.pipes: list[Any] = []
         self.scratch: list[str] = []
+        self.store: Any = None
         self.config = entry["config"] = json.loads(json.dumps(self.config))  # its nvme paths are changed below
         self.early = _refuse_early(entry, self.world, self.scratch)
         if self.early:
             return
-        port = _free_port()
+        self.store = held_store(self.world)  # kept until the ranks are done
+        port = self.store.port
         for rank in range(self.world):
             receive, send = context.Pipe(duplex=False)
             p = context.Process(target=run_rank, args=(self.config, rank, self.world, port, send), daemon=True)
@@ -313,6 +320,7 @@ class Running:
             if p.is_alive():
                 p.kill()
                 p.join()
+        self.store = None
         seconds = round(time.monotonic() - self.start, 2)
         base["ops"] = sorted({op for r in results for op in r.get("ops", [])})
         base["jit"] = sorted({op for r in results for op in r.get("jit", [])})

@@ -224,6 +224,10 @@ def check_engine(accelerator: str) -> str:
         raise _Skip("no GPU visible: DeepSpeed's CUDA accelerator runs the engine over NCCL, which needs GPUs")
     ext = tempfile.mkdtemp(prefix="engine-ext-")
     env_before = dict(os.environ)
+    from torch.distributed import TCPStore
+
+    # A store on a port the kernel picked, held by this process: no other can take it (EADDRINUSE).
+    store = TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
     os.environ.update(
         {
             "TORCH_EXTENSIONS_DIR": ext,
@@ -231,7 +235,8 @@ def check_engine(accelerator: str) -> str:
             "LOCAL_RANK": "0",
             "WORLD_SIZE": "1",
             "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(_free_port()),
+            "MASTER_PORT": str(store.port),
+            "TORCHELASTIC_USE_AGENT_STORE": "True",  # the rendezvous connects to the store held below
         }
     )
     try:
@@ -421,16 +426,22 @@ def _torchrun(
 
 def _collect(procs: list[subprocess.Popen[str]], world: int, backend: str, timeout: int = 180) -> tuple[str, set[str]]:
     outputs = []
-    for p in procs:
-        try:
-            out, _ = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out, _ = p.communicate()
-            raise AssertionError(f"torchrun timed out after {timeout}s:\n{out[-1500:]}") from None
-        outputs.append(out)
-        if p.returncode != 0:
-            raise AssertionError(f"torchrun exited {p.returncode}:\n{out[-1500:]}")
+    try:
+        for p in procs:
+            try:
+                out, _ = p.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out, _ = p.communicate()
+                raise AssertionError(f"torchrun timed out after {timeout}s:\n{out[-1500:]}") from None
+            outputs.append(out)
+            if p.returncode != 0:
+                raise AssertionError(f"torchrun exited {p.returncode}:\n{out[-1500:]}")
+    finally:
+        for p in procs:  # a failed one leaves none of the others running
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
     text = "\n".join(outputs)
     return text, parse_dist_output(text, world, backend)
 
@@ -445,27 +456,36 @@ def parse_dist_output(text: str, world: int, backend: str) -> set[str]:
     return {n for _, _, n in ok if n}
 
 
+def _on_a_free_port(run: Any) -> Any:
+    """torchrun binds the port it is given itself, so one chosen by binding port 0 and closing it can
+    be taken by another process first (EADDRINUSE): the check runs again on another port, three
+    times at most; any other failure is the check's."""
+    for attempt in range(3):
+        try:
+            return run(_free_port())
+        except AssertionError as exc:
+            taken = "EADDRINUSE" in str(exc) or "Address already in use" in str(exc)
+            if attempt == 2 or not taken:
+                raise
+    raise AssertionError("unreachable")
+
+
 def check_gloo_one_node(worker: str) -> str:
-    port = _free_port()
-    _collect(
+    _on_a_free_port(lambda port: _collect(
         [_torchrun(["--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={port}", worker], "gloo")],
         2,
         "gloo",
-    )
+    ))  # fmt: skip
     return "torchrun 1 node x 2 processes: all_reduce and barrier OK, backend gloo"
 
 
 def check_gloo_two_nodes(worker: str) -> str:
-    port = _free_port()
-    common = [
-        "--nnodes=2",
-        "--nproc_per_node=1",
-        "--rdzv_backend=c10d",
-        f"--rdzv_endpoint=127.0.0.1:{port}",
-        "--rdzv_id=ds-smoke",
-        worker,
-    ]
-    _collect([_torchrun(common, "gloo"), _torchrun(common, "gloo")], 2, "gloo")
+    def common(port: int) -> list[str]:
+        return ["--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
+                "--rdzv_id=ds-smoke", worker]  # fmt: skip
+
+    _on_a_free_port(lambda port: _collect([_torchrun(common(port), "gloo"), _torchrun(common(port), "gloo")], 2,
+                                          "gloo"))  # fmt: skip
     return "torchrun 2 nodes x 1 process over 127.0.0.1 (c10d rendezvous): all_reduce and barrier OK, backend gloo"
 
 
@@ -478,18 +498,12 @@ def check_nccl(worker: str) -> str:
     if not dist.is_nccl_available():
         raise AssertionError("torch has CUDA but no NCCL built in")
     n = torch.cuda.device_count()
-    port = _free_port()
-    text, nccl = _collect(
-        [
-            _torchrun(
-                [f"--nproc_per_node={n}", "--master_addr=127.0.0.1", f"--master_port={port}", worker],
-                "nccl",
-                {"NCCL_DEBUG": "INFO"},
-            )
-        ],
+    text, nccl = _on_a_free_port(lambda port: _collect(
+        [_torchrun([f"--nproc_per_node={n}", "--master_addr=127.0.0.1", f"--master_port={port}", worker], "nccl",
+                   {"NCCL_DEBUG": "INFO"})],
         n,
         "nccl",
-    )
+    ))  # fmt: skip
     print(text)  # NCCL_DEBUG=INFO output goes to the smoke log
     return f"torchrun 1 node x {n} GPU processes: all_reduce and barrier OK, backend nccl, NCCL {', '.join(nccl)}"
 
