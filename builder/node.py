@@ -34,7 +34,7 @@ import base64
 import datetime
 import hashlib
 import html.parser
-import io
+import http.client
 import json
 import os
 import re
@@ -1461,11 +1461,14 @@ def load_trust(values: "Sequence[str]") -> "Trust | None":
             trust = parse_trust(value, "--trust")
         else:
             try:
-                with open(value, "rb") as f:
+                with open_regular(value) as f:
                     text = read_limited(f, "trust", value).decode("utf-8", errors="replace")
+            except ManifestError as exc:
+                raise InstallError(f"--trust {value}: {exc.message}",
+                                   "pass an allowed-signers file, or the key line itself") from exc  # fmt: skip
             except OSError as exc:
                 raise InstallError(
-                    f"--trust {value}: cannot read it ({exc.strerror})",
+                    f"--trust {value}: cannot read it ({exc.strerror or exc})",
                     "pass an allowed-signers file, or the key line itself (ssh-ed25519 AAAA...)",
                 ) from exc
             trust = parse_trust(text, value)
@@ -1674,9 +1677,21 @@ def remember_serial(folder: "Path", manifest: "WheelhouseManifest", digest: str,
 # ---------------------------------------------------------------- reading a wheelhouse
 
 
+def printable(text: str) -> str:
+    """`text` with every character a terminal would act on (ESC, BEL, NUL, ...) shown escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def wheelhouse_base(source: str) -> str:
     """A wheelhouse given as a folder, a file:// URL or an http(s) URL, as a base to fetch from."""
-    parsed = urllib.parse.urlparse(source)
+    if any(not c.isprintable() or c.isspace() for c in source) and "://" in source:
+        raise InstallError(f"--wheelhouse {printable(source)[:300]}: a URL with a space or a control character",
+                           "percent-encode it (a space is %20), or give the folder's path")  # fmt: skip
+    try:
+        parsed = urllib.parse.urlparse(source)
+    except ValueError as exc:
+        raise InstallError(f"--wheelhouse {printable(source)[:300]}: not a URL ({exc})",
+                           "give a folder, file:///path, or http(s)://host/path/") from exc  # fmt: skip
     if parsed.scheme in ("http", "https"):
         return source.rstrip("/") + "/"
     if parsed.scheme == "file":
@@ -1692,8 +1707,9 @@ def wheelhouse_base(source: str) -> str:
 
 def too_big(what: str, where: str) -> "ManifestError":
     limit = LIMITS[what]
+    shown = f"{limit >> 20} MiB" if limit >= 1 << 20 else f"{limit >> 10} KiB"
     return ManifestError(
-        f"{where} is larger than the {limit >> 20} MiB limit for a {what}: no real wheelhouse has one that large",
+        f"{where} is larger than the {shown} limit for a {what}: no real wheelhouse has one that large",
         "the file is damaged or hostile: run `python -m builder verify` on the wheelhouse and re-publish it",
     )
 
@@ -1710,9 +1726,34 @@ class TooLarge(ValueError):
     """A file past its limit (LIMITS); a ValueError, as unreadable JSON is, wherever files are parsed."""
 
 
+class NotAFile(OSError):
+    """A path that is not a regular file (a FIFO would block a reader forever, /dev/zero never ends)."""
+
+
+def open_regular(path: "str | Path") -> "IO[bytes]":
+    """`path` opened for reading, only if it is a regular file: opened without blocking (a FIFO with
+    no writer would hang), checked with fstat, then read as usual. NotAFile names what it is."""
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a folder" if stat.S_ISDIR(mode) else "a device"
+                    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else
+                    "not a regular file")  # fmt: skip
+            raise NotAFile(f"{path} is {kind}, not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def read_bounded(path: "Path", what: str) -> bytes:
-    """A local file another machine or job wrote, up to the limit for `what` (TooLarge past it)."""
-    with open(path, "rb") as f:
+    """A local file another machine or job wrote, a regular file, up to the limit for `what`
+    (TooLarge past it; NotAFile for a FIFO, a folder or a device)."""
+    with open_regular(path) as f:
         try:
             return read_limited(f, what, str(path))
         except ManifestError as exc:
@@ -1722,26 +1763,95 @@ def read_bounded(path: "Path", what: str) -> bytes:
 def fetch(base: str, name: str, what: str = "manifest") -> bytes:
     """A file of the wheelhouse at `base`, up to the limit for `what`; `name` must be one this
     module checked or a fixed name."""
-    if base.startswith(("http://", "https://")):
-        url = base + "/".join(urllib.parse.quote(part) for part in name.split("/"))
+    with _opened(base, name) as (source, where):
         try:
-            with urllib.request.urlopen(url, timeout=fetch_timeout()) as response:
-                return read_limited(response, what, url)
-        except urllib.error.HTTPError as exc:
-            raise InstallError(f"{url}: HTTP {exc.code} {exc.reason}", "run `verify` on the served wheelhouse") from exc
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise InstallError(f"cannot reach {url}: {reason}",
-                               "check the wheelhouse URL and the network, then run the install again (nothing was "
-                               "installed)") from exc  # fmt: skip
-    path = Path(base) / name
-    try:
-        with open(path, "rb") as f:
-            return read_limited(f, what, str(path))
-    except OSError as exc:
-        raise InstallError(
-            f"cannot read {path}: {exc.strerror}", "check the wheelhouse path; run `verify` on it"
-        ) from exc
+            return read_limited(source, what, where)
+        except InstallError:
+            raise
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            raise _unreadable(where, exc) from exc
+
+
+MIN_RATE = 64 << 10  # bytes a second a download keeps on average once past its first timeout
+
+
+def download(base: str, name: str, what: str, folder: str) -> "tuple[str, str]":
+    """A file of the wheelhouse streamed to folder/name while it is hashed (never held in memory):
+    (its path, its sha256). Past the limit for `what`, or slower on average than MIN_RATE once past
+    the first timeout (a server dripping a byte at a time), it fails; a read waits at most the
+    timeout. `name` must be one this module checked."""
+    target, digest, size = os.path.join(folder, name), hashlib.sha256(), 0
+    timeout, start = fetch_timeout(), time.monotonic()
+    with _opened(base, name) as (source, where), open(target, "wb") as out:
+        read = getattr(source, "read1", source.read)  # returns what one read brought: a drip cannot stall it
+        try:
+            while True:
+                chunk = read(1 << 20)
+                if not chunk:
+                    break
+                size += len(chunk)
+                if size > LIMITS[what]:
+                    raise too_big(what, where)
+                elapsed = time.monotonic() - start
+                if elapsed > timeout + size / MIN_RATE:
+                    raise InstallError(f"{where}: {size} bytes in {elapsed:.0f} s, less than {MIN_RATE >> 10} KiB/s "
+                                       "on average: the download would not finish", "check the network and the "
+                                       "wheelhouse's server, then run the install again (nothing was "
+                                       "installed)")  # fmt: skip
+                digest.update(chunk)
+                out.write(chunk)
+        except InstallError:
+            raise
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            raise _unreadable(where, exc) from exc
+    return target, digest.hexdigest()
+
+
+class _opened:
+    """A wheelhouse file open for reading, and where it is (for messages): an HTTP response, or a
+    local file that must be a regular file. Every way of failing to open is one InstallError."""
+
+    def __init__(self, base: str, name: str) -> None:
+        self.base, self.name = base, name
+        self.source: Any = None
+
+    def __enter__(self) -> "tuple[Any, str]":
+        if self.base.startswith(("http://", "https://")):
+            where = self.base + "/".join(urllib.parse.quote(part) for part in self.name.split("/"))
+            try:
+                self.source = urllib.request.urlopen(where, timeout=fetch_timeout())
+            except urllib.error.HTTPError as exc:
+                exc.close()
+                raise InstallError(f"{where}: HTTP {exc.code} {exc.reason}",
+                                   "run `verify` on the served wheelhouse") from exc  # fmt: skip
+            except (OSError, http.client.HTTPException, ValueError) as exc:
+                raise _unreadable(where, exc) from exc
+            return self.source, where
+        where = str(Path(self.base) / self.name)
+        try:
+            self.source = open_regular(where)
+        except NotAFile as exc:
+            raise ManifestError(
+                f"{exc}: the wheelhouse was damaged or tampered with",
+                "run `python -m builder verify` on it; restore or re-publish it",
+            ) from exc
+        except OSError as exc:
+            raise InstallError(f"cannot read {where}: {exc.strerror or exc}",
+                               "check the wheelhouse path; run `verify` on it") from exc  # fmt: skip
+        return self.source, where
+
+    def __exit__(self, *exc: object) -> None:
+        if self.source is not None:
+            self.source.close()
+
+
+def _unreadable(where: str, exc: BaseException) -> InstallError:
+    """A server or link that failed mid-way (refused, timed out, a malformed reply): one message."""
+    reason = getattr(exc, "reason", None) or exc
+    text = printable(" ".join(str(reason).split()))[:200] or type(exc).__name__
+    return InstallError(f"cannot fetch {printable(where)[:300]}: {text}",
+                        "check the wheelhouse URL, its server and the network, then run the install again (nothing "
+                        "was installed)")  # fmt: skip
 
 
 class _RootLinks(html.parser.HTMLParser):
@@ -1838,17 +1948,17 @@ def load_verified(base: str, trust: "Trust | None", now: "datetime.datetime | No
     return Verified(manifest, digest, sig)
 
 
-def checked_wheel(base: str, entry: "WheelEntry") -> bytes:
-    """The wheel's bytes, after its sha256 and its embedded build manifest agree with the entry."""
-    data = fetch(base, entry.name, "wheel")
-    digest = hashlib.sha256(data).hexdigest()
+def checked_wheel(base: str, entry: "WheelEntry", folder: str) -> str:
+    """The wheel downloaded into `folder`, after its sha256 and its embedded build manifest agree
+    with the entry; its path."""
+    path, digest = download(base, entry.name, "wheel", folder)
     if digest != entry.sha256:
         raise ManifestError(
             f"{entry.name} from {base} has sha256 {digest}, the manifest says {entry.sha256}",
             "the wheelhouse copy is damaged or was tampered with: run `python -m builder verify` on it",
         )
     try:
-        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        with zipfile.ZipFile(path) as zf:
             build = embedded_build_manifest(zf, entry.name)
     except zipfile.BadZipFile as exc:
         raise ManifestError(f"{entry.name} is not a zip file", "re-publish it") from exc
@@ -1858,27 +1968,26 @@ def checked_wheel(base: str, entry: "WheelEntry") -> bytes:
             f"manifest.json disagrees with {entry.name}'s own build manifest:\n    " + "\n    ".join(differ),
             "manifest.json was edited: run `python -m builder verify` on the wheelhouse and re-publish",
         )
-    return data
+    return path
 
 
-def checked_dependencies(base: str, manifest: "WheelhouseManifest", entry: "WheelEntry") -> "dict[str, bytes]":
-    """The dependency files the wheel installs with, each checked against its manifest sha256."""
+def checked_dependencies(base: str, manifest: "WheelhouseManifest", entry: "WheelEntry", folder: str) -> "list[str]":
+    """The dependency files the wheel installs with, downloaded into `folder`, each checked against
+    its manifest sha256; their names."""
     if entry.requires is None:
         raise ManifestError(
             f"manifest.json does not say which dependency files {entry.name} needs (published by an older toolkit)",
             "publish any wheel into the wheelhouse again with this toolkit: it records them for every wheel",
         )
-    files = {}
     for name in entry.requires:
-        data = fetch(base, name, "wheel")
-        digest, want = hashlib.sha256(data).hexdigest(), manifest.dependencies[name].sha256
+        _, digest = download(base, name, "wheel", folder)
+        want = manifest.dependencies[name].sha256
         if digest != want:
             raise ManifestError(
                 f"{name} from {base} has sha256 {digest}, the manifest says {want}",
                 "the wheelhouse copy is damaged or was tampered with: run `python -m builder verify` on it",
             )
-        files[name] = data
-    return files
+    return list(entry.requires)
 
 
 def hashed_requirements(files: "Mapping[str, str]") -> str:
@@ -1936,8 +2045,20 @@ def install(
         say(f"    {line}")
     for line in format_configs(entry.smoke.checks):
         say(f"    {line}")
-    data = checked_wheel(base, entry)
-    deps = checked_dependencies(base, manifest, entry)
+    tmp = tempfile.mkdtemp(prefix="ds-install-")
+    try:
+        return _fetch_and_install(base, manifest, entry, node, verified, python, dry_run, pip_args, floor, table, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _fetch_and_install(base: str, manifest: "WheelhouseManifest", entry: "WheelEntry", node: "Node",
+                       verified: "Verified", python: str, dry_run: bool, pip_args: "Sequence[str]", floor: str,
+                       table: "Any", tmp: str) -> "dict[str, Any]":  # fmt: skip
+    """The chosen wheel and its dependencies downloaded into `tmp` and checked, then pip-installed
+    from there alone (unless a dry run)."""
+    checked_wheel(base, entry, tmp)
+    deps = checked_dependencies(base, manifest, entry, tmp)
     say(f"==> {entry.name}: sha256 {entry.sha256[:16]}... verified, build manifest agrees; "
         f"{len(deps)} dependency wheels verified")  # fmt: skip
     images = images_of(manifest, entry.name)
@@ -1959,24 +2080,17 @@ def install(
     if dry_run:
         return result
     _check_pip(python)
-    tmp = tempfile.mkdtemp(prefix="ds-install-")
-    try:
-        for name, content in {entry.name: data, **deps}.items():  # checked names: no separator, no '..'
-            with open(os.path.join(tmp, name), "wb") as f:
-                f.write(content)
-        pins = {entry.name: entry.sha256, **{n: manifest.dependencies[n].sha256 for n in deps}}
-        requirements = os.path.join(tmp, "requirements.txt")
-        with open(requirements, "w", encoding="utf-8") as f:
-            f.write(hashed_requirements(pins))
-        # Only the checked files: no index (an air-gapped node has none), pip's hash-checking mode.
-        cmd = [python, "-m", "pip", "install", "--no-index", "--find-links", tmp, "--require-hashes",
-               *pip_args, "-r", requirements]  # fmt: skip
-        say(f"+ {' '.join(cmd)}")
-        code, said = _run_pip(cmd)
-        if code != 0:
-            raise InstallError(f"pip could not install {entry.name} (exit {code})", _pip_fix(said, python, entry))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    pins = {entry.name: entry.sha256, **{n: manifest.dependencies[n].sha256 for n in deps}}
+    requirements = os.path.join(tmp, "requirements.txt")
+    with open(requirements, "w", encoding="utf-8") as f:
+        f.write(hashed_requirements(pins))
+    # Only the checked files: no index (an air-gapped node has none), pip's hash-checking mode.
+    cmd = [python, "-m", "pip", "install", "--no-index", "--find-links", tmp, "--require-hashes",
+           *pip_args, "-r", requirements]  # fmt: skip
+    say(f"+ {' '.join(cmd)}")
+    code, said = _run_pip(cmd)
+    if code != 0:
+        raise InstallError(f"pip could not install {entry.name} (exit {code})", _pip_fix(said, python, entry))
     say(f"==> installed {entry.name}")
     return {**result, "installed": True}
 

@@ -262,9 +262,10 @@ def load_recipe(path: Path) -> Recipe:
 
 
 def _control_characters(data: object, key: str = "") -> str | None:
-    """The first key (dotted) whose text holds a control character (ESC would rewrite a terminal)."""
+    """The first key (dotted) whose text holds a control character (ESC would rewrite a terminal),
+    with the text shown escaped."""
     if isinstance(data, str):
-        return key if any(ord(c) < 32 or ord(c) == 127 for c in data) else None
+        return f"{key} = {data[:80]!r}" if any(ord(c) < 32 or ord(c) == 127 for c in data) else None
     items = data.items() if isinstance(data, Mapping) else enumerate(data) if isinstance(data, list) else ()
     for k, v in items:
         found = _control_characters(k, f"{key}.{k}".lstrip(".")) or _control_characters(v, f"{key}.{k}".lstrip("."))
@@ -278,7 +279,7 @@ def parse_recipe(data: Mapping[str, Any], path: Path | None = None) -> Recipe:
     where = str(path) if path else "recipe"
     bad = _control_characters(data)
     if bad is not None:
-        raise RecipeError(f"{where}: {bad[:80]!r} holds a control character", "write it as plain text")
+        raise RecipeError(f"{where}: {bad} holds a control character", "write it as plain text")
     _check_table(data, "", where)
     ds = data["deepspeed"]
     torch = data["torch"]

@@ -346,21 +346,21 @@ def test_publishing_a_path_that_does_not_exist_says_so(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- downloads and hashes on the node
 
 
-def test_install_dry_run_checks_the_chosen_wheels_hash(house: Path) -> None:
+def test_install_dry_run_checks_the_chosen_wheels_hash(house: Path, tmp_path: Path) -> None:
     (house / NAME).write_bytes((house / NAME).read_bytes() + b"tampered")
     manifest = node.load_wheelhouse(str(house))
     with pytest.raises(ManifestError, match="has sha256 .* the manifest says"):
-        node.checked_wheel(str(house), node.choose(manifest, CPU_NODE))
+        node.checked_wheel(str(house), node.choose(manifest, CPU_NODE), str(tmp_path))
 
 
-def test_a_missing_wheel_is_a_clear_install_error(house: Path) -> None:
+def test_a_missing_wheel_is_a_clear_install_error(house: Path, tmp_path: Path) -> None:
     (house / NAME).unlink()
     entry = node.choose(node.load_wheelhouse(str(house)), CPU_NODE)
     with pytest.raises(InstallError, match=f"cannot read .*{re.escape(NAME)}: No such file"):
-        node.checked_wheel(str(house), entry)
+        node.checked_wheel(str(house), entry, str(tmp_path))
 
 
-def test_a_404_from_a_served_wheelhouse_is_a_clear_install_error(house: Path) -> None:
+def test_a_404_from_a_served_wheelhouse_is_a_clear_install_error(house: Path, tmp_path: Path) -> None:
     import functools
     import http.server
     import threading
@@ -373,7 +373,7 @@ def test_a_404_from_a_served_wheelhouse_is_a_clear_install_error(house: Path) ->
         manifest = node.load_wheelhouse(base)
         (house / NAME).unlink()
         with pytest.raises(InstallError, match="HTTP 404"):
-            node.checked_wheel(base, node.choose(manifest, CPU_NODE))
+            node.checked_wheel(base, node.choose(manifest, CPU_NODE), str(tmp_path))
     finally:
         server.shutdown()
         server.server_close()
@@ -465,7 +465,8 @@ def test_an_unprivileged_user_can_read_and_check_the_wheelhouse(tmp_path: Path) 
             "spec = importlib.util.spec_from_file_location('n', h / 'tools' / 'ds-node-install.py')\n"
             "node = importlib.util.module_from_spec(spec); sys.modules['n'] = node; spec.loader.exec_module(node)\n"
             "m = node.load_wheelhouse(str(h))\n"
-            "node.checked_wheel(str(h), next(iter(m.wheels.values())))\n"
+            "import tempfile\n"
+            "node.checked_wheel(str(h), next(iter(m.wheels.values())), tempfile.mkdtemp())\n"
             "print('read', len(m.wheels))\n"
         )
         done = subprocess.run(
@@ -802,7 +803,7 @@ def test_an_old_manifest_without_requires_is_refused_by_the_node_and_filled_by_t
     resign(deps_house, adopt=True)  # adopted once its files check out
     manifest = node.load_wheelhouse(str(deps_house))
     with pytest.raises(ManifestError, match="does not say which dependency files"):
-        node.checked_dependencies(str(deps_house), manifest, manifest.wheels[NAME])
+        node.checked_dependencies(str(deps_house), manifest, manifest.wheels[NAME], str(tmp_path))
     other = fake_wheel(tmp_path / "dist", name=NAME.replace("0.19.8", "0.19.9"), metadata=NEEDS_DEPS)
     publish([other], deps_house, fetch_closure=deps_fetcher([]))
     assert node.load_wheelhouse(str(deps_house)).wheels[NAME].requires == (
@@ -1518,3 +1519,160 @@ def test_a_read_only_site_packages_is_named_as_such(deps_house: Path, tmp_path: 
     done = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, env=air_gapped_env())
     assert done.returncode == 9 and "cannot write its site-packages" in done.stderr, done.stderr[-2000:]
     assert "deepspeed" not in subprocess.run([python, "-m", "pip", "list"], capture_output=True, text=True).stdout
+
+
+# ---------------------------------------------------------------- a hostile server, a FIFO, /dev/zero (issue 38)
+
+
+class RawServer:
+    """A FAKE web server that answers every request with the same raw bytes, then (with `drip`) one
+    byte more every `drip` seconds: the misbehaving servers the node installer must survive."""
+
+    def __init__(self, head: bytes, drip: float = 0.0, endless: bool = False) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.head, self.drip, self.endless, self.stop = head, drip, endless, False
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        import threading
+        import time
+
+        while not self.stop:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+
+            def answer(conn: Any = conn) -> None:
+                try:
+                    conn.recv(65536)
+                    conn.sendall(self.head)
+                    while (self.drip or self.endless) and not self.stop:
+                        conn.sendall(b"x" if self.drip else b"x" * 65536)
+                        time.sleep(self.drip)
+                except OSError:
+                    pass
+                finally:
+                    conn.close()
+
+            threading.Thread(target=answer, daemon=True).start()
+
+    def close(self) -> None:
+        self.stop = True
+        self.sock.close()
+
+
+@pytest.mark.spawns
+@pytest.mark.parametrize(
+    ("head", "said"),
+    [
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n", "cannot fetch"),
+        (b"HTTP/1.1 200 OK\r\nX-Long: " + b"a" * 200_000 + b"\r\n\r\n", "cannot fetch"),
+        (b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-%d: y\r\n" % i for i in range(1000)) + b"\r\n", "cannot fetch"),
+        (b"SPDY/9 what\r\n\r\n", "cannot fetch"),
+    ],
+)  # fmt: skip
+def test_a_hostile_server_is_one_line_and_its_exit_code(head: bytes, said: str, tmp_path: Path) -> None:
+    """A malformed chunked body, a 200 KB header line, 1000 headers, a bad status line: the node
+    installer's one line (exit 9), no traceback, and with --json a JSON error on stdout."""
+    server = RawServer(head)
+    try:
+        done = subprocess.run([sys.executable, str(ROOT / "builder" / "node.py"), "--wheelhouse", server.url,
+                               "--skip-signature-check", "--json", "--dry-run"], capture_output=True, text=True,
+                              timeout=120)  # fmt: skip
+    finally:
+        server.close()
+    assert done.returncode == 9, done.stderr[-2000:]
+    assert said in done.stderr and "Traceback" not in done.stderr
+    assert json.loads(done.stdout)["exit_code"] == 9
+
+
+@pytest.mark.spawns
+@pytest.mark.parametrize("url", ["http://127.0.0.1:9/a b/", "http://127.0.0.1:9/\x07bell/", "http://[::1/"])
+def test_a_wheelhouse_url_that_is_no_url_is_one_line(url: str) -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "builder" / "node.py"), "--wheelhouse", url,
+                           "--skip-signature-check", "--json"], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode in (2, 9), done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and "error:" in done.stderr
+    assert "\x07" not in done.stderr
+
+
+def test_a_server_that_drips_is_cut_off_by_the_files_deadline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One byte every 0.3 s, under a 2 s timeout per read (each read gets its byte in time): the file's
+    own deadline (64 KiB/s on average once past the timeout) ends it within seconds, not years."""
+    import time
+
+    monkeypatch.setenv(node.TIMEOUT_ENV, "2")
+    server = RawServer(b"HTTP/1.1 200 OK\r\nContent-Length: 10000000\r\n\r\n", drip=0.3)
+    start = time.monotonic()
+    try:
+        with pytest.raises(InstallError, match="less than 64 KiB/s on average: the download would not finish"):
+            node.download(server.url, NAME, "wheel", str(tmp_path))
+    finally:
+        server.close()
+    assert time.monotonic() - start < 30
+
+
+def test_an_endless_wheel_stops_at_its_limit_streamed_not_held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server sending a wheel that never ends: streamed to disk while hashed (the limit lowered to
+    20 MiB here, from 4 GiB), refused at the limit."""
+    monkeypatch.setitem(node.LIMITS, "wheel", 20 << 20)
+    server = RawServer(b"HTTP/1.1 200 OK\r\n\r\n", endless=True)
+    try:
+        with pytest.raises(ManifestError, match="is larger than the 20 MiB limit for a wheel"):
+            node.download(server.url, NAME, "wheel", str(tmp_path))
+    finally:
+        server.close()
+
+
+@pytest.mark.spawns
+def test_the_installer_runs_under_a_4_gb_address_space_limit(house: Path) -> None:
+    """It read a local wheel with f.read(4 GiB + 1): under `ulimit -v 4000000` a MemoryError on a
+    2.8 MB wheel. Read in chunks, the dry run passes under that limit."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (4_000_000 * 1024, 4_000_000 * 1024))
+
+    done = subprocess.run([sys.executable, str(house / INSTALLER), "--wheelhouse", str(house), "--dry-run",
+                           *trusted()], capture_output=True, text=True, preexec_fn=limit, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "MemoryError" not in done.stderr
+
+
+@pytest.mark.spawns
+@pytest.mark.parametrize("which", ["manifest.json", "manifest.json.sig"])
+def test_a_fifo_in_the_wheelhouse_is_refused_not_waited_on(house: Path, which: str) -> None:
+    """A FIFO where the manifest or its signature belongs (nobody writes it: a reader would wait
+    forever): the node installer and verify name it, within seconds."""
+    (house / which).unlink()
+    os.mkfifo(house / which)
+    done = subprocess.run([sys.executable, str(house / INSTALLER), "--wheelhouse", str(house), "--dry-run",
+                           *trusted()], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 8 and "is a FIFO, not a regular file" in done.stderr, done.stderr[-2000:]
+    done = builder("verify", "--wheelhouse", str(house))
+    assert done.returncode == 8 and "not a regular file" in done.stderr and "not signed (no" not in done.stderr
+
+
+@pytest.mark.spawns
+def test_a_fifo_or_dev_zero_as_trust_or_config_is_refused_not_waited_on(house: Path, tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    done = subprocess.run([sys.executable, str(house / INSTALLER), "--wheelhouse", str(house), "--dry-run",
+                           "--trust", str(fifo)], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 9 and "is a FIFO, not a regular file" in done.stderr, done.stderr[-2000:]
+    done = subprocess.run([sys.executable, str(house / INSTALLER), "--wheelhouse", str(house), "--dry-run",
+                           "--trust", "/dev/zero"], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 9 and "is a device, not a regular file" in done.stderr, done.stderr[-2000:]
+    from builder.resources import config_runner
+
+    for path in (str(fifo), "/dev/zero", str(tmp_path)):
+        config, why = config_runner.read_config_file(path)
+        assert config is None and "is not a regular file" in why, why

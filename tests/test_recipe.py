@@ -108,7 +108,11 @@ def test_torch_build_is_named_by_variant_or_index() -> None:
             "holds a control character",
             "plain text",
         ),
-        ({**GOOD, "description": "a\x1b]0;owned\x07 recipe"}, "'description' holds a control character", ""),
+        (
+            {**GOOD, "description": "a\x1b]0;owned\x07 recipe"},
+            "description = 'a\\x1b]0;owned\\x07 recipe' holds a control character",
+            "",
+        ),
     ],
 )
 def test_bad_torch_builds_are_refused(data: dict[str, Any], expected: str, fix: str) -> None:

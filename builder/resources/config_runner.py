@@ -473,12 +473,19 @@ def read_config_file(path: str) -> tuple[dict[str, Any] | None, str]:
     """(config, "") or (None, why not): JSON, or a Python file holding one dict literal (`config =
     {...}` or the dict alone, read with ast.literal_eval: nothing in it is run)."""
     import ast
+    import stat
 
     try:
-        if os.path.getsize(path) > MAX_CONFIG:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))  # a FIFO must not block
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return None, f"{path} is not a regular file (a FIFO, a folder or a device): not a DeepSpeed config"
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb") as f:
+            raw = f.read(MAX_CONFIG + 1)  # bounded: /dev/zero and its like never end
+        if len(raw) > MAX_CONFIG:
             return None, f"{path} is over {MAX_CONFIG >> 20} MiB: not a DeepSpeed config"
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        text = raw.decode("utf-8")
     except FileNotFoundError:
         return None, f"{path} does not exist"
     except (OSError, UnicodeDecodeError) as exc:

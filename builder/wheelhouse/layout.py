@@ -62,10 +62,15 @@ def read_manifest(wheelhouse: Path) -> tuple[bytes, WheelhouseManifest] | None:
     signature unchecked); None when there is none yet. `load_manifest` is what writers use."""
     path = wheelhouse / MANIFEST
     try:
-        with open(path, "rb") as f:
+        with node.open_regular(path) as f:
             data = node.read_limited(f, "manifest", str(path))
     except FileNotFoundError:
         return None
+    except node.NotAFile as exc:
+        raise WheelhouseError(
+            f"{exc}: the wheelhouse was damaged or tampered with",
+            "restore manifest.json from the build host, or publish into a new wheelhouse",
+        ) from exc
     except OSError as exc:
         raise WheelhouseError(f"cannot read {path}: {exc.strerror}", "check the wheelhouse's permissions") from exc
     except ManifestError as exc:
@@ -98,7 +103,11 @@ def check_signed(
     k = signing.keys()
     trust = trust if trust is not None else k.trust()
     path = wheelhouse / SIGNATURE
-    if path.is_symlink() or not path.is_file():
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise WheelhouseError(f"{path} is not a regular file (a link, a FIFO, a folder or a device): the wheelhouse "
+                              "was damaged or tampered with", "restore the wheelhouse from the build host that "
+                              "signed it, or re-sign it there (`python -m builder sign`)")  # fmt: skip
+    if not path.is_file():
         raise WheelhouseError(f"{wheelhouse / MANIFEST} is not signed (no {SIGNATURE}): an older toolkit published "
                               "it, or someone put an unsigned manifest in its place",
                               "check it with `python -m builder verify`; if it is what you published, sign it: "

@@ -89,7 +89,7 @@ def verify(wheelhouse: Path, trust: Trust | None = None, signature: bool = True)
     """
     if not wheelhouse.is_dir():
         return [f"{wheelhouse} does not exist or is not a folder"]
-    if not (wheelhouse / MANIFEST).is_file():
+    if not (wheelhouse / MANIFEST).exists() and not (wheelhouse / MANIFEST).is_symlink():
         return [f"{wheelhouse} has no {MANIFEST}: nothing was published there"]
     try:
         found = read_manifest(wheelhouse)
