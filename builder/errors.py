@@ -27,6 +27,10 @@ class RecipeError(BuilderError):
     exit_code = 2
 
 
+class UsageError(RecipeError):
+    """An option or environment setting the user gave is malformed (exit 2, as argparse's own)."""
+
+
 class ToolError(BuilderError):
     """A program the step needs is missing, or a command it ran failed."""
 

@@ -843,8 +843,8 @@ def parse_manifest(text: "str | bytes", where: str = MANIFEST_FILE) -> "Wheelhou
                                 "the manifest was edited: re-run `lock`")  # fmt: skip
         locks[name] = FileEntry(name, Fields(value, f"{where}: locks[{name}]").text("sha256", SHA256_RE))
     serial = top.get("serial", int, optional=True) or 0
-    if serial < 0:
-        raise top.fail("serial", "is negative")
+    if not 0 <= serial < 1 << 63:
+        raise top.fail("serial", "is out of range (0 to 2^63 - 1)")
     statement = (top.text("expires", STAMP_RE, optional=True) or "", top.text("wheelhouse_id", _ID_RE, optional=True)
                  or "", top.text("signer", KEY_LINE_RE, optional=True) or "")  # fmt: skip
     if serial and not all(statement):
@@ -1231,10 +1231,15 @@ TIMEOUT_ENV = "DS_NODE_FETCH_TIMEOUT"  # seconds a download may stall before it 
 def fetch_timeout() -> float:
     """How long a download from the wheelhouse may wait for data: a link that goes down fails the
     install cleanly after this long instead of hanging it."""
+    text = os.environ.get(TIMEOUT_ENV, "") or "120"
     try:
-        return max(1.0, float(os.environ.get(TIMEOUT_ENV, "120")))
+        seconds = float(text)
     except ValueError:
-        return 120.0
+        seconds = float("nan")
+    if not 1 <= seconds <= 86400:  # nan and inf fail this too
+        raise InstallError(f"{TIMEOUT_ENV}={printable(text)[:40]!r} is not a number of seconds from 1 to 86400",
+                           "unset it (120 s), or set it to how long a download may wait for data")  # fmt: skip
+    return seconds
 
 
 SERIALS_FILE = "serials.json"

@@ -32,7 +32,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from builder import cmd, node, output
-from builder.errors import ToolError, TrustError
+from builder.errors import ToolError, TrustError, UsageError
 from builder.files import is_system_folder, make_dirs, write_atomic
 from builder.node import InstallError, ManifestError, PublicKey, Signature, Trust, WheelhouseManifest
 
@@ -58,8 +58,8 @@ def sign_days(env: Mapping[str, str] | None = None) -> int:
     text = (os.environ if env is None else env).get(DAYS_ENV, "")
     if not text:
         return DEFAULT_DAYS
-    if not text.isdigit() or not 1 <= int(text) <= 3660:
-        raise TrustError(
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 3660:
+        raise UsageError(
             f"{DAYS_ENV}={text[:20]!r} is not a number of days from 1 to 3660",
             f"set {DAYS_ENV} to how many days a signed manifest stays valid (default {DEFAULT_DAYS})",
         )

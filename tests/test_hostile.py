@@ -1676,3 +1676,51 @@ def test_a_fifo_or_dev_zero_as_trust_or_config_is_refused_not_waited_on(house: P
     for path in (str(fifo), "/dev/zero", str(tmp_path)):
         config, why = config_runner.read_config_file(path)
         assert config is None and "is not a regular file" in why, why
+
+
+# ---------------------------------------------------------------- settings that were tracebacks (issue 38)
+
+
+@pytest.mark.spawns
+def test_settings_that_were_tracebacks_are_one_line_and_their_exit_code(house: Path, tmp_path: Path) -> None:
+    """DS_NODE_FETCH_TIMEOUT=inf, DS_BUILDER_SIGN_DAYS=² (a digit to str.isdigit, not to int),
+    check-config --timeout inf and nan, check-config --python of a Python without DeepSpeed."""
+    import venv
+
+    runs = {
+        "timeout": subprocess.run(
+            [sys.executable, str(house / INSTALLER), "--wheelhouse", "http://127.0.0.1:9/", "--skip-signature-check"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, node.TIMEOUT_ENV: "inf"},
+        ),
+        "days": subprocess.run(
+            [sys.executable, "-m", "builder", "sign", "--wheelhouse", str(house)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "DS_BUILDER_SIGN_DAYS": "²"},
+        ),
+    }
+    assert runs["timeout"].returncode == 9 and "DS_NODE_FETCH_TIMEOUT='inf' is not a number of seconds" in (
+        runs["timeout"].stderr
+    )
+    assert runs["days"].returncode == 2 and "DS_BUILDER_SIGN_DAYS='²' is not a number of days" in runs["days"].stderr
+    config = tmp_path / "c.json"
+    config.write_text('{"train_batch_size": 1}')
+    for value in ("inf", "nan", "0"):
+        done = builder("check-config", str(config), "--timeout", value)
+        assert done.returncode == 2 and "is not a number of seconds from 1 to 86400" in done.stderr, done.stderr
+    venv.create(tmp_path / "bare", with_pip=False)
+    done = builder("check-config", str(config), "--python", str(tmp_path / "bare" / "bin" / "python"))
+    assert done.returncode == 6 and "cannot import DeepSpeed (ModuleNotFoundError" in done.stderr, done.stderr
+    for run in (*runs.values(), done):
+        assert "Traceback" not in run.stderr
+
+
+def test_a_serial_of_thousands_of_digits_is_refused_as_a_field(house: Path) -> None:
+    data = json.loads((house / "manifest.json").read_text())
+    data["serial"] = int("9" * 4000)
+    text = json.dumps(data)
+    with pytest.raises(ManifestError, match="field .serial. is out of range"):
+        node.parse_manifest(text)

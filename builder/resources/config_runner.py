@@ -526,6 +526,17 @@ def explain(result: dict[str, Any], accelerator: str) -> str:
     return first
 
 
+def _seconds(text: str) -> float:
+    """A time limit: a finite number of seconds from 1 to 86400 (inf and nan are refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 1 <= value <= 86400:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number of seconds from 1 to 86400")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
     """The checker's options (also read by the docs test, which checks every command the docs show)."""
     p = argparse.ArgumentParser(
@@ -535,7 +546,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("configs", nargs="*", metavar="CONFIG", help="DeepSpeed config files (JSON, or .py of one dict)")
     p.add_argument("--spec", help=argparse.SUPPRESS)
-    p.add_argument("--timeout", type=float, default=180.0, help="seconds per config (default 180)")
+    p.add_argument("--timeout", type=_seconds, default=180.0, help="seconds per config (default 180)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--launched", action="store_true",
                    help="run one config as this process's rank of a world a launcher started (torchrun across "
