@@ -383,13 +383,14 @@ def sign(args: argparse.Namespace) -> int:
 
 def key(args: argparse.Namespace) -> int:
     from builder import signing
+    from builder.errors import TrustError, UsageError
 
     k = signing.keys()
     if args.action == "create":
         signing.create(k)
     elif args.action == "rotate":
         if not k.exists():
-            raise WheelhouseError(f"no signing key in {k.folder} to rotate", "`python -m builder key create`")
+            raise TrustError(f"no signing key in {k.folder} to rotate", "`python -m builder key create`")
         old = k.key()
         new = signing.create(k, rotate=True)
         output.note(
@@ -399,18 +400,18 @@ def key(args: argparse.Namespace) -> int:
         )
     elif args.action == "trust":
         if not args.value:
-            raise WheelhouseError("key trust needs the key line", "python -m builder key trust 'ssh-ed25519 AAAA...'")
+            raise UsageError("key trust needs the key line", "python -m builder key trust 'ssh-ed25519 AAAA...'")
         added = signing.trust_key(k, args.value)
         output.step(f"this host now trusts {added.fingerprint()} ({k.trust_file})")
     elif args.action == "revoke":
         if not args.value:
-            raise WheelhouseError("key revoke needs the key's fingerprint", "python -m builder key revoke SHA256:...")
+            raise UsageError("key revoke needs the key's fingerprint", "python -m builder key revoke SHA256:...")
         gone = signing.revoke_key(k, args.value)
         output.step(f"revoked {gone.fingerprint()}: give nodes the new {k.trust_file}; its signatures are refused")
     if args.action == "show" or args.action in ("trust", "revoke"):
         if not k.exists():
-            raise WheelhouseError(f"no signing key in {k.folder}", "make one: `python -m builder key create` (the "
-                                  "first publish makes one too)")  # fmt: skip
+            raise TrustError(f"no signing key in {k.folder}", "make one: `python -m builder key create` (the "
+                             "first publish makes one too)")  # fmt: skip
         trust = k.trust()
         output.step(f"signing key {k.private} ({k.key().fingerprint()}); trusted: {trust.describe()}")
         if trust.revoked:

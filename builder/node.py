@@ -1117,7 +1117,8 @@ def choose(manifest: "WheelhouseManifest", node: "Node", ops: "Sequence[str]" = 
 
     def why_not(e: "WheelEntry") -> "list[str]":
         lacking = [op for op in ops if op not in e.ops]
-        return mismatches(e, node) + ([f"lacks op {', '.join(lacking)} (--ops)"] if lacking else [])
+        return mismatches(e, node) + ([f"lacks op {', '.join(printable(op)[:40] for op in lacking)} (--ops)"]
+                                      if lacking else [])  # fmt: skip
 
     fits = [e for e in manifest.wheels.values() if not why_not(e)]
     if fits:
@@ -1126,9 +1127,15 @@ def choose(manifest: "WheelhouseManifest", node: "Node", ops: "Sequence[str]" = 
         return max(exact or fits, key=lambda e: (e.accelerator == wanted, version_key(e.version.split("+")[0]),
                                                  len(e.ops), version_key(e.version)))  # fmt: skip
     lines = [f"  {name}: {'; '.join(why_not(e))}" for name, e in sorted(manifest.wheels.items())]
+    fix = "build one for this node, smoke it and publish it: " + build_for(node)
+    fitting = [e for e in manifest.wheels.values() if not mismatches(e, node)]
+    if ops and fitting:  # wheels fit the node; none holds every op asked for
+        wanted = ", ".join(printable(op)[:40] for op in ops)
+        fix = (f"add {wanted} to the recipe of a wheel that fits ({fitting[0].recipe}: ops = [..., {wanted}]), build, "
+               "smoke and publish it; or install without --ops (the fitting wheel with the most ops)")  # fmt: skip
     raise InstallError(
         f"no wheel in the wheelhouse fits this node ({node.describe()}); it has:\n" + ("\n".join(lines) or "  nothing"),
-        "build one for this node, smoke it and publish it: " + build_for(node),
+        fix,
     )
 
 
@@ -1544,6 +1551,7 @@ def check_signature(message: bytes, text: bytes, trust: "Trust", where: str, nam
     """The signature of `message` (the exact bytes of manifest.json), checked: made for this
     toolkit's namespace, by a trusted key that is not revoked, over these bytes. Anything else is a
     ManifestError naming the problem (exit 8); no tool to check with is an InstallError (exit 9)."""
+    text = text.replace(b"\r\n", b"\n")  # a copy that went through a CRLF tool: the armor's base64 is the same
     sig = parse_signature(text, where)
     fix = ("do not install from it: whoever can write the wheelhouse may have changed it. On the build host run "
            "`python -m builder verify` and re-publish or re-sign (`python -m builder sign`)")  # fmt: skip
@@ -1877,9 +1885,13 @@ def unlisted_projects(root_page: str, manifest: "WheelhouseManifest") -> "list[s
     return sorted(h for h in parser.hrefs if h not in known)
 
 
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F] if chr(c) not in "\n\t"}
+
+
 def say(message: str) -> None:
-    """Progress for the person at the node; stdout is kept for --json."""
-    print(message, file=sys.stderr, flush=True)
+    """Progress for the person at the node (stdout is kept for --json); control characters a path,
+    an op name or a server's words may carry are shown escaped, never sent to the terminal."""
+    print(str(message).translate(_CONTROL), file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)
@@ -2221,7 +2233,7 @@ def main(argv: "Sequence[str] | None" = None, prog: "str | None" = None) -> int:
     except InstallError as exc:
         if args.debug:
             raise
-        print(f"error: {exc}", file=sys.stderr)
+        say(f"error: {exc}")
         if args.json:
             print(json.dumps({"error": exc.message, "fix": exc.fix, "exit_code": exc.exit_code}))
         return exc.exit_code
@@ -2232,11 +2244,11 @@ def main(argv: "Sequence[str] | None" = None, prog: "str | None" = None) -> int:
             code, result["configs_checked"] = check_configs(base, load_verified(base, trust).manifest, args.python,
                                                             args.check_configs)  # fmt: skip
         except InstallError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            say(f"error: {exc}")
             return exc.exit_code
         if code:
             bad = [r["name"] for r in result["configs_checked"] if r.get("status") != "passed"]
-            print(f"error: {len(bad)} config(s) do not run from the installed wheel: {', '.join(bad)}", file=sys.stderr)
+            say(f"error: {len(bad)} config(s) do not run from the installed wheel: {', '.join(bad)}")
     if args.json:
         print(json.dumps(result, indent=2))
     return code

@@ -62,10 +62,10 @@ def command(quoted: str) -> None:
 def raw(text: str) -> None:
     """Lines a child process printed, streamed as they come (--verbose)."""
     if not _quiet:
-        sys.stderr.write(text)
+        sys.stderr.write(shown(text))
         sys.stderr.flush()
 
 
 def result(text: str) -> None:
     """What the command answers, for people or scripts: stdout, never silenced."""
-    print(text, end="" if text.endswith("\n") else "\n", file=sys.stdout, flush=True)
+    print(shown(text), end="" if text.endswith("\n") else "\n", file=sys.stdout, flush=True)

@@ -222,10 +222,17 @@ def ensure_key(k: Keys) -> PublicKey:
 
 def trust_key(k: Keys, line: str) -> PublicKey:
     """Trust another key (a second build host's, or the next one during a rotation)."""
-    found = node.parse_trust(line, "key line").keys
-    if len(found) != 1:
-        raise TrustError("give exactly one public key line (ssh-ed25519 AAAA...)", "copy it from `key show`")
+    try:
+        found = node.parse_trust(line, "key line").keys
+    except InstallError as exc:
+        raise UsageError(exc.message, "give the line `python -m builder key show` prints on that host") from exc
+    if len(found) != 1 or sum(line.split().count(kind) for kind in node.KEY_TYPES) != 1:
+        raise UsageError("give exactly one public key line (ssh-ed25519 AAAA...)", "copy it from `key show`")
     with _lock(k):
+        if found[0] in k.trust().revoked:
+            raise TrustError(f"{found[0].fingerprint()} is revoked on this host: trusting it again would accept "
+                             "what a stolen key signs", "make a new key on that host (`key rotate`) and trust that "
+                             "one")  # fmt: skip
         _add_trust(k, add=found)
     return found[0]
 

@@ -683,3 +683,43 @@ def test_a_damaged_or_mismatched_private_key_is_named_as_such(keys: signing.Keys
     keys.private.write_bytes(private)
     keys.private.chmod(0o600)
     assert builder("verify", "--wheelhouse", str(house), env={signing.KEYS_ENV: str(keys.folder)}).returncode == 0
+
+
+def test_key_commands_say_what_is_wrong_with_the_right_exit_code(keys: signing.Keys, house: Path,
+                                                                  tmp_path: Path) -> None:  # fmt: skip
+    """key rotate with no key (13), key revoke with no fingerprint (2), key trust of garbage or of two
+    keys on one line (2), key trust of a revoked key (13, it stays revoked)."""
+    empty = tmp_path / "empty-keys"
+    done = _key_cli(empty, "rotate")
+    assert done.returncode == 13 and "no signing key" in done.stderr
+    done = _key_cli(keys.folder, "revoke")
+    assert done.returncode == 2 and "needs the key's fingerprint" in done.stderr
+    done = _key_cli(keys.folder, "trust", "garbage")
+    assert done.returncode == 2 and "no public key on the line" in done.stderr and "Traceback" not in done.stderr
+    other = tmp_path / "other"
+    assert _key_cli(other, "create").returncode == 0
+    line = (other / "wheelhouse-signing-key.pub").read_text().split()[:2]
+    done = _key_cli(keys.folder, "trust", " ".join([*line, *keys.key().line().split()]))
+    assert done.returncode == 2 and "exactly one public key line" in done.stderr
+    assert _key_cli(keys.folder, "trust", " ".join(line)).returncode == 0
+    fingerprint = node.key_from_line(line[0], line[1], "t").fingerprint()
+    assert _key_cli(keys.folder, "revoke", fingerprint).returncode == 0
+    done = _key_cli(keys.folder, "trust", " ".join(line))
+    assert done.returncode == 13 and "is revoked on this host" in done.stderr and "now trusts" not in done.stderr
+    assert node.key_from_line(line[0], line[1], "t") in keys.trust().revoked
+
+
+def test_a_crlf_copy_of_a_good_signature_verifies(house: Path, keys: signing.Keys) -> None:
+    """A copy that went through a tool writing CRLF line ends: the same base64, so the same signature."""
+    sig = house / "manifest.json.sig"
+    sig.write_bytes(sig.read_bytes().replace(b"\n", b"\r\n"))
+    assert verify(house) == []
+    done = installer(house, "--trust", keys.key().line(), "--dry-run")
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_build_host_is_told_its_own_fix_for_a_key_it_does_not_trust(house: Path, keys: signing.Keys,
+                                                                        tmp_path: Path) -> None:  # fmt: skip
+    done = builder("verify", "--wheelhouse", str(house), env={signing.KEYS_ENV: str(tmp_path / "another-host")})
+    assert done.returncode == 8
+    assert "/etc/ds-node-install" not in done.stderr, done.stderr

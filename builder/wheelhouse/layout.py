@@ -120,7 +120,12 @@ def check_signed(
         sig = signing.check(data, node.read_bounded(path, "signature"), str(path), trust)
         node.check_signer(manifest, sig, str(wheelhouse / MANIFEST))
     except ManifestError as exc:
-        raise WheelhouseError(exc.message, exc.fix) from exc
+        if node.DEFAULT_TRUST not in exc.fix:
+            raise WheelhouseError(exc.message, exc.fix) from exc
+        raise WheelhouseError(exc.message.replace("this node", "this host"),  # the node's words, said on the build host
+                              "if the build host's key was rotated, trust the new one here (`python -m builder key "
+                              "trust 'ssh-ed25519 AAAA...'`); if not, the wheelhouse was forged: do not install from "
+                              "it") from exc  # fmt: skip
     except (OSError, node.TooLarge) as exc:
         raise WheelhouseError(f"cannot read {path}: {exc}", "re-sign the wheelhouse: `python -m builder sign`") from exc
     floor = signing.last_serial(k, manifest.wheelhouse_id)
