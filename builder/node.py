@@ -1568,10 +1568,13 @@ def check_signature(message: bytes, text: bytes, trust: "Trust", where: str, nam
                             f"(it trusts {trust.describe()})",
                             "if the build host's key was rotated, give the node the new key (--trust, or "
                             f"{DEFAULT_TRUST}); if not, the wheelhouse was forged: do not install from it")  # fmt: skip
-    with tempfile.TemporaryDirectory(prefix="ds-verify-") as tmp:
+    tmp = scratch_dir("ds-verify-")
+    try:
         ok = _verify_ssh_keygen(message, text, trust, tmp, namespace)
         if ok is None:
             ok = _verify_openssl(message, sig, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     if ok is None:
         raise InstallError("this node cannot check the wheelhouse's signature: ssh-keygen is missing or older than "
                            "OpenSSH 8.1 (no -Y), and openssl is missing or cannot verify Ed25519",
@@ -1776,13 +1779,10 @@ def read_bounded(path: "Path", what: str) -> bytes:
 def fetch(base: str, name: str, what: str = "manifest") -> bytes:
     """A file of the wheelhouse at `base`, up to the limit for `what`; `name` must be one this
     module checked or a fixed name."""
+    data = bytearray()
     with _opened(base, name) as (source, where):
-        try:
-            return read_limited(source, what, where)
-        except InstallError:
-            raise
-        except (OSError, http.client.HTTPException, ValueError) as exc:
-            raise _unreadable(where, exc) from exc
+        _copy(source, what, where, data.extend)
+    return bytes(data)
 
 
 MIN_RATE = 64 << 10  # bytes a second a download keeps on average once past its first timeout
@@ -1790,34 +1790,38 @@ MIN_RATE = 64 << 10  # bytes a second a download keeps on average once past its 
 
 def download(base: str, name: str, what: str, folder: str) -> "tuple[str, str]":
     """A file of the wheelhouse streamed to folder/name while it is hashed (never held in memory):
-    (its path, its sha256). Past the limit for `what`, or slower on average than MIN_RATE once past
-    the first timeout (a server dripping a byte at a time), it fails; a read waits at most the
-    timeout. `name` must be one this module checked."""
-    target, digest, size = os.path.join(folder, name), hashlib.sha256(), 0
-    timeout, start = fetch_timeout(), time.monotonic()
+    (its path, its sha256). `name` must be one this module checked."""
+    target = os.path.join(folder, name)
     with _opened(base, name) as (source, where), open(target, "wb") as out:
-        read = getattr(source, "read1", source.read)  # returns what one read brought: a drip cannot stall it
-        try:
-            while True:
-                chunk = read(1 << 20)
-                if not chunk:
-                    break
-                size += len(chunk)
-                if size > LIMITS[what]:
-                    raise too_big(what, where)
-                elapsed = time.monotonic() - start
-                if elapsed > timeout + size / MIN_RATE:
-                    raise InstallError(f"{where}: {size} bytes in {elapsed:.0f} s, less than {MIN_RATE >> 10} KiB/s "
-                                       "on average: the download would not finish", "check the network and the "
-                                       "wheelhouse's server, then run the install again (nothing was "
-                                       "installed)")  # fmt: skip
-                digest.update(chunk)
-                out.write(chunk)
-        except InstallError:
-            raise
-        except (OSError, http.client.HTTPException, ValueError) as exc:
-            raise _unreadable(where, exc) from exc
-    return target, digest.hexdigest()
+        return target, _copy(source, what, where, out.write)
+
+
+def _copy(source: "Any", what: str, where: str, write: "Any") -> str:
+    """Everything `source` gives, handed to `write` as it comes; its sha256. Past the limit for
+    `what`, or slower on average than MIN_RATE once past the first timeout (a server dripping a byte
+    at a time, which no per-read timeout catches), it fails; each read waits at most the timeout."""
+    digest, size = hashlib.sha256(), 0
+    timeout, start = fetch_timeout(), time.monotonic()
+    read = getattr(source, "read1", source.read)  # returns what one read brought: a drip cannot stall it
+    try:
+        while True:
+            chunk = read(1 << 20)
+            if not chunk:
+                return digest.hexdigest()
+            size += len(chunk)
+            if size > LIMITS[what]:
+                raise too_big(what, where)
+            elapsed = time.monotonic() - start
+            if elapsed > timeout + size / MIN_RATE:
+                raise InstallError(f"{where}: {size} bytes in {elapsed:.0f} s, less than {MIN_RATE >> 10} KiB/s on "
+                                   "average: the download would not finish", "check the network and the wheelhouse's "
+                                   "server, then run the install again (nothing was installed)")  # fmt: skip
+            digest.update(chunk)
+            write(chunk)
+    except InstallError:
+        raise
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        raise _unreadable(where, exc) from exc
 
 
 class _opened:
@@ -1883,6 +1887,41 @@ def unlisted_projects(root_page: str, manifest: "WheelhouseManifest") -> "list[s
     parser.feed(root_page)
     known = {f"{urllib.parse.quote(p)}/" for p in manifest.projects()}
     return sorted(h for h in parser.hrefs if h not in known)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
+def scratch_dir(prefix: str, parent: "str | None" = None) -> str:
+    """A temporary folder named for this process (<prefix><pid>-...), after removing this user's
+    folders of that prefix whose process is gone: a kill -9 runs no cleanup, the next run does."""
+    parent = parent or tempfile.gettempdir()
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        names = []
+    for name in names:
+        pid = name[len(prefix) :].split("-", 1)[0] if name.startswith(prefix) else ""
+        path = os.path.join(parent, name)
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if st.st_uid == os.getuid() and not os.path.islink(path) and os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+    try:
+        return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=parent)
+    except OSError as exc:
+        raise InstallError(f"cannot make a temporary folder in {parent}: {exc.strerror or exc}",
+                           "set TMPDIR to a folder this user can write") from exc  # fmt: skip
 
 
 _CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F] if chr(c) not in "\n\t"}
@@ -2062,7 +2101,7 @@ def install(
         say(f"    {line}")
     for line in format_configs(entry.smoke.checks):
         say(f"    {line}")
-    tmp = tempfile.mkdtemp(prefix="ds-install-")
+    tmp = scratch_dir("ds-install-")
     try:
         return _fetch_and_install(base, manifest, entry, node, verified, python, dry_run, pip_args, floor, table, tmp)
     finally:
@@ -2125,7 +2164,7 @@ def check_configs(base: str, manifest: "WheelhouseManifest", python: str, files:
     if digest != tool.sha256:
         raise ManifestError(f"{CONFIG_CHECK} from {base} has sha256 {digest}, the manifest says {tool.sha256}",
                             "the wheelhouse copy is damaged or was tampered with: run `verify` on it")  # fmt: skip
-    folder = tempfile.mkdtemp(prefix="ds-config-check-")
+    folder = scratch_dir("ds-config-check-")
     try:
         script = os.path.join(folder, "ds-config-check.py")
         with open(script, "wb") as f:
@@ -2222,9 +2261,23 @@ def parser(prog: "str | None" = None) -> argparse.ArgumentParser:
     return p
 
 
+def threading_main() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds: every temporary folder is removed, pip or a config run killed
+
+
 def main(argv: "Sequence[str] | None" = None, prog: "str | None" = None) -> int:
+    import signal
+
     p = parser(prog)
     args = p.parse_args(argv)
+    if threading_main():
+        signal.signal(signal.SIGTERM, _terminated)
     ops = [op.strip() for op in args.ops.split(",") if op.strip()]
     try:
         trust = load_trust(args.trust)

@@ -255,7 +255,8 @@ def sign(data: bytes, namespace: str, k: Keys | None = None) -> bytes:
     """An SSHSIG signature of `data` by this host's key (made on first use)."""
     k = k or keys()
     ensure_key(k)
-    with tempfile.TemporaryDirectory(prefix="ds-sign-") as tmp:
+    tmp = node.scratch_dir("ds-sign-")  # a kill -9 leaves it: the next sign removes it
+    try:
         message = Path(tmp) / "message"
         message.write_bytes(data)
         try:
@@ -264,6 +265,8 @@ def sign(data: bytes, namespace: str, k: Keys | None = None) -> bytes:
         except ToolError as exc:
             raise _unusable_key(k, exc) from exc
         return (Path(tmp) / "message.sig").read_bytes()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _unusable_key(k: Keys, exc: ToolError) -> TrustError:

@@ -1724,3 +1724,75 @@ def test_a_serial_of_thousands_of_digits_is_refused_as_a_field(house: Path) -> N
     text = json.dumps(data)
     with pytest.raises(ManifestError, match="field .serial. is out of range"):
         node.parse_manifest(text)
+
+
+# ---------------------------------------------------------------- killed midway: nothing left behind (issue 38)
+
+
+@pytest.mark.spawns
+def test_a_scratch_folder_a_killed_run_left_is_removed_by_the_next(tmp_path: Path) -> None:
+    """kill -9 runs no cleanup: the next run removes this user's folders of that prefix whose process
+    is gone, and leaves a live process's folder alone."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    left = tmp_path / f"ds-sign-{gone.pid}-abc"
+    left.mkdir()
+    (left / "message").write_text("x")
+    alive = tmp_path / f"ds-sign-{os.getppid()}-def"
+    alive.mkdir()
+    made = node.scratch_dir("ds-sign-", str(tmp_path))
+    assert not left.exists() and alive.is_dir()
+    assert Path(made).name.startswith(f"ds-sign-{os.getpid()}-")
+
+
+@pytest.mark.spawns
+def test_a_node_install_terminated_midway_leaves_no_temporary_folder(house: Path, tmp_path: Path) -> None:
+    """SIGTERM while the wheel downloads (a server dripping it): the installer unwinds, removes its
+    folder, exits 143; nothing is installed."""
+    import http.server
+    import signal
+    import threading
+    import time
+
+    class Dripping(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *a: Any, **k: Any) -> None:
+            super().__init__(*a, directory=str(house), **k)
+
+        def do_GET(self) -> None:
+            if not self.path.endswith(".whl"):
+                return super().do_GET()
+            self.send_response(200)
+            self.send_header("Content-Length", "10000000")
+            self.end_headers()
+            for _ in range(600):
+                try:
+                    self.wfile.write(b"x")
+                    self.wfile.flush()
+                except OSError:
+                    return
+                time.sleep(0.1)
+
+        def log_message(self, *a: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Dripping)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    try:
+        proc = subprocess.Popen([sys.executable, str(house / INSTALLER), "--wheelhouse",
+                                 f"http://127.0.0.1:{server.server_address[1]}/", *trusted()],
+                                stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "TMPDIR": str(scratch), node.TIMEOUT_ENV: "600"})  # fmt: skip
+        deadline = time.monotonic() + 60
+        while not list(scratch.glob("ds-install-*")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert list(scratch.glob("ds-install-*")), "the install never reached its download"
+        time.sleep(1)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert proc.returncode == 143, err[-2000:]
+    assert list(scratch.iterdir()) == [] and "Traceback" not in err

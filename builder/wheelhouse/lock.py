@@ -8,11 +8,11 @@ added to the wheelhouse, so the image (builder.images) installs from the wheelho
 
 from __future__ import annotations
 
+import shutil
 import sys
-import tempfile
 from pathlib import Path
 
-from builder import cmd, output
+from builder import cmd, node, output
 from builder.errors import WheelhouseError
 from builder.images.plan import python_version, render_containerfile
 from builder.node import WheelhouseManifest, version_key
@@ -44,7 +44,8 @@ def lock(wheelhouse: Path, wheel: str | None, log: Path) -> Path:
     if wheel not in wheels:
         raise WheelhouseError(f"{wheel} is not in {wheelhouse}/manifest.json", f"choose one of: {', '.join(wheels)}")
     entry = wheels[wheel]
-    with tempfile.TemporaryDirectory() as tmp:
+    tmp = node.scratch_dir("ds-lock-")  # what pip downloads; a kill -9 leaves it, the next lock removes it
+    try:
         cmd.run(
             [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--find-links", wheelhouse, "-d", tmp,
              f"deepspeed=={entry.version}"],
@@ -59,6 +60,8 @@ def lock(wheelhouse: Path, wheel: str | None, log: Path) -> Path:
         # Every file the lock pins goes into the wheelhouse (torch too), so an image or a node
         # installs from the wheelhouse alone.
         added = add_files(wheelhouse, [p for p in got if p.name != wheel], f"the lock of {wheel}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     out = wheelhouse / LOCKS
     name = entry.recipe
     rel = f"{LOCKS}/{name}.lock"
