@@ -1796,3 +1796,35 @@ def test_a_node_install_terminated_midway_leaves_no_temporary_folder(house: Path
         server.server_close()
     assert proc.returncode == 143, err[-2000:]
     assert list(scratch.iterdir()) == [] and "Traceback" not in err
+
+
+def test_serve_answers_hundreds_of_nodes_at_once_and_drops_idle_clients(house: Path) -> None:
+    """500 GETs at once with a 10 s client limit (149 timed out with a backlog of 5), then a client
+    that connects and says nothing: its connection is closed after the handler's timeout (1 s here)."""
+    import socket
+    import threading
+    import time
+    import urllib.request
+    from concurrent.futures import ThreadPoolExecutor
+
+    from builder.wheelhouse.serve import WheelhouseServer, handler_for
+
+    handler = type("Quick", (handler_for(house),), {"timeout": 1, "log_message": lambda *a: None})
+    server = WheelhouseServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/simple/index.html"
+    try:
+
+        def get(_: int) -> int:
+            with urllib.request.urlopen(url, timeout=10) as response:
+                return int(response.status)
+
+        with ThreadPoolExecutor(500) as pool:
+            assert list(pool.map(get, range(500))) == [200] * 500
+        with socket.create_connection(("127.0.0.1", int(server.server_address[1])), timeout=10) as idle:
+            start = time.monotonic()
+            assert idle.recv(1) == b""  # closed by the server
+            assert time.monotonic() - start < 8
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -60,6 +60,7 @@ class WheelhouseHandler(http.server.SimpleHTTPRequestHandler):
     """GET/HEAD of regular files inside the wheelhouse; 404 with the reason logged for the rest."""
 
     root: Path  # resolved wheelhouse folder, set by `handler_for`
+    timeout = 30  # seconds a client may stay silent (idle, or a request sent a byte at a time): its thread ends
 
     def send_head(self) -> Any:
         candidate, why = resolve_request(self.root, self.path)
@@ -87,9 +88,11 @@ class WheelhouseHandler(http.server.SimpleHTTPRequestHandler):
 
 class WheelhouseServer(http.server.ThreadingHTTPServer):
     """One thread a client; a client that goes away mid-download (a node killed, pip interrupted) is
-    one line in the log, not a traceback."""
+    one line in the log, not a traceback. A backlog for hundreds of nodes connecting at once, and a
+    client that stays silent past the handler's timeout loses its thread."""
 
     daemon_threads = True
+    request_queue_size = 1024  # the listen backlog (socketserver's default is 5): a cluster's nodes at once
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         exc = sys.exc_info()[1]
