@@ -295,6 +295,13 @@ def parser() -> argparse.ArgumentParser:
     )
     sg.add_argument("--days", type=int, help="days until the signature expires (default: DS_BUILDER_SIGN_DAYS or 28)")
     sg.add_argument(
+        "--new-id",
+        action="store_true",
+        help="make this copy of a wheelhouse a wheelhouse of its own (a new id, its serials its own), so the "
+        "copy and its source can both be published into; nodes that read it before are told it is another "
+        "wheelhouse and accept it once given --wheelhouse-id",
+    )
+    sg.add_argument(
         "--adopt",
         action="store_true",
         help="sign a manifest that has no signature (an older toolkit published it), or put back an older one "

@@ -363,7 +363,7 @@ def verify(args: argparse.Namespace) -> int:
     k = signing.keys()
     whose = " (this host's key)" if k.exists() and k.key().line() == manifest.signer else ""
     output.step(f"signed by {fingerprint_of(manifest.signer)}{whose}: serial {manifest.serial}, valid until "
-                f"{manifest.expires}")  # fmt: skip
+                f"{manifest.expires}; wheelhouse id {manifest.wheelhouse_id}")  # fmt: skip
     return 0
 
 
@@ -375,7 +375,11 @@ def sign(args: argparse.Namespace) -> int:
     days = args.days if args.days is not None else signing.sign_days()
     if not 1 <= days <= 3660:
         raise RecipeError(f"--days {days} is not from 1 to 3660", "give how many days the signature stays valid")
-    manifest = resign(args.wheelhouse, days, adopt=args.adopt)
+    manifest = resign(args.wheelhouse, days, adopt=args.adopt, new_id=args.new_id)
+    if args.new_id:
+        output.note(f"{args.wheelhouse} is now wheelhouse {manifest.wheelhouse_id}: a node that read it before "
+                    f"refuses it until told once, `--wheelhouse-id {manifest.wheelhouse_id}` (provision tells "
+                    "it)")  # fmt: skip
     output.step(f"{args.wheelhouse}: manifest signed by {signing.keys().key().fingerprint()}: serial "
                 f"{manifest.serial}, valid until {manifest.expires}")  # fmt: skip
     return 0
@@ -492,7 +496,7 @@ def provision(args: argparse.Namespace) -> int:
         ) from exc
     hosts = prov.parse_hostfile(text, str(args.hostfile))
     prov.installer_sha256(args.wheelhouse)  # the wheelhouse verifies here before any node is asked to trust it
-    scripts = prov.write(hosts, url, args.out, _provision_trust())
+    scripts = prov.write(hosts, url, args.out, _provision_trust(), _wheelhouse_id(args.wheelhouse))
     output.step(f"wrote {len(scripts)} host scripts in {args.out}/ for wheelhouse {url}")
     if args.run:
         outcomes = prov.run(hosts, args.out, args.launcher, ws.logs / "provision.log", args.ssh_config)
@@ -526,6 +530,13 @@ def _provision_trust() -> Any:
     return trust
 
 
+def _wheelhouse_id(wheelhouse: Path) -> str:
+    """The id of the (verified) wheelhouse the nodes are told to accept, and no other."""
+    from builder.wheelhouse.layout import load_manifest
+
+    return load_manifest(wheelhouse).wheelhouse_id
+
+
 def _provision_slurm(args: argparse.Namespace, ws: Workspace, url: str) -> int:
     from builder.errors import RecipeError
     from builder.files import write_atomic
@@ -536,7 +547,8 @@ def _provision_slurm(args: argparse.Namespace, ws: Workspace, url: str) -> int:
                           "pass --partition NAME or --nodelist LIST (and no --hostfile)")  # fmt: skip
     prov.installer_sha256(args.wheelhouse)
     host = prov.Host("every node", python=args.python or "python3")
-    script = write_atomic(args.out / "node.sh", prov.host_script(host, url, _provision_trust(), json_result=True),
+    script = write_atomic(args.out / "node.sh", prov.host_script(host, url, _provision_trust(), json_result=True,
+                                                                 wheelhouse_id=_wheelhouse_id(args.wheelhouse)),
                           mode=0o755)  # fmt: skip
     output.step(f"wrote {script} for wheelhouse {url}")
     if not args.run:

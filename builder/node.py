@@ -1670,24 +1670,85 @@ def check_serial(manifest: "WheelhouseManifest", digest: str, serials: "Mapping[
                             "contents: two different manifests carry one serial", fix)  # fmt: skip
 
 
-def remember_serial(folder: "Path", manifest: "WheelhouseManifest", digest: str, sig: "Signature") -> None:
-    """Record the accepted serial (a temporary file renamed over the old record)."""
+def remember_serial(folder: "Path", manifest: "WheelhouseManifest", digest: str, sig: "Signature",
+                    source: str = "") -> None:  # fmt: skip
+    """Record the accepted serial, and which wheelhouse `source` served (each a temporary file renamed
+    over the old record)."""
     serials = read_serials(folder)
+    now = stamp(datetime.datetime.now(datetime.timezone.utc))
     serials[manifest.wheelhouse_id] = {"serial": manifest.serial, "sha256": digest, "key": sig.key.fingerprint(),
-                                       "accepted_at": stamp(datetime.datetime.now(datetime.timezone.utc))}  # fmt: skip
+                                       "accepted_at": now}  # fmt: skip
+    _write_state(folder, SERIALS_FILE, serials)
+    if source:
+        sources = read_sources(folder)
+        sources[source] = {"wheelhouse_id": manifest.wheelhouse_id, "accepted_at": now}
+        _write_state(folder, SOURCES_FILE, sources)
+
+
+def _write_state(folder: "Path", name: str, data: "Mapping[str, Any]") -> None:
     try:
         os.makedirs(folder, mode=0o755, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{SERIALS_FILE}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(serials, f, indent=2, sort_keys=True)
+            json.dump(data, f, indent=2, sort_keys=True)
             f.write("\n")
         os.chmod(tmp, 0o644)
-        os.replace(tmp, folder / SERIALS_FILE)
+        os.replace(tmp, folder / name)
     except OSError as exc:
         raise InstallError(
-            f"cannot record the accepted serial in {folder}: {exc.strerror}",
+            f"cannot record the accepted wheelhouse in {folder}: {exc.strerror}",
             f"make {folder} writable, or set {STATE_ENV} to a folder this user can write",
         ) from exc
+
+
+SOURCES_FILE = "sources.json"  # wheelhouse path or URL -> the wheelhouse id it served
+
+
+def source_key(base: str) -> str:
+    """A wheelhouse's place as the node names it: the URL, or the folder's real path."""
+    return base if base.startswith(("http://", "https://")) else os.path.realpath(base)
+
+
+def read_sources(folder: "Path") -> "dict[str, Any]":
+    path = folder / SOURCES_FILE
+    try:
+        with open_regular(path) as f:
+            data = json.loads(read_limited(f, "report", str(path)))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, ManifestError) as exc:
+        raise InstallError(
+            f"this node's record of wheelhouse places {path} cannot be read ({exc})",
+            "remove it: the node then accepts the wheelhouse each place serves now",
+        ) from exc
+    if not isinstance(data, dict) or not all(isinstance(v, dict) and isinstance(v.get("wheelhouse_id"), str)
+                                             for v in data.values()):  # fmt: skip
+        raise InstallError(f"{path} is not this installer's record of wheelhouse places",
+                           "remove it: the node then accepts the wheelhouse each place serves now")  # fmt: skip
+    return data
+
+
+def check_source(manifest: "WheelhouseManifest", source: str, sources: "Mapping[str, Any]", where: str,
+                 expected: "str | None") -> None:  # fmt: skip
+    """Refuse another wheelhouse where this node read one before (any manifest the same key ever
+    signed, a staging or test wheelhouse, could be swapped in otherwise), unless `expected` names it;
+    refuse anything but `expected` where it is given (provision gives it)."""
+    if expected is not None:
+        if manifest.wheelhouse_id != expected:
+            raise ManifestError(f"{where} is wheelhouse {manifest.wheelhouse_id}, not {printable(expected)[:64]} "
+                                "(--wheelhouse-id): another wheelhouse signed by the same key was put in its place",
+                                "do not install from it: restore the wheelhouse, or run `python -m builder verify` on "
+                                "the build host, which prints the id")  # fmt: skip
+        return
+    seen = sources.get(source)
+    if seen and seen["wheelhouse_id"] != manifest.wheelhouse_id:
+        raise ManifestError(
+            f"{where} is wheelhouse {manifest.wheelhouse_id}, but this node read wheelhouse {seen['wheelhouse_id']} "
+            f"from the same place on {str(seen.get('accepted_at'))[:40]}: another wheelhouse signed by the same key "
+            "was put in its place (a rollback across wheelhouses)",
+            f"do not install from it unless the site replaced it on purpose; then run once with --wheelhouse-id "
+            f"{manifest.wheelhouse_id} (`python -m builder verify` on the build host prints it)",
+        )
 
 
 # ---------------------------------------------------------------- reading a wheelhouse
@@ -1980,7 +2041,9 @@ def load_wheelhouse(base: str) -> "WheelhouseManifest":
     return load_verified(base, None).manifest
 
 
-def load_verified(base: str, trust: "Trust | None", now: "datetime.datetime | None" = None) -> "Verified":
+def load_verified(
+    base: str, trust: "Trust | None", now: "datetime.datetime | None" = None, expected_id: "str | None" = None
+) -> "Verified":
     """The validated manifest of a wheelhouse whose index lists nothing the manifest does not; with
     `trust`, only after its signature checks out, and only if it is signed, fresh and not older
     than what this node accepted before (the caller records it once installed)."""
@@ -1991,6 +2054,7 @@ def load_verified(base: str, trust: "Trust | None", now: "datetime.datetime | No
     if sig is not None:
         check_statement(manifest, sig, where, now or datetime.datetime.now(datetime.timezone.utc))
         check_serial(manifest, digest, read_serials(state_dir(os.environ)), where)
+        check_source(manifest, source_key(base), read_sources(state_dir(os.environ)), where, expected_id)
     try:
         root = fetch(base, "simple/index.html", "index page").decode("utf-8")
     except (InstallError, UnicodeDecodeError) as exc:
@@ -2070,6 +2134,7 @@ def install(
     trust: "Trust | None" = None,
     ops: "Sequence[str]" = (),
     skip_signature_check: bool = False,
+    wheelhouse_id: "str | None" = None,
 ) -> "dict[str, Any]":
     """Pick, fetch, check and pip-install the wheel for this node, with its dependencies from the
     wheelhouse alone (hash-checked; no index is asked); returns what was done. With `trust`, the
@@ -2077,7 +2142,7 @@ def install(
     base = wheelhouse_base(wheelhouse)
     if trust is None and not skip_signature_check:
         raise no_key()
-    verified = load_verified(base, trust)
+    verified = load_verified(base, trust, expected_id=wheelhouse_id)
     manifest = verified.manifest
     if verified.signature is None:
         say(
@@ -2130,7 +2195,7 @@ def _fetch_and_install(base: str, manifest: "WheelhouseManifest", entry: "WheelE
               "images": [{"name": i.name, "ref": i.ref, "image_id": i.image_id, "digest": i.digest, "size": i.size}
                          for i in images]}  # fmt: skip
     if verified.signature is not None:  # accepted (a dry run too): an older manifest is refused from now on
-        remember_serial(state_dir(os.environ), manifest, verified.digest, verified.signature)
+        remember_serial(state_dir(os.environ), manifest, verified.digest, verified.signature, source_key(base))
         result["signed_by"] = verified.signature.key.fingerprint()
         result["serial"] = manifest.serial
     if dry_run:
@@ -2246,6 +2311,10 @@ def parser(prog: "str | None" = None) -> argparse.ArgumentParser:
                    f"(manifest.json.sig) is by one of them, it has not expired, and its serial is not older than "
                    f"the last one this node accepted (kept in {STATE_ENV}, default /var/lib/ds-node-install for "
                    f"root). Default: {DEFAULT_TRUST} where it exists")  # fmt: skip
+    p.add_argument("--wheelhouse-id", metavar="ID",
+                   help="the wheelhouse this must be (its id: `python -m builder verify` prints it; provision passes "
+                   "it). Without it, a place (folder or URL) that served one wheelhouse is refused if it serves "
+                   "another")  # fmt: skip
     p.add_argument(SKIP_FLAG, action="store_true",
                    help="install without checking the manifest's signature when no key is given (by default a "
                    "node given no key refuses: whoever can write the wheelhouse would decide what it "
@@ -2282,7 +2351,7 @@ def main(argv: "Sequence[str] | None" = None, prog: "str | None" = None) -> int:
     try:
         trust = load_trust(args.trust)
         result = install(args.wheelhouse, args.python, args.dry_run, args.pip_args, trust, ops,
-                         args.skip_signature_check)  # fmt: skip
+                         args.skip_signature_check, args.wheelhouse_id)  # fmt: skip
     except InstallError as exc:
         if args.debug:
             raise
@@ -2294,7 +2363,8 @@ def main(argv: "Sequence[str] | None" = None, prog: "str | None" = None) -> int:
     if args.check_configs:
         try:
             base = wheelhouse_base(args.wheelhouse)
-            code, result["configs_checked"] = check_configs(base, load_verified(base, trust).manifest, args.python,
+            verified = load_verified(base, trust, expected_id=args.wheelhouse_id)
+            code, result["configs_checked"] = check_configs(base, verified.manifest, args.python,
                                                             args.check_configs)  # fmt: skip
         except InstallError as exc:
             say(f"error: {exc}")

@@ -28,6 +28,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock
 
@@ -300,10 +301,16 @@ def check(data: bytes, signature: bytes, where: str, trust: Trust, namespace: st
 # ---------------------------------------------------------------- the signed statement
 
 
-def statement(manifest: WheelhouseManifest, k: Keys, days: int | None = None) -> WheelhouseManifest:
+def statement(
+    manifest: WheelhouseManifest, k: Keys, days: int | None = None, where: Path | None = None
+) -> WheelhouseManifest:
     """`manifest` with its next statement: a serial above its own and above any this host signed for
-    that wheelhouse, a new expiry, this host's key as signer (and an id, at the first signed write)."""
+    that wheelhouse, a new expiry, this host's key as signer (and an id, at the first signed write).
+    A copy of a wheelhouse this host publishes elsewhere is refused: written into, the two would
+    each look like a rollback of the other (`sign --new-id` makes the copy a wheelhouse of its own)."""
     key = ensure_key(k)
+    if where is not None and manifest.wheelhouse_id:
+        _check_not_a_copy(k, manifest.wheelhouse_id, where)
     now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
     expires = now + datetime.timedelta(days=days if days is not None else sign_days())
     serial = max(manifest.serial, last_serial(k, manifest.wheelhouse_id)) + 1
@@ -311,7 +318,27 @@ def statement(manifest: WheelhouseManifest, k: Keys, days: int | None = None) ->
                    wheelhouse_id=manifest.wheelhouse_id or uuid.uuid4().hex, signer=key.line())  # fmt: skip
 
 
-def _serials(k: Keys) -> dict[str, int]:
+def _check_not_a_copy(k: Keys, wheelhouse_id: str, where: Path) -> None:
+    here = str(where.resolve())
+    at = _records(k).get(wheelhouse_id, {}).get("at")
+    if not at or at == here:
+        return
+    try:
+        theirs = json.loads(node.read_bounded(Path(at) / "manifest.json", "manifest")).get("wheelhouse_id")
+    except (OSError, ValueError, AttributeError):
+        theirs = None
+    if theirs != wheelhouse_id:
+        return  # the wheelhouse moved here: this is it now
+    raise TrustError(
+        f"{here} is a copy of wheelhouse {wheelhouse_id}, which this host publishes at {at}: written into, each "
+        "would look like a rollback of the other to the nodes and to this host",
+        f"publish into {at} and copy it again (rsync), or make this copy a wheelhouse of its own: `python -m "
+        f"builder sign --new-id --wheelhouse {here}` (nodes that read it are then told it is another wheelhouse)",
+    )
+
+
+def _records(k: Keys) -> dict[str, dict[str, Any]]:
+    """wheelhouse id -> {"serial": the last serial this host signed or accepted, "at": where it signed it}."""
     path = k.folder / SERIALS_FILE
     try:
         data = json.loads(node.read_bounded(path, "report"))
@@ -323,16 +350,26 @@ def _serials(k: Keys) -> dict[str, int]:
         ) from exc
     if not isinstance(data, dict):
         raise TrustError(f"{path} is not a record of serials", "remove it")
-    return {i: s for i, s in data.items() if isinstance(s, int)}
+    out: dict[str, dict[str, Any]] = {}
+    for i, record in data.items():
+        if isinstance(record, int):  # written before records said where
+            out[i] = {"serial": record}
+        elif isinstance(record, dict) and isinstance(record.get("serial"), int):
+            out[i] = {"serial": record["serial"], **({"at": record["at"]} if isinstance(record.get("at"), str) else {})}
+    return out
 
 
 def last_serial(k: Keys, wheelhouse_id: str) -> int:
-    return _serials(k).get(wheelhouse_id, 0) if wheelhouse_id else 0
+    return int(_records(k).get(wheelhouse_id, {}).get("serial", 0)) if wheelhouse_id else 0
 
 
-def remember(k: Keys, manifest: WheelhouseManifest) -> None:
-    """Record the serial this host signed or accepted (never lowering it)."""
+def remember(k: Keys, manifest: WheelhouseManifest, where: Path | None = None) -> None:
+    """Record the serial this host signed or accepted (never lowering it), and where it signed it."""
     with _lock(k):
-        serials = _serials(k)
-        serials[manifest.wheelhouse_id] = max(serials.get(manifest.wheelhouse_id, 0), manifest.serial)
-        write_atomic(k.folder / SERIALS_FILE, json.dumps(serials, indent=2, sort_keys=True) + "\n", mode=0o600)
+        records = _records(k)
+        record = records.get(manifest.wheelhouse_id, {})
+        record["serial"] = max(int(record.get("serial", 0)), manifest.serial)
+        if where is not None:
+            record["at"] = str(where.resolve())
+        records[manifest.wheelhouse_id] = record
+        write_atomic(k.folder / SERIALS_FILE, json.dumps(records, indent=2, sort_keys=True) + "\n", mode=0o600)

@@ -227,7 +227,7 @@ def test_a_manifest_signed_by_another_key_is_refused(house: Path, keys: signing.
     assert done.returncode == 8 and f"made by key {intruder.fingerprint()}, which this node does not trust" in (
         done.stderr
     )
-    assert any("which this node does not trust" in p for p in verify(house))
+    assert any("which this host does not trust" in p for p in verify(house))  # the build host's own words
     done = builder("verify", "--wheelhouse", str(house), "--trust", intruder.line())  # a person choosing that key
     assert done.returncode == 0 and f"signed by {intruder.fingerprint()}" in done.stderr
 
@@ -723,3 +723,68 @@ def test_the_build_host_is_told_its_own_fix_for_a_key_it_does_not_trust(house: P
     done = builder("verify", "--wheelhouse", str(house), env={signing.KEYS_ENV: str(tmp_path / "another-host")})
     assert done.returncode == 8
     assert "/etc/ds-node-install" not in done.stderr, done.stderr
+
+
+# ---------------------------------------------------------------- rollback across wheelhouses (issue 38)
+
+
+def _other_house(tmp_path: Path) -> Path:
+    """Another wheelhouse (a staging one), signed by the same key: its own id, serial 1."""
+    dist = tmp_path / "dist-staging"
+    dist.mkdir()
+    other = tmp_path / "staging"
+    publish([fake_wheel(dist, metadata=NO_TORCH, cpu_target="x86-64")], other, fetch_closure=no_deps)
+    return other
+
+
+def test_a_node_refuses_another_wheelhouse_where_it_read_one_unless_told(
+    house: Path, keys: signing.Keys, tmp_path: Path
+) -> None:
+    """The node read wheelhouse P at a place; staging wheelhouse S (same key, another id, serial 1) is
+    copied into that place: refused, naming both ids; --wheelhouse-id S accepts it once, on purpose;
+    --wheelhouse-id P refuses S."""
+    key = keys.key().line()
+    first = installer(house, "--trust", key, "--dry-run")
+    assert first.returncode == 0, first.stderr[-2000:]
+    p_id = load_manifest(house).wheelhouse_id
+    staging = _other_house(tmp_path)
+    s_id = load_manifest(staging).wheelhouse_id
+    assert s_id != p_id
+    tool = tmp_path / "installer.py"
+    shutil.copy(house / INSTALLER, tool)
+    shutil.rmtree(house)
+    shutil.copytree(staging, house)
+    done = installer(house, "--trust", key, "--dry-run", tool=tool)
+    assert done.returncode == 8, done.stderr[-2000:]
+    assert f"is wheelhouse {s_id}, but this node read wheelhouse {p_id} from the same place" in done.stderr
+    assert f"--wheelhouse-id {s_id}" in done.stderr
+    done = installer(house, "--trust", key, "--dry-run", "--wheelhouse-id", p_id, tool=tool)
+    assert done.returncode == 8 and f"not {p_id} (--wheelhouse-id)" in done.stderr
+    done = installer(house, "--trust", key, "--dry-run", "--wheelhouse-id", s_id, tool=tool)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert installer(house, "--trust", key, "--dry-run", tool=tool).returncode == 0  # that place now serves S
+
+
+def test_a_copy_is_not_written_into_until_it_is_a_wheelhouse_of_its_own(
+    house: Path, keys: signing.Keys, tmp_path: Path
+) -> None:
+    """Two copies of one wheelhouse keep one id: written into, each would be a 'rollback' of the
+    other. The build host refuses to sign into the copy, saying how to make it a wheelhouse of its
+    own (`sign --new-id`); then both verify and both can be written."""
+    mirror = tmp_path / "mirror"
+    shutil.copytree(house, mirror)
+    assert verify(mirror) == []
+    done = builder("sign", "--wheelhouse", str(mirror), env={signing.KEYS_ENV: str(keys.folder)})
+    assert done.returncode == 13 and f"{mirror} is a copy of wheelhouse" in done.stderr, done.stderr
+    assert f"sign --new-id --wheelhouse {mirror}" in done.stderr
+    done = builder("sign", "--new-id", "--wheelhouse", str(mirror), env={signing.KEYS_ENV: str(keys.folder)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert load_manifest(mirror).wheelhouse_id != load_manifest(house).wheelhouse_id
+    for folder in (house, mirror):
+        assert builder("sign", "--wheelhouse", str(folder), env={signing.KEYS_ENV: str(keys.folder)}).returncode == 0
+        assert verify(folder) == []
+
+
+def test_provision_tells_each_node_which_wheelhouse_to_accept(house: Path, keys: signing.Keys) -> None:
+    script = host_script(Host("n1"), str(house), keys.trust(), wheelhouse_id=load_manifest(house).wheelhouse_id)
+    assert f"--wheelhouse-id {load_manifest(house).wheelhouse_id}" in script

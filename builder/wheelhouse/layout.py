@@ -144,7 +144,7 @@ def _companions(wheelhouse: Path, name: str) -> list[Path]:
 def stamped(wheelhouse: Path, manifest: WheelhouseManifest, days: int | None = None) -> WheelhouseManifest:
     """The manifest with its next signed statement (serial, expiry, id, signer), before the index
     and page that show it are written."""
-    return signing.statement(manifest, signing.keys(), days)
+    return signing.statement(manifest, signing.keys(), days, wheelhouse)
 
 
 def signed_manifest(manifest: WheelhouseManifest) -> tuple[str, bytes]:
@@ -166,7 +166,7 @@ def write_manifest(wheelhouse: Path, manifest: WheelhouseManifest, signed: tuple
     write_atomic(wheelhouse / SIG_PENDING, signature)
     write_atomic(wheelhouse / MANIFEST, text)
     os.replace(wheelhouse / SIG_PENDING, wheelhouse / SIGNATURE)
-    signing.remember(signing.keys(), manifest)
+    signing.remember(signing.keys(), manifest, wheelhouse)
 
 
 def _finish_signature(wheelhouse: Path) -> None:

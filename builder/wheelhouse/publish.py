@@ -658,7 +658,7 @@ def repair(wheelhouse: Path) -> list[str]:
     return removed
 
 
-def resign(wheelhouse: Path, days: int | None = None, adopt: bool = False) -> WheelhouseManifest:
+def resign(wheelhouse: Path, days: int | None = None, adopt: bool = False, new_id: bool = False) -> WheelhouseManifest:
     """Sign the manifest again, unchanged but for its statement (next serial, new expiry). With
     `adopt`, a manifest that has no signature (an older toolkit published it), or whose good
     signature is older than this host's record (going back on purpose), is signed once every file
@@ -668,6 +668,11 @@ def resign(wheelhouse: Path, days: int | None = None, adopt: bool = False) -> Wh
     if not (wheelhouse / MANIFEST).is_file():
         raise WheelhouseError(f"{wheelhouse} has no {MANIFEST}", "pass --wheelhouse with a published wheelhouse")
     with locked(wheelhouse):
+        if new_id:  # a copy made a wheelhouse of its own: signed as it is, under a new id
+            found = read_manifest(wheelhouse)
+            assert found is not None
+            check_signed(wheelhouse, *found, rollback=True)
+            return commit(wheelhouse, dataclasses.replace(found[1], wheelhouse_id=""), days)
         if not adopt:
             return commit(wheelhouse, load_manifest(wheelhouse), days)
         found = read_manifest(wheelhouse)
