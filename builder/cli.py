@@ -477,13 +477,13 @@ def parser() -> argparse.ArgumentParser:
 
 
 def seconds_arg(text: str) -> float:
-    """A time limit in seconds: a finite number from 1 to 86400 (inf and nan are refused)."""
+    """A time limit in seconds: a finite number above 0, at most 86400 (inf and nan are refused)."""
     try:
         value = float(text)
     except ValueError:
         value = float("nan")
-    if not 1 <= value <= 86400:
-        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number of seconds from 1 to 86400")
+    if not 0 < value <= 86400:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number of seconds above 0, at most 86400")
     return value
 
 

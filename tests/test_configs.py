@@ -340,3 +340,17 @@ def test_sixteen_worlds_at_once_each_meet_at_their_own_store() -> None:
 
     with ThreadPoolExecutor(8) as pool:
         assert list(pool.map(meet, stores)) == [b"here"] * 16
+
+
+def test_a_key_deepspeed_does_not_know_fails_the_config_with_did_you_mean(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DeepSpeed ignores unknown keys: {"zero_optimisation": {"stage": 2}} ran at ZeRO 0 and passed.
+    The names are DeepSpeed's own, read from its sources (here: the installed torch-side test env has
+    no DeepSpeed, so a FAKE list stands in for what the scan finds; the scan itself runs for real in
+    every smoke and check-config)."""
+    monkeypatch.setattr(config_runner, "_NAMES", [frozenset({"zero_optimization", "stage", "offload_optimizer",
+                                                             "device", "train_batch_size", "optimizer"})])  # fmt: skip
+    assert config_runner.unknown_keys({"zero_optimization": {"stage": 2}, "train_batch_size": 2}) == ""
+    said = config_runner.unknown_keys({"zero_optimisation": {"stage": 2}})
+    assert said.startswith("unknown key 'zero_optimisation' (did you mean 'zero_optimization'?)")
+    said = config_runner.unknown_keys({"zero_optimization": {"stage": 2, "offload_optimizer": {"devcie": "cpu"}}})
+    assert "'zero_optimization.offload_optimizer.devcie' (did you mean 'device'?)" in said

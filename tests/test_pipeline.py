@@ -185,7 +185,10 @@ def test_check_config_says_what_each_config_needs_and_every_bad_one(
                                                                                       "nvme_path": str(nvme)}}},
         "adamw.json": {**base, "optimizer": {"type": "AdamW"}, "bf16": {"enabled": True}},
         "unwritable.json": {**base, "zero_optimization": {"stage": 3, "offload_optimizer": {
-            "device": "nvme", "nvme_path": "/proc/ds-nvme"}}},
+            "device": "nvme", "nvme_path": str(tmp_path / "no-such-disk")}}},
+        "system.json": {**base, "zero_optimization": {"stage": 3, "offload_optimizer": {
+            "device": "nvme", "nvme_path": "/etc"}}},
+        "typo-top.json": {**base, "zero_optimisation": {"stage": 2}},
         "too-many.json": {**base, "train_batch_size": 4096},
         "typo.json": {**base, "zero_optimization": {"stage": 2, "offload_optimiser": {"device": "cpu"}}},
     }  # fmt: skip
@@ -203,13 +206,18 @@ def test_check_config_says_what_each_config_needs_and_every_bad_one(
                                          '"pin_memory" to the recipe\'s ops')  # fmt: skip
     assert got["adamw.json"]["status"] == "passed" and "fused_adam" in got["adamw.json"]["ops"]
     assert "torch.bfloat16" in got["adamw.json"]["detail"]
-    assert got["unwritable.json"]["detail"] == ("the config offloads to nvme_path /proc/ds-nvme, which is not a "
-                                                "folder this user can write: create it or name another")  # fmt: skip
+    assert got["unwritable.json"]["detail"] == (f"the config offloads to nvme_path {str(tmp_path / 'no-such-disk')!r}, "
+                                                "which is not a folder this user can write: create it or name "
+                                                "another")  # fmt: skip
+    assert "the system folder /etc: DeepSpeed would write its swap files there" in got["system.json"]["detail"]
+    assert got["typo-top.json"]["status"] == "invalid"  # DeepSpeed itself would run it at ZeRO 0 and say nothing
+    assert "'zero_optimisation' (did you mean 'zero_optimization'?)" in got["typo-top.json"]["detail"]
+    assert list(nvme.iterdir()) == [] and not Path("/etc/zero_stage_3").exists()  # the checks' scratch is gone
     assert got["too-many.json"]["detail"].startswith("the config needs 1024 processes")
     assert got["typo.json"]["status"] == "invalid" and "offload_optimiser" in got["typo.json"]["detail"]
     assert got["broken.json"]["detail"].startswith(f"{tmp_path / 'broken.json'} is not JSON")
     assert got["absent.json"]["detail"] == f"{tmp_path / 'absent.json'} does not exist"
-    assert "error: 6 of 7 configs do not run from the wheel" in done.stderr
+    assert "error: 8 of 9 configs do not run from the wheel" in done.stderr
     assert not list((workspace / "tmp").glob("check-config-*"))  # its venv is gone
     # A time limit per config: one that runs past it is stopped and said to. Muon starts torch.compile
     # (importing inductor alone takes over a second here), so 0.3 s stops it mid-way.

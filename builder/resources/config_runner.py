@@ -225,6 +225,9 @@ def run_launched(name: str, config: dict[str, Any]) -> dict[str, Any]:
         return {**result, "status": "invalid", "ops": [], "jit": [],
                 "detail": f"the config's batch sizes give {wanted} processes (train_batch_size / (micro batch x "
                 f"accumulation)); the launcher started {world}"}  # fmt: skip
+    invalid = unknown_keys(config)
+    if invalid:
+        return {**result, "status": "invalid", "ops": [], "jit": [], "detail": invalid}
     ext = tempfile.mkdtemp(prefix="config-ext-")
     os.environ["TORCH_EXTENSIONS_DIR"] = ext
     result = _one_rank(config, result, ext)
@@ -281,8 +284,9 @@ class Running:
         self.scratch: list[str] = []
         self.store: Any = None
         self.config = entry["config"] = json.loads(json.dumps(self.config))  # its nvme paths are changed below
-        self.early = _refuse_early(entry, self.world, self.scratch)
-        if self.early:
+        self.invalid = unknown_keys(self.config)
+        self.early = "" if self.invalid else _refuse_early(entry, self.world, self.scratch)
+        if self.early or self.invalid:
             return
         self.store = held_store(self.world)  # kept until the ranks are done
         port = self.store.port
@@ -303,6 +307,8 @@ class Running:
 
     def _finish(self) -> dict[str, Any]:
         base = {"name": self.entry["name"], "world_size": self.world, "ops": [], "jit": []}
+        if self.invalid:
+            return {**base, "status": "invalid", "detail": self.invalid, "seconds": 0.0}
         if self.early:
             return {**base, "status": "failed", "detail": self.early, "seconds": 0.0}
         results: list[dict[str, Any]] = []
@@ -345,6 +351,54 @@ def _nvme_paths(config: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
             if isinstance(section, dict) and section.get("device") == "nvme":
                 found.append((section, str(section.get("nvme_path", ""))))
     return found
+
+
+_NAMES: list[frozenset[str]] = []
+
+
+def deepspeed_names() -> frozenset[str]:
+    """Every name DeepSpeed's own code spells as a string ('zero_optimization', 'offload_param', ...):
+    a superset of the config keys it reads, found in its sources (0.2 s, once)."""
+    if not _NAMES:
+        import importlib.util
+        import re
+
+        spec = importlib.util.find_spec("deepspeed")
+        root = os.path.dirname(spec.origin) if spec and spec.origin else ""
+        quoted, names = re.compile(r"""["']([a-z][a-z0-9_]{1,60})["']"""), set()
+        for folder, _, files in os.walk(root):
+            for name in files:
+                if name.endswith(".py"):
+                    with open(os.path.join(folder, name), encoding="utf-8", errors="replace") as f:
+                        names.update(quoted.findall(f.read()))
+        _NAMES.append(frozenset(names))
+    return _NAMES[0]
+
+
+def unknown_keys(config: dict[str, Any]) -> str:
+    """Keys DeepSpeed does not know, at the top and in zero_optimization: it ignores them, so a typo
+    ('zero_optimisation') runs as if the section were not there. Empty when all are known."""
+    known = deepspeed_names()
+    if not known:
+        return ""
+    found = [k for k in config if isinstance(k, str) and k not in known]
+    zero = config.get("zero_optimization")
+    if isinstance(zero, dict):
+        found += [f"zero_optimization.{k}" for k in zero if isinstance(k, str) and k not in known]
+        for section in ("offload_optimizer", "offload_param"):
+            if isinstance(zero.get(section), dict):
+                found += [f"zero_optimization.{section}.{k}" for k in zero[section] if isinstance(k, str)
+                          and k not in known]  # fmt: skip
+    if not found:
+        return ""
+    import difflib
+
+    said = []
+    for key in found[:5]:
+        close = difflib.get_close_matches(key.rsplit(".", 1)[-1], known, n=1, cutoff=0.8)
+        said.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
+    return (f"unknown key {', '.join(said)}: DeepSpeed ignores keys it does not know, so the config would run "
+            "without what it says; fix the name, or remove it")  # fmt: skip
 
 
 # Folders a config's nvme_path may not name: the checker would write DeepSpeed's swap files there.
@@ -527,13 +581,13 @@ def explain(result: dict[str, Any], accelerator: str) -> str:
 
 
 def _seconds(text: str) -> float:
-    """A time limit: a finite number of seconds from 1 to 86400 (inf and nan are refused)."""
+    """A time limit: a finite number of seconds above 0, at most 86400 (inf and nan are refused)."""
     try:
         value = float(text)
     except ValueError:
         value = float("nan")
-    if not 1 <= value <= 86400:
-        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number of seconds from 1 to 86400")
+    if not 0 < value <= 86400:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number of seconds above 0, at most 86400")
     return value
 
 
