@@ -22,7 +22,7 @@ from packaging.version import Version
 
 from builder import cmd, configs, envs, output
 from builder.contracts import BuildManifest, Check, SmokeReport, verdict
-from builder.errors import SmokeError
+from builder.errors import SmokeError, UsageError
 from builder.files import is_file_here, write_atomic
 from builder.node import CHECK_STATUSES, Fields, ManifestError, TooLarge, format_configs, read_bounded
 from builder.recipe import TorchSpec
@@ -139,11 +139,11 @@ def built_wheel(wheel: Path) -> tuple[Path, BuildManifest]:
     """The wheel's absolute path and its embedded build manifest; SmokeError for anything else."""
     wheel = wheel.resolve()
     if not wheel.is_file():
-        raise SmokeError(f"no such wheel: {wheel}", "pass the path of a built wheel, e.g. work/dist/*.whl")
+        raise UsageError(f"no such wheel: {wheel}", "pass the path of a built wheel, e.g. work/dist/*.whl")
     try:
         return wheel, BuildManifest.from_wheel(wheel)
-    except ManifestError as exc:
-        raise SmokeError(exc.message, "use wheels built by build-wheel; rebuild this one") from exc
+    except ManifestError as exc:  # a file given by hand that is no wheel build-wheel made: the argument is wrong
+        raise UsageError(exc.message, "pass a wheel build-wheel made (work/dist/*.whl); rebuild this one") from exc
 
 
 def check_configs(files: Sequence[Path], ws: Workspace, wheel: Path | None = None, python: Path | None = None,

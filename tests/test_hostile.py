@@ -1828,3 +1828,15 @@ def test_serve_answers_hundreds_of_nodes_at_once_and_drops_idle_clients(house: P
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.spawns
+def test_check_config_of_a_file_that_is_no_wheel_is_a_bad_argument(tmp_path: Path) -> None:
+    config = tmp_path / "c.json"
+    config.write_text('{"train_batch_size": 1}')
+    fake = tmp_path / "deepspeed-0.19.8-cp311-cp311-linux_x86_64.whl"
+    fake.write_text("not a zip")
+    for wheel in (fake, tmp_path / "absent.whl"):
+        done = builder("check-config", str(config), "--wheel", str(wheel))
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert "pass " in done.stderr.split("fix:")[-1]
