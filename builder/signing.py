@@ -30,8 +30,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
-
 from builder import cmd, node, output
 from builder.errors import ToolError, TrustError, UsageError
 from builder.files import is_system_folder, make_dirs, write_atomic
@@ -163,7 +161,9 @@ def check_folder(k: Keys) -> None:
             _check_owned(path, what)
 
 
-def _lock(k: Keys) -> FileLock:
+def _lock(k: Keys) -> Any:
+    from filelock import FileLock  # here: a node running `python -m builder install` has no filelock
+
     check_folder(k)
     make_dirs(k.folder, mode=0o700)
     return FileLock(str(k.folder / ".lock"))
