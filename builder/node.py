@@ -1963,7 +1963,11 @@ def _alive(pid: int) -> bool:
 def scratch_dir(prefix: str, parent: "str | None" = None) -> str:
     """A temporary folder named for this process (<prefix><pid>-...), after removing this user's
     folders of that prefix whose process is gone: a kill -9 runs no cleanup, the next run does."""
-    parent = parent or tempfile.gettempdir()
+    try:
+        parent = parent or tempfile.gettempdir()
+    except OSError as exc:  # no writable temporary folder anywhere Python looks
+        raise InstallError(f"no writable temporary folder ({exc.strerror or exc})",
+                           "set TMPDIR to a folder this user can write") from exc  # fmt: skip
     try:
         names = os.listdir(parent)
     except OSError:

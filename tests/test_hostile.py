@@ -1840,3 +1840,16 @@ def test_check_config_of_a_file_that_is_no_wheel_is_a_bad_argument(tmp_path: Pat
         done = builder("check-config", str(config), "--wheel", str(wheel))
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
         assert "pass " in done.stderr.split("fix:")[-1]
+
+
+def test_no_writable_temporary_folder_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python's search for a temporary folder finds none (FAKE: gettempdir made to fail as it does
+    when TMPDIR, /tmp, /var/tmp and the working folder are all unwritable)."""
+
+    def none_writable() -> str:
+        raise FileNotFoundError(2, "No usable temporary directory found in ['/tmp', '/var/tmp', '/usr/tmp']")
+
+    monkeypatch.setattr(node.tempfile, "gettempdir", none_writable)
+    with pytest.raises(InstallError, match="no writable temporary folder") as err:
+        node.scratch_dir("ds-install-")
+    assert "TMPDIR" in err.value.fix
