@@ -1849,7 +1849,7 @@ def test_no_writable_temporary_folder_is_one_line(monkeypatch: pytest.MonkeyPatc
     def none_writable() -> str:
         raise FileNotFoundError(2, "No usable temporary directory found in ['/tmp', '/var/tmp', '/usr/tmp']")
 
-    monkeypatch.setattr(node.tempfile, "gettempdir", none_writable)
+    monkeypatch.setattr("tempfile.gettempdir", none_writable)
     with pytest.raises(InstallError, match="no writable temporary folder") as err:
         node.scratch_dir("ds-install-")
     assert "TMPDIR" in err.value.fix
