@@ -14,6 +14,7 @@ from pathlib import Path
 
 from builder import DEFAULT_RECIPE, __version__, output
 from builder.errors import BuilderError
+from builder.resources import config_runner
 
 # Only the standard library is imported at the top: `install` runs on nodes that have nothing
 # else, so each command imports what it needs when it runs.
@@ -226,7 +227,7 @@ def parser() -> argparse.ArgumentParser:
     where.add_argument("--wheel", type=Path, help="a built wheel: run the configs in a fresh venv of it")
     where.add_argument("--python", type=Path, help="the interpreter of an environment where DeepSpeed is installed "
                        "(default: this one)")  # fmt: skip
-    cc.add_argument("--timeout", type=seconds_arg, default=180.0, metavar="SECONDS",
+    cc.add_argument("--timeout", type=config_runner.seconds_arg, default=180.0, metavar="SECONDS",
                     help="time limit per config (default 180)")  # fmt: skip
     cc.add_argument("--json", action="store_true", help="print the results as JSON")
 
@@ -474,17 +475,6 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--port", type=port_number, default=8765, help="port, 0 to 65535 (default: %(default)s)")
     w.add_argument("--debug", action="store_true", help="show a traceback on errors")
     return p
-
-
-def seconds_arg(text: str) -> float:
-    """A time limit in seconds: a finite number above 0, at most 86400 (inf and nan are refused)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value <= 86400:
-        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number of seconds above 0, at most 86400")
-    return value
 
 
 def _torch_source(p: argparse.ArgumentParser) -> None:

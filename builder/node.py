@@ -1635,23 +1635,28 @@ def state_dir(env: "Mapping[str, str]") -> "Path":
     )
 
 
-def read_serials(folder: "Path") -> "dict[str, Any]":
-    path = folder / SERIALS_FILE
+def _read_state(folder: "Path", name: str, field: str, kind: type, what: str, after: str) -> "dict[str, Any]":
+    """One of this node's records (a JSON object of objects, each with `field` of `kind`); an
+    unreadable or malformed one is one message saying what removing it means (`after`)."""
+    path = folder / name
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             data = json.loads(read_limited(f, "report", str(path)))
     except FileNotFoundError:
         return {}
     except (OSError, ValueError, ManifestError) as exc:
         raise InstallError(
-            f"this node's record of accepted wheelhouses {path} cannot be read ({exc})",
-            "remove it: the node then accepts each wheelhouse's current serial again",
+            f"this node's record of {what} {path} cannot be read ({exc})", f"remove it: {after}"
         ) from exc
-    if not isinstance(data, dict) or not all(isinstance(v, dict) and isinstance(v.get("serial"), int)
+    if not isinstance(data, dict) or not all(isinstance(v, dict) and isinstance(v.get(field), kind)
                                              for v in data.values()):  # fmt: skip
-        raise InstallError(f"{path} is not this installer's record of accepted serials",
-                           "remove it: the node then accepts each wheelhouse's current serial again")  # fmt: skip
+        raise InstallError(f"{path} is not this installer's record of {what}", f"remove it: {after}")
     return data
+
+
+def read_serials(folder: "Path") -> "dict[str, Any]":
+    return _read_state(folder, SERIALS_FILE, "serial", int, "accepted serials",
+                       "the node then accepts each wheelhouse's current serial again")  # fmt: skip
 
 
 def check_serial(manifest: "WheelhouseManifest", digest: str, serials: "Mapping[str, Any]", where: str) -> None:
@@ -1710,22 +1715,8 @@ def source_key(base: str) -> str:
 
 
 def read_sources(folder: "Path") -> "dict[str, Any]":
-    path = folder / SOURCES_FILE
-    try:
-        with open_regular(path) as f:
-            data = json.loads(read_limited(f, "report", str(path)))
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError, ManifestError) as exc:
-        raise InstallError(
-            f"this node's record of wheelhouse places {path} cannot be read ({exc})",
-            "remove it: the node then accepts the wheelhouse each place serves now",
-        ) from exc
-    if not isinstance(data, dict) or not all(isinstance(v, dict) and isinstance(v.get("wheelhouse_id"), str)
-                                             for v in data.values()):  # fmt: skip
-        raise InstallError(f"{path} is not this installer's record of wheelhouse places",
-                           "remove it: the node then accepts the wheelhouse each place serves now")  # fmt: skip
-    return data
+    return _read_state(folder, SOURCES_FILE, "wheelhouse_id", str, "wheelhouse places",
+                       "the node then accepts the wheelhouse each place serves now")  # fmt: skip
 
 
 def check_source(manifest: "WheelhouseManifest", source: str, sources: "Mapping[str, Any]", where: str,

@@ -580,7 +580,7 @@ def explain(result: dict[str, Any], accelerator: str) -> str:
     return first
 
 
-def _seconds(text: str) -> float:
+def seconds_arg(text: str) -> float:
     """A time limit: a finite number of seconds above 0, at most 86400 (inf and nan are refused)."""
     try:
         value = float(text)
@@ -600,7 +600,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("configs", nargs="*", metavar="CONFIG", help="DeepSpeed config files (JSON, or .py of one dict)")
     p.add_argument("--spec", help=argparse.SUPPRESS)
-    p.add_argument("--timeout", type=_seconds, default=180.0, help="seconds per config (default 180)")
+    p.add_argument("--timeout", type=seconds_arg, default=180.0, help="seconds per config (default 180)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--launched", action="store_true",
                    help="run one config as this process's rank of a world a launcher started (torchrun across "
