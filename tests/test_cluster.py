@@ -498,7 +498,7 @@ def test_a_node_whose_network_goes_down_during_an_install_fails_cleanly_and_a_re
         box.set_link("node3", True)
     said = out.read_text()
     assert rc.read_text().strip() == "9", said[-3000:]
-    assert re.search(r"error: cannot reach http://node1/slow/wheelhouse/deepspeed-\S+\.whl: .*timed out", said), said
+    assert re.search(r"error: cannot fetch http://node1/slow/wheelhouse/deepspeed-\S+\.whl: .*timed out", said), said
     assert "nothing was installed" in said and "pip install" not in said
     left = _on(up, "node3", "/opt/ds/bin/python -m pip show deepspeed; ls /tmp", check=False)
     assert "Name: deepspeed" not in left.stdout and "ds-install-" not in left.stdout

@@ -199,7 +199,7 @@ def test_a_cuda_recipe_compiles_in_the_root_nvcc_host_code_included(own_workspac
     text = re.sub(r"(?m)^ops = \[.*\]$", 'ops = ["fused_adam"]', text).replace('label = "min"', 'label = "inroot"')
     path = own_workspace / "cuda-in-root.toml"
     path.write_text(text)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}  # nox hands pip's to uv
     env["PIP_CONFIG_FILE"] = os.devnull
     done = build(path, own_workspace, env)
     assert done.returncode == 0, done.stderr[-3000:]
