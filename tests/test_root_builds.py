@@ -214,3 +214,20 @@ def test_a_cuda_recipe_compiles_in_the_root_nvcc_host_code_included(own_workspac
     needed = needed_symbols(own_workspace / "unpacked")
     assert any(n.version.startswith("GLIBCXX_") for n in needed)  # the check read C++ symbols
     assert above_floor(needed, "manylinux_2_28") == []
+
+
+def test_a_compiler_called_from_a_folder_the_root_does_not_see_still_runs(tmp_path: Path) -> None:
+    """A tool run from a folder no build folder holds (the toolkit's own checkout, /work/main here,
+    was one: `cc -E` of the CUDA stub failed with "can't cd"): it runs from / in the root, with
+    absolute paths."""
+    facts = sandbox.resolve(None, os.environ)
+    env = sandbox.enter(facts, tmp_path / "toolchain", [str(tmp_path)])
+    elsewhere = Path(tempfile.mkdtemp(dir="/run", prefix="ds-builder-test-"))
+    try:
+        (tmp_path / "t.c").write_text("int f(void) { return 1; }\n")
+        done = subprocess.run([env["CC"], "-c", str(tmp_path / "t.c"), "-o", str(tmp_path / "t.o")], cwd=elsewhere,
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert (tmp_path / "t.o").is_file()
+    finally:
+        shutil.rmtree(elsewhere, ignore_errors=True)

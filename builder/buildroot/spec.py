@@ -197,8 +197,10 @@ mkdir -p "$mnt/root/.ds-builder" "$mnt/root/dev" "$mnt/root/proc"
 mount --bind "$here" "$mnt/root/.ds-builder"
 mount --rbind /dev "$mnt/root/dev"
 mount --rbind /proc "$mnt/root/proc"
-exec chroot "$mnt/root" /usr/bin/env -u LD_LIBRARY_PATH -u LD_PRELOAD \
-  PATH=/usr/local/bin:/usr/bin:/bin /bin/sh -c 'cd "$1" && shift && exec "$@"' sh "$cwd" "$tool" "$@"
+# The caller's folder where the root sees it (a build folder); else / (a tool run from a folder the
+# build does not bind, such as the toolkit's checkout, with absolute paths only).
+exec chroot "$mnt/root" /usr/bin/env -u LD_LIBRARY_PATH -u LD_PRELOAD PATH=/usr/local/bin:/usr/bin:/bin \
+  /bin/sh -c '{ cd "$1" 2>/dev/null || cd /; } && shift && exec "$@"' sh "$cwd" "$tool" "$@"
 """
 
 
