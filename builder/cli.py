@@ -14,7 +14,6 @@ from pathlib import Path
 
 from builder import DEFAULT_RECIPE, __version__, output
 from builder.errors import BuilderError
-from builder.resources import config_runner
 
 # Only the standard library is imported at the top: `install` runs on nodes that have nothing
 # else, so each command imports what it needs when it runs.
@@ -227,7 +226,7 @@ def parser() -> argparse.ArgumentParser:
     where.add_argument("--wheel", type=Path, help="a built wheel: run the configs in a fresh venv of it")
     where.add_argument("--python", type=Path, help="the interpreter of an environment where DeepSpeed is installed "
                        "(default: this one)")  # fmt: skip
-    cc.add_argument("--timeout", type=config_runner.seconds_arg, default=180.0, metavar="SECONDS",
+    cc.add_argument("--timeout", type=_seconds, default=180.0, metavar="SECONDS",
                     help="time limit per config (default 180)")  # fmt: skip
     cc.add_argument("--json", action="store_true", help="print the results as JSON")
 
@@ -475,6 +474,14 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--port", type=port_number, default=8765, help="port, 0 to 65535 (default: %(default)s)")
     w.add_argument("--debug", action="store_true", help="show a traceback on errors")
     return p
+
+
+def _seconds(text: str) -> float:
+    """The config checker's own time-limit type, imported when used (`install` imports nothing but
+    the standard library)."""
+    from builder.resources.config_runner import seconds_arg
+
+    return seconds_arg(text)
 
 
 def _torch_source(p: argparse.ArgumentParser) -> None:
