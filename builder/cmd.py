@@ -8,6 +8,7 @@ on failure shows the tail of the output and where the whole log is.
 from __future__ import annotations
 
 import collections
+import inspect
 import os
 import shlex
 import shutil
@@ -97,7 +98,7 @@ def run(
             code = proc.wait()
         except BaseException:  # Ctrl-C (the child had it too) or a failing reader: the child is gone before we go on
             if group:  # its own group does not get the terminal's Ctrl-C: pass it on
-                _signal_group(proc.pid, signal.SIGINT)
+                signal_session(proc.pid, signal.SIGINT)
             _stop(proc)
             raise
         finally:
@@ -114,12 +115,27 @@ def run(
     return "".join(lines)
 
 
+def signal_session(sid: int, sig: int) -> None:
+    """`sig` to every process of the session `sid` (a command started with start_new_session): ninja
+    starts each compile in a process group of its own, so the command's group alone misses them."""
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            if int(fields[3]) == sid:
+                os.kill(int(name), sig)
+        except (OSError, ValueError, IndexError):
+            pass
+
+
 # The watchdog: a tiny Python that reads its stdin (a pipe only we hold the other end of) until it
-# closes, that is until we exit or are killed, then kills the command's process group.
+# closes, that is until we exit or are killed, then kills every process of the command's session
+# (with the same function as above, its source handed over).
 _WATCHDOG = (
-    "import os, signal, sys\n"
-    "sys.stdin.buffer.read()\n"
-    "try:\n    os.killpg(int(sys.argv[1]), signal.SIGKILL)\nexcept OSError:\n    pass\n"
+    "import os, signal, sys\n" + inspect.getsource(signal_session) + "sys.stdin.buffer.read()\n"
+    "signal_session(int(sys.argv[1]), signal.SIGKILL)\n"
 )
 
 
@@ -137,17 +153,10 @@ def _call_off(dog: tuple[subprocess.Popen[bytes], int], proc: subprocess.Popen[s
     """The command is over (or stopped): what is left of its group goes, then the watchdog."""
     watchdog, write_end = dog
     if proc.poll() is not None:
-        _signal_group(proc.pid, signal.SIGKILL)  # stragglers a finished command left in its group
+        signal_session(proc.pid, signal.SIGKILL)  # stragglers a finished command left in its session
     watchdog.kill()
     watchdog.wait()
     os.close(write_end)
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except OSError:
-        pass
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:

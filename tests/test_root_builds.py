@@ -231,3 +231,40 @@ def test_a_compiler_called_from_a_folder_the_root_does_not_see_still_runs(tmp_pa
         assert (tmp_path / "t.o").is_file()
     finally:
         shutil.rmtree(elsewhere, ignore_errors=True)
+
+
+def test_kill_9_of_build_wheel_leaves_no_compiler_running(own_workspace: Path) -> None:
+    """ninja starts each compile in a process group of its own, so killing the build's group left
+    `c++` and `cc1plus` compiling for a minute after a kill -9 of build-wheel: the watchdog now kills
+    the build's whole session."""
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "builder", "build-wheel", "--recipe",
+                             str(recipe(own_workspace, "killed", ops='["cpu_adam"]')), "--work-dir",
+                             str(own_workspace), "--no-smoke", "--no-ccache", "--force"], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+
+    def compilers() -> list[str]:
+        found = []
+        for name in os.listdir("/proc"):
+            try:
+                cmdline = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if str(own_workspace) in cmdline and ("cc1plus" in cmdline or "g++" in cmdline):
+                found.append(cmdline[:120])
+        return found
+
+    try:
+        deadline = time.monotonic() + 600
+        while not compilers() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(1)
+        assert compilers(), "the build never reached its compilers"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        time.sleep(3)
+        assert compilers() == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
