@@ -2325,12 +2325,6 @@ def parser(prog: "str | None" = None) -> argparse.ArgumentParser:
     return p
 
 
-def threading_main() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
-
-
 def _terminated(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)  # unwinds: every temporary folder is removed, pip or a config run killed
 
@@ -2340,7 +2334,9 @@ def main(argv: "Sequence[str] | None" = None, prog: "str | None" = None) -> int:
 
     p = parser(prog)
     args = p.parse_args(argv)
-    if threading_main():
+    import threading
+
+    if threading.current_thread() is threading.main_thread():  # signal handlers live there only
         signal.signal(signal.SIGTERM, _terminated)
     ops = [op.strip() for op in args.ops.split(",") if op.strip()]
     try:

@@ -202,7 +202,6 @@ def _leftovers(wheelhouse: Path, manifest: WheelhouseManifest) -> tuple[list[Pat
                     check_variants_json_name(name, JOURNAL)
                 elif not node.is_wheel_name(name):
                     split_variant_name(name, JOURNAL)
-                path = wheelhouse / name
                 if name in listed or name in manifest.images:
                     continue
                 # Companions first, the wheel after, the journal last: a cleanup cut short is redone.
