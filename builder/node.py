@@ -201,11 +201,15 @@ class WheelEntry:
     # Ops of a GPU wheel with no device code (cpu_adam, async_io...): host code, whatever the archs.
     # None where an older toolkit published it without the list.
     host_ops: "tuple[str, ...] | None" = None
+    # Its size in bytes: a node stops reading past it (a server sending without end); None where an
+    # older toolkit published it without one (the generic limit for a wheel applies).
+    size: "int | None" = None
 
     def to_json(self) -> "dict[str, Any]":
         return {
             **({"requires": list(self.requires)} if self.requires is not None else {}),
             **({"host_ops": list(self.host_ops)} if self.host_ops is not None else {}),
+            **({"size": self.size} if self.size is not None else {}),
             "sha256": self.sha256,
             "version": self.version,
             "recipe": self.recipe,
@@ -240,9 +244,10 @@ class FileEntry:
 
     name: str
     sha256: str
+    size: "int | None" = None  # bytes, for the files a node downloads (dependencies); as WheelEntry.size
 
     def to_json(self) -> "dict[str, Any]":
-        return {"sha256": self.sha256}
+        return {"sha256": self.sha256, **({"size": self.size} if self.size is not None else {})}
 
 
 IMAGES = "images"  # OCI archives of CI images, under the wheelhouse (builder.images)
@@ -407,6 +412,14 @@ class Fields:
     def table(self, key: str, optional: bool = False) -> "dict[str, Any]":
         value = self.get(key, dict, optional)
         return value if value is not None else {}
+
+    def size(self, key: str, limit: int) -> "int | None":
+        """An optional size in bytes: a whole number from 1 to `limit`."""
+        value: "int | None" = self.get(key, int, optional=True)
+        if value is not None and not 0 < value <= limit:
+            raise self.fail(key, f"is {value if abs(value) < 1 << 64 else 'out of range'}, not a size from 1 "
+                                 f"to {limit} bytes")  # fmt: skip
+        return value
 
 
 VERSION_RE = re.compile(r"^[A-Za-z0-9.+!_-]{1,80}$")
@@ -629,6 +642,7 @@ def parse_wheel_entry(name: str, data: object, where: str) -> "WheelEntry":
         published_at=f.text("published_at", STAMP_RE, optional=True) or "",
         requires=_requires(f),
         host_ops=f.texts("host_ops", OP_RE) if "host_ops" in f.data else None,
+        size=f.size("size", LIMITS["wheel"]),
     )
     if wheel.version != entry.version:
         raise f.fail("version", f"is {entry.version!r} but the file name says {wheel.version!r}")
@@ -787,7 +801,8 @@ def _file_entries(
             check_wheel_name(name, where)
         elif name not in allowed:
             raise ManifestError(f"{where}: unknown file {name[:80]!r}", "re-publish the wheelhouse")
-        out[name] = FileEntry(name, Fields(value, f"{where}[{name}]").text("sha256", SHA256_RE))
+        f = Fields(value, f"{where}[{name}]")
+        out[name] = FileEntry(name, f.text("sha256", SHA256_RE), f.size("size", LIMITS["wheel"]))
     return out
 
 
@@ -1840,18 +1855,20 @@ def fetch(base: str, name: str, what: str = "manifest") -> bytes:
 MIN_RATE = 64 << 10  # bytes a second a download keeps on average once past its first timeout
 
 
-def download(base: str, name: str, what: str, folder: str) -> "tuple[str, str]":
+def download(base: str, name: str, what: str, folder: str, size: "int | None" = None) -> "tuple[str, str]":
     """A file of the wheelhouse streamed to folder/name while it is hashed (never held in memory):
-    (its path, its sha256). `name` must be one this module checked."""
+    (its path, its sha256). `name` must be one this module checked; `size`, where the signed
+    manifest gives one, is the most that is read."""
     target = os.path.join(folder, name)
     with _opened(base, name) as (source, where), open(target, "wb") as out:
-        return target, _copy(source, what, where, out.write)
+        return target, _copy(source, what, where, out.write, size)
 
 
-def _copy(source: "Any", what: str, where: str, write: "Any") -> str:
-    """Everything `source` gives, handed to `write` as it comes; its sha256. Past the limit for
-    `what`, or slower on average than MIN_RATE once past the first timeout (a server dripping a byte
-    at a time, which no per-read timeout catches), it fails; each read waits at most the timeout."""
+def _copy(source: "Any", what: str, where: str, write: "Any", expected: "int | None" = None) -> str:
+    """Everything `source` gives, handed to `write` as it comes; its sha256. Past the `expected`
+    size (the signed manifest's) or else the limit for `what`, or slower on average than MIN_RATE
+    once past the first timeout (a server dripping a byte at a time, which no per-read timeout
+    catches), it fails; each read waits at most the timeout."""
     digest, size = hashlib.sha256(), 0
     timeout, start = fetch_timeout(), time.monotonic()
     read = getattr(source, "read1", source.read)  # returns what one read brought: a drip cannot stall it
@@ -1861,6 +1878,10 @@ def _copy(source: "Any", what: str, where: str, write: "Any") -> str:
             if not chunk:
                 return digest.hexdigest()
             size += len(chunk)
+            if expected is not None and size > expected:
+                raise ManifestError(f"{where} is longer than the {expected} bytes the signed manifest gives it "
+                                    "(stopped reading there)", "the wheelhouse copy or its server is damaged or "
+                                    "hostile: run `python -m builder verify` on the wheelhouse")  # fmt: skip
             if size > LIMITS[what]:
                 raise too_big(what, where)
             elapsed = time.monotonic() - start
@@ -2066,7 +2087,7 @@ def load_verified(
 def checked_wheel(base: str, entry: "WheelEntry", folder: str) -> str:
     """The wheel downloaded into `folder`, after its sha256 and its embedded build manifest agree
     with the entry; its path."""
-    path, digest = download(base, entry.name, "wheel", folder)
+    path, digest = download(base, entry.name, "wheel", folder, entry.size)
     if digest != entry.sha256:
         raise ManifestError(
             f"{entry.name} from {base} has sha256 {digest}, the manifest says {entry.sha256}",
@@ -2095,7 +2116,7 @@ def checked_dependencies(base: str, manifest: "WheelhouseManifest", entry: "Whee
             "publish any wheel into the wheelhouse again with this toolkit: it records them for every wheel",
         )
     for name in entry.requires:
-        _, digest = download(base, name, "wheel", folder)
+        _, digest = download(base, name, "wheel", folder, manifest.dependencies[name].size)
         want = manifest.dependencies[name].sha256
         if digest != want:
             raise ManifestError(

@@ -347,10 +347,32 @@ def test_publishing_a_path_that_does_not_exist_says_so(tmp_path: Path) -> None:
 
 
 def test_install_dry_run_checks_the_chosen_wheels_hash(house: Path, tmp_path: Path) -> None:
-    (house / NAME).write_bytes((house / NAME).read_bytes() + b"tampered")
+    data = (house / NAME).read_bytes()
+    (house / NAME).write_bytes(data[:-8] + b"tampered")  # the same size, other bytes
     manifest = node.load_wheelhouse(str(house))
     with pytest.raises(ManifestError, match="has sha256 .* the manifest says"):
         node.checked_wheel(str(house), node.choose(manifest, CPU_NODE), str(tmp_path))
+
+
+def test_a_wheel_longer_than_its_signed_size_is_cut_off_there(house: Path, tmp_path: Path) -> None:
+    """The signed manifest gives each wheel's size: a longer file is refused once past it, and verify
+    names both sizes."""
+    size = (house / NAME).stat().st_size
+    manifest = node.load_wheelhouse(str(house))
+    assert manifest.wheels[NAME].size == size
+    assert all(dep.size == (house / name).stat().st_size for name, dep in manifest.dependencies.items())
+    (house / NAME).write_bytes((house / NAME).read_bytes() + b"tampered")
+    with pytest.raises(ManifestError, match=f"is longer than the {size} bytes the signed manifest gives it"):
+        node.checked_wheel(str(house), node.choose(manifest, CPU_NODE), str(tmp_path))
+    assert f"{NAME}: {size + 8} bytes, manifest.json says {size} (tampered or replaced)" in verify(house)
+
+
+@pytest.mark.parametrize("size", [0, -1, True, "12", 1.5, 5 << 30, 10**80])
+def test_a_manifest_size_that_is_no_size_is_refused(house: Path, size: object) -> None:
+    data = json.loads((house / "manifest.json").read_text())
+    data["wheels"][NAME]["size"] = size
+    with pytest.raises(ManifestError, match="field 'size' (has the wrong type|is .*not a size from 1 to)"):
+        node.parse_manifest(json.dumps(data))
 
 
 def test_a_missing_wheel_is_a_clear_install_error(house: Path, tmp_path: Path) -> None:
@@ -535,7 +557,7 @@ def test_the_closure_is_fetched_hash_listed_and_indexed(tmp_path: Path) -> None:
     assert verify(target) == []
     assert "hjson-3.1.0-py3-none-any.whl#sha256=" in (target / "simple" / "hjson" / "index.html").read_text()
     (target / "hjson-3.1.0-py3-none-any.whl").write_bytes(b"evil")
-    assert "hjson-3.1.0-py3-none-any.whl: sha256 differs from manifest.json (tampered or replaced)" in verify(target)
+    assert "hjson-3.1.0-py3-none-any.whl: 4 bytes, manifest.json says 916 (tampered or replaced)" in verify(target)
 
 
 # ---------------------------------------------------------------- recipes and commands
@@ -673,7 +695,7 @@ def test_install_dry_run_json_and_its_exit_codes(house: Path) -> None:
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["wheel"] == NAME and result["installed"] is False and result["node"]["python_tag"] == "cp311"
-    (house / NAME).write_bytes((house / NAME).read_bytes() + b"x")
+    (house / NAME).write_bytes((house / NAME).read_bytes()[:-1] + b"x")  # its size, other bytes
     bad = builder("install", "--wheelhouse", str(house), "--dry-run", "--json")
     assert bad.returncode == 8 and "Traceback" not in bad.stderr
     assert json.loads(bad.stdout)["exit_code"] == 8 and "has sha256" in json.loads(bad.stdout)["error"]
@@ -785,7 +807,7 @@ def test_a_tampered_dependency_is_refused_before_pip_runs(deps_house: Path, tmp_
     from nodes import node_venv
 
     dep = deps_house / "fakedep_b-2.1-py3-none-any.whl"
-    dep.write_bytes(dep.read_bytes() + b"tampered")
+    dep.write_bytes(dep.read_bytes()[:-8] + b"tampered")  # its size, other bytes
     python = node_venv(tmp_path / "node")
     done = subprocess.run([python, str(deps_house / INSTALLER), "--wheelhouse", str(deps_house), *trusted()],
                           capture_output=True, text=True, env=air_gapped_env())  # fmt: skip
@@ -1618,6 +1640,18 @@ def test_a_server_that_drips_is_cut_off_by_the_files_deadline(tmp_path: Path, mo
     finally:
         server.close()
     assert time.monotonic() - start < 30
+
+
+def test_an_endless_wheel_stops_at_its_signed_size(tmp_path: Path) -> None:
+    """A server sending a wheel that never ends, for a wheel the manifest says is 3 MB: refused
+    after 3 MB (and a read), not 4 GiB."""
+    server = RawServer(b"HTTP/1.1 200 OK\r\n\r\n", endless=True)
+    try:
+        with pytest.raises(ManifestError, match="is longer than the 3000000 bytes the signed manifest gives it"):
+            node.download(server.url, NAME, "wheel", str(tmp_path), 3_000_000)
+    finally:
+        server.close()
+    assert (tmp_path / NAME).stat().st_size <= 3_000_000 + (1 << 20)
 
 
 def test_an_endless_wheel_stops_at_its_limit_streamed_not_held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

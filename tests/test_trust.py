@@ -84,7 +84,8 @@ def installer(house: Path | str, *args: str, python: str = sys.executable, env: 
 
 def forge(house: Path) -> None:
     """The co-tenant's forgery of issue 28: a line planted in the published wheel, and the new sha256
-    put into its smoke report and the manifest (wheel and report), so every hash agrees again."""
+    put into its smoke report and the manifest (wheel and report, and the wheel's size), so every
+    hash agrees again."""
     wheel = house / NAME
     with zipfile.ZipFile(wheel) as zf:
         files = {n: zf.read(n) for n in zf.namelist() if not n.endswith("RECORD")}
@@ -95,6 +96,7 @@ def forge(house: Path) -> None:
     (house / f"{NAME}.smoke.json").write_text(json.dumps(report, indent=2) + "\n")
     data = json.loads((house / "manifest.json").read_text())
     data["wheels"][NAME]["sha256"] = sha256_of(wheel)
+    data["wheels"][NAME]["size"] = wheel.stat().st_size
     data["wheels"][NAME]["report_sha256"] = sha256_of(house / f"{NAME}.smoke.json")
     (house / "manifest.json").write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 

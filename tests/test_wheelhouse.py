@@ -99,7 +99,8 @@ def test_verify_finds_tampering_missing_files_and_drift(tmp_path: Path) -> None:
     stray = house / "deepspeed-0.0.1-py3-none-any.whl"
     stray.write_bytes(b"")
     problems = verify(house)
-    assert f"{NAME}: sha256 differs from manifest.json (tampered or replaced)" in problems
+    size = (house / NAME).stat().st_size
+    assert f"{NAME}: {size} bytes, manifest.json says {size - 1} (tampered or replaced)" in problems
     assert f"{NAME}.metadata: missing" in problems
     assert f"{stray.name}: in the wheelhouse but not in manifest.json" in problems
     (house / NAME).unlink()

@@ -312,6 +312,7 @@ def _publish_files(
             manifest_entry(wheel.name, build, report, hashlib.sha256(metadata).hexdigest(),
                            hashlib.sha256(report_text).hexdigest(), previous.published_at if previous else _now()),
             requires=requires,
+            size=target.stat().st_size,
         )  # fmt: skip
         published.append(target)
     for name, entry in list(wheels_now.items()):  # entries an older toolkit published without the list
@@ -420,7 +421,7 @@ def _closure(
         _journal(wheelhouse, journal)  # named before copied: a kill from here on is undone
         for name in new:
             copy_atomic(fetched[name][0], wheelhouse / name)
-            deps[name] = FileEntry(name, new[name])
+            deps[name] = FileEntry(name, new[name], (wheelhouse / name).stat().st_size)
     found = closure.resolve(wanted, python_tag, deps, metadata_of)
     if found.missing:
         raise PublishError(
@@ -457,7 +458,8 @@ def add_files(wheelhouse: Path, files: Sequence[Path], why: str) -> list[str]:
         try:
             for name in new:
                 copy_atomic(fetched[name][0], wheelhouse / name)
-            deps = {**manifest.dependencies, **{n: FileEntry(n, d) for n, d in new.items()}}
+            deps = {**manifest.dependencies,
+                    **{n: FileEntry(n, d, (wheelhouse / n).stat().st_size) for n, d in new.items()}}  # fmt: skip
             commit(wheelhouse, dataclasses.replace(manifest, dependencies=deps))
         except BaseException as exc:
             _undo(wheelhouse, exc)

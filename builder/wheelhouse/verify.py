@@ -104,7 +104,7 @@ def verify(wheelhouse: Path, trust: Trust | None = None, signature: bool = True)
     for name, entry in sorted(manifest.wheels.items()):
         problems += _verify_wheel(wheelhouse, name, entry)
     for name, dep in sorted({**manifest.dependencies, **manifest.tools, **manifest.reports}.items()):
-        problems += _listed_file(wheelhouse, name, dep.sha256)
+        problems += _listed_file(wheelhouse, name, dep.sha256, dep.size)
     problems += _verify_tree(wheelhouse, manifest)
     problems += _verify_locks(wheelhouse, manifest)
     problems += _verify_images(wheelhouse, manifest)
@@ -147,11 +147,13 @@ def _verify_variants(wheelhouse: Path, manifest: WheelhouseManifest) -> list[str
     return problems
 
 
-def _listed_file(wheelhouse: Path, name: str, sha256: str) -> list[str]:
-    """A file the manifest lists: there, a regular file, with its sha256."""
+def _listed_file(wheelhouse: Path, name: str, sha256: str, size: int | None = None) -> list[str]:
+    """A file the manifest lists: there, a regular file, with its size (where listed) and sha256."""
     path = wheelhouse / name
     if path.is_symlink() or not path.is_file():
         return [f"{name}: listed in {MANIFEST} but missing"]
+    if size is not None and path.stat().st_size != size:
+        return [f"{name}: {path.stat().st_size} bytes, {MANIFEST} says {size} (tampered or replaced)"]
     if sha256_of(path) != sha256:
         return [f"{name}: sha256 differs from {MANIFEST} (tampered or replaced)"]
     return []
@@ -209,7 +211,9 @@ def _verify_wheel(wheelhouse: Path, name: str, entry: WheelEntry) -> list[str]:
     if not wheel.is_file():
         return [f"{name}: listed in {MANIFEST} but missing"]
     problems = []
-    if sha256_of(wheel) != entry.sha256:
+    if entry.size is not None and wheel.stat().st_size != entry.size:
+        problems.append(f"{name}: {wheel.stat().st_size} bytes, {MANIFEST} says {entry.size} (tampered or replaced)")
+    elif sha256_of(wheel) != entry.sha256:
         problems.append(f"{name}: sha256 differs from {MANIFEST} (tampered or replaced)")
     else:  # the wheel's bytes are the published ones: its own build manifest is the truth
         try:
