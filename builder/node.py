@@ -415,7 +415,7 @@ class Fields:
 
     def size(self, key: str, limit: int) -> "int | None":
         """An optional size in bytes: a whole number from 1 to `limit`."""
-        value: "int | None" = self.get(key, int, optional=True)
+        value: int | None = self.get(key, int, optional=True)
         if value is not None and not 0 < value <= limit:
             raise self.fail(key, f"is {value if abs(value) < 1 << 64 else 'out of range'}, not a size from 1 "
                                  f"to {limit} bytes")  # fmt: skip

@@ -168,8 +168,19 @@ for arg in "$@"; do
     -c|-E|-S|*.c|*.cc|*.cpp|*.cxx|*.c++|*.C) pin=1 ;;
   esac
 done
+# A precompiled torch header (builder/units/pch.py): a compile goes through its front once, which
+# runs this again with its -include first (gcc takes a header only before any other code: the pins').
+if [ -n "$pin" ] && [ "${DS_BUILDER_PCH:-0}" != 0 ] && [ -z "${DS_BUILDER_PCH_FRONT:-}" ]; then
+  PYTHONPATH=$DS_BUILDER_PCH_HOME exec "$DS_BUILDER_PCH_PYTHON" -m builder.units.pch "$here" "$tool" "$@"
+fi
 if [ -n "$pin" ]; then
-  set -- -include /.ds-builder/pins.h "$@"
+  case "$1 ${2:-}" in
+    "-include "*/ds-torch.h)
+      header=$2
+      shift 2
+      set -- -include "$header" -include /.ds-builder/pins.h "$@" ;;
+    *) set -- -include /.ds-builder/pins.h "$@" ;;
+  esac
 fi
 if [ "$(id -u)" = 0 ]; then
   exec unshare --mount --propagation private -- /bin/sh "$here/inside" "$here" "$PWD" "$tool" "$@"

@@ -28,6 +28,15 @@ def _sources(builder: Any) -> list[Any]:
         return []
 
 
+def _cxx_args(builder: Any) -> list[str]:
+    """The C++ flags the op's builder adds (its flag set, less torch's own): [] if it cannot say."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        try:
+            return [str(a) for a in builder.strip_empty_entries(builder.cxx_args())]
+        except Exception:
+            return []
+
+
 def _accepted(builder: Any, archs: list[str]) -> list[str] | None:
     """The requested archs this op's builder keeps, in torch's spelling; None if it cannot say."""
     if not archs or not hasattr(builder, "filter_ccs"):
@@ -68,6 +77,7 @@ def main() -> None:
             "why": "" if compatible else why,
             "device_code": any(str(src).endswith(".cu") for src in _sources(builder)),
             "sources": [str(src) for src in _sources(builder)],
+            "cxx_args": _cxx_args(builder),
             "accepted_archs": _accepted(builder, archs),
         }
     report = {

@@ -26,7 +26,7 @@ from builder import cmd, output
 from builder.detect import available_memory_gb
 from builder.errors import BuilderError, BuildError, ToolError
 from builder.files import make_dirs
-from builder.units import cache
+from builder.units import cache, pch
 from builder.units.plan import Unit
 from builder.wheelbuild import artifacts, ccache, diagnose, source
 from builder.wheelbuild.diagnose import CompileFailure
@@ -87,6 +87,7 @@ class UnitResult:
     failure: str = ""  # for a failed unit: what failed, in the compiler's or linker's words
     ccache_hits: tuple[int, int] | None = None  # (hits, misses) of this unit's compiles
     killed: bool = False  # the kernel killed its compiler (out of memory): the machine's fault, not the op's
+    header_log: Path | None = None  # what its compiles did with the precompiled header (pch.py)
 
 
 @dataclass(frozen=True)
@@ -104,14 +105,40 @@ class UnitJob:
     ccache_dir: Path
     verbose: bool = False
     job_gb: float = 2.0  # memory one compile job takes (plan.job_memory): a unit needs MAX_JOBS of these
+    # Precompiled torch headers for the C++ compiles (a build in a root): pch.py. Making one takes
+    # 1.9 GB here, a compile with one 1.7 GB as without: within job_gb, so the sizing holds for both.
+    pch: bool = False
 
 
 def run_units(units: Sequence[Unit], parallel: int, job: UnitJob) -> list[UnitResult]:
     """Every unit, cached or built (`parallel` at once); failures are results, not exceptions."""
     if not units:
         return []
+    if job.pch:
+        job = dataclasses.replace(job, env={**job.env, **header_env(units, job)})
     with ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="unit") as pool:
         return list(pool.map(lambda u: run_unit(u, job), units))
+
+
+def header_env(units: Sequence[Unit], job: UnitJob) -> dict[str, str]:
+    """The precompiled header's variables for these units. Ops whose builders add the same C++ flags
+    share a flag set, so a header; one is made for a set only where MIN_SOURCES or more of its C++
+    sources are to be compiled (it costs about three compiles), else used only if already made."""
+    todo = [u for u in units if cache.lookup(job.cache, u) is None]
+    sources: dict[tuple[str, ...], list[Unit]] = {}
+    for u in todo:
+        sources.setdefault(u.op.cxx_args, []).extend(u for s in u.op.sources if pch.SOURCE.match(s))
+    makers = {u.op.name for group in sources.values() if len(group) >= pch.MIN_SOURCES for u in group}
+    for group in sources.values():
+        if group and len(group) < pch.MIN_SOURCES:
+            ops = ", ".join(sorted({u.op.name for u in group}))
+            output.note(f"precompiled torch header: none made for {ops}, {len(group)} C++ source(s) of that "
+                        f"flag set to compile (a header costs about {pch.MIN_SOURCES}); "
+                        "one made before is used")  # fmt: skip
+    return {**pch.environment(job.cache, job.work), MAKERS_ENV: ",".join(sorted(makers))}
+
+
+MAKERS_ENV = "DS_BUILDER_PCH_MAKERS"  # the units that may make a header (header_env)
 
 
 def run_unit(unit: Unit, job: UnitJob) -> UnitResult:
@@ -186,6 +213,10 @@ def _build(unit: Unit, job: UnitJob, folder: Path, log: Path) -> UnitResult:
     env.update(reproducible_env(env, src, job.python.parent.parent))
     env.update(ccache.environment(job.ccache_dir, job.use_ccache, env, folder / "ccache-stats.log"))
     ccache.zero(env)
+    if pch.PCH_ENV in env:
+        env[pch.LOG_ENV] = str(folder / "pch.log")
+        env[pch.MAKE_ENV] = "1" if name in env.get(MAKERS_ENV, "").split(",") else "0"
+        (folder / "pch.log").unlink(missing_ok=True)
     raw_dir = folder / "raw"
     shutil.rmtree(raw_dir, ignore_errors=True)
     try:
@@ -215,8 +246,11 @@ def _build(unit: Unit, job: UnitJob, folder: Path, log: Path) -> UnitResult:
     # The unit is in the cache: its objects are not reused (ccache keeps what is), only the path is.
     shutil.rmtree(raw_dir, ignore_errors=True)
     shutil.rmtree(folder / "src", ignore_errors=True)
-    output.note(f"unit {name}: built in {seconds:.0f}s" + (f"; {stats.describe()}" if stats else ""))
-    return UnitResult(unit, "built", cached, seconds, log, "", (stats.hits, stats.misses) if stats else None)
+    headers = pch.summarize([folder / "pch.log"]).describe() if pch.PCH_ENV in env else None
+    output.note(f"unit {name}: built in {seconds:.0f}s" + (f"; {stats.describe()}" if stats else "")
+                + (f"; {headers}" if headers else ""))  # fmt: skip
+    return UnitResult(unit, "built", cached, seconds, log, "", (stats.hits, stats.misses) if stats else None,
+                      header_log=folder / "pch.log" if pch.PCH_ENV in env else None)  # fmt: skip
 
 
 def killed_lines(log: Path) -> list[str]:

@@ -29,6 +29,7 @@ class OpInfo:
     device_code: bool = False  # has .cu sources, so its .so must hold code for every requested arch
     sources: tuple[str, ...] = ()  # as DeepSpeed's builder lists them (csrc/adam/cpu_adam.cpp)
     accepted_archs: tuple[str, ...] | None = None  # of the requested archs, those its filter_ccs keeps
+    cxx_args: tuple[str, ...] = ()  # the C++ flags its builder adds: ops alike here share a precompiled header
 
     @property
     def so_prefix(self) -> str:
@@ -68,6 +69,7 @@ def parse_probe(output: str) -> ProbeReport:
                 **{
                     **info,
                     "sources": tuple(info.get("sources", ())),
+                    "cxx_args": tuple(info.get("cxx_args", ())),
                     "accepted_archs": None if info.get("accepted_archs") is None else tuple(info["accepted_archs"]),
                 },
             )

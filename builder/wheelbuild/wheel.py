@@ -31,6 +31,7 @@ from builder.files import write_atomic
 from builder.node import cpu_flags, describe_floor
 from builder.recipe import Recipe
 from builder.targets import Interpreter, Target, this_interpreter
+from builder.units import pch
 from builder.units.assemble import assemble
 from builder.units.cache import cache_folder as unit_cache
 from builder.units.plan import Unit, plan_units
@@ -238,6 +239,7 @@ def plan_target(
         python=env_python, env=env, work=ws.root / "units", cache=unit_cache(ws.cache, os.environ), logs=ws.logs,
         version=plan.version, use_ccache=use_ccache, ccache_dir=ccache.cache_dir(ws.cache, os.environ),
         verbose=verbose, job_gb=job_memory(plan.archs),
+        pch=recipe.platform != glibc.HOST and os.environ.get(pch.PCH_ENV) != "0",
     )  # fmt: skip
     return Planned(plan, units, parallel, job, env, machine, toolchain, src, env_python)
 
@@ -291,6 +293,9 @@ def build_wheel(
     cache_stats = ccache.Stats(sum(h for h, _ in hits), sum(m for _, m in hits)) if hits else None
     if cache_stats:
         output.note(f"{cache_stats.describe()} (units built now)")
+    headers = pch.summarize([r.header_log for r in results if r.header_log]).describe()
+    if headers:
+        output.note(f"{headers}; headers in the unit cache: {pch.cache_bytes(job.cache) / 1e6:.0f} MB")
     pack_env = {**env, "SOURCE_DATE_EPOCH": os.environ.get("SOURCE_DATE_EPOCH", DEFAULT_SOURCE_DATE_EPOCH)}
 
     work = ws.recipe_dir(target.name)
@@ -321,6 +326,7 @@ def build_wheel(
               **built_from(recipe, target),
               "build_seconds": round(seconds, 1), "build_key": key, "log": str(log),
               "ccache": {"hits": cache_stats.hits, "misses": cache_stats.misses} if cache_stats else None,
+              "precompiled_header": headers,
               "units": {r.unit.op.name: {"key": r.unit.key, "status": r.status, "seconds": round(r.seconds, 1),
                                          "log": str(r.log)} for r in results},
               "shared_objects": sizes}  # fmt: skip
