@@ -36,6 +36,7 @@ from builder import cmd, envs, output
 from builder.errors import ToolError
 from builder.files import write_atomic
 from builder.recipe import Recipe
+from builder.units import pch
 from builder.units.cache import cache_folder as unit_cache
 from builder.wheelbuild import ops, source
 from builder.wheelbuild.glibc import HOST
@@ -288,6 +289,8 @@ def bench(recipe: Recipe, out: Path, runs: int) -> dict[str, Any]:
             "configs_each",
             "cold_host",
             "root_make",
+            "cold_no_header",
+            "header_make",
         )
     }
     sizes: dict[str, int] = {}
@@ -324,8 +327,16 @@ def bench(recipe: Recipe, out: Path, runs: int) -> dict[str, Any]:
                 if cached.exists():
                     aside.mkdir(parents=True, exist_ok=True)
                     shutil.move(cached, aside / str(i))
+            for header in _headers_made(cold.wheel):
+                record("header_make", header["seconds"])
+                sizes["header"] = header["bytes"]
             at["step"] = "cold build on the host" + n
             record("cold_host", build_wheel(on_the_host(recipe), ws).seconds)
+            at["step"] = "cold build without the precompiled header" + n
+            for cached in caches:
+                shutil.rmtree(cached, ignore_errors=True)
+            with _no_header():
+                record("cold_no_header", build_wheel(recipe, ws).seconds)
             for i, cached in enumerate(caches):
                 shutil.rmtree(cached, ignore_errors=True)
                 if (aside / str(i)).exists():
@@ -363,6 +374,30 @@ def bench(recipe: Recipe, out: Path, runs: int) -> dict[str, Any]:
     return _report(stem, result, render_table(result))
 
 
+def _headers_made(wheel: Path) -> list[dict[str, Any]]:
+    """The precompiled headers a build made, from its build record ([] where it has none)."""
+    try:
+        record = json.loads(wheel.with_name(wheel.name + ".build.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    made = (record.get("precompiled_header") or {}).get("made", [])
+    return made if isinstance(made, list) else []
+
+
+@contextlib.contextmanager
+def _no_header() -> Iterator[None]:
+    """Builds in this block compile without the precompiled torch header (units.pch)."""
+    before = os.environ.get(pch.PCH_ENV)
+    os.environ[pch.PCH_ENV] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(pch.PCH_ENV, None)
+        else:
+            os.environ[pch.PCH_ENV] = before
+
+
 def _write_partial(stem: Path, result: dict[str, Any], tail: str = "") -> None:
     """The rows measured so far (nan where a side is not measured yet), without printing them."""
     write_atomic(stem.with_suffix(".json"), json.dumps(result, indent=2) + "\n")
@@ -397,14 +432,16 @@ def _result(name: str, runs: int, extra: str | None, samples: dict[str, list[flo
             "clone_uv_vs_pip": ratio(med["clone_uv"], med["clone_pip"]),
             "configs_vs_each": ratio(med["configs_matrix"], med["configs_each"]),
             "root_vs_host": ratio(med["cold"], med["cold_host"]),
+            "header_vs_none": ratio(med["cold"], med["cold_no_header"]),
         },
     }
 
 
 TARGETS = {
-    "cold_vs_plain": ("cold build vs plain `setup.py build_ext -j bdist_wheel`", 0.8),
+    "cold_vs_plain": ("cold build vs plain `setup.py build_ext -j bdist_wheel`", 0.5),
+    "header_vs_none": ("cold build with the precompiled torch header (made in it) vs without", None),
     "unchanged_vs_cold": ("unchanged rebuild (build key hit) vs cold", None),
-    "one_op_vs_cold": ("rebuild after adding one op (ccache) vs cold", 0.4),
+    "one_op_vs_cold": ("rebuild after adding one op (ccache) vs cold", 0.2),
     "wheel_vs_plain": ("wheel size vs plain wheel", 0.3),
     "node_vs_jit": ("fresh node: install + first op vs pip sdist + JIT", 0.2),
     "env_uv_vs_pip": ("environment with the recipe's torch: uv vs venv + pip", None),
@@ -415,7 +452,8 @@ TARGETS = {
 }
 # Absolute targets on 2 cores (seconds), for the rows that have one.
 ABSOLUTE_TARGETS = {"unchanged_vs_cold": "< 2 s for the build step", "smoke_uv_vs_pip": "smoke <= 50 s",
-                    "clone_uv_vs_pip": "<= 150 s", "env_uv_vs_pip": "-", "configs_vs_each": "-"}  # fmt: skip
+                    "clone_uv_vs_pip": "<= 150 s", "env_uv_vs_pip": "-", "configs_vs_each": "-",
+                    "header_vs_none": "-"}  # fmt: skip
 
 
 def render_table(result: dict[str, Any]) -> str:
@@ -434,6 +472,7 @@ def render_table(result: dict[str, Any]) -> str:
         "configs_vs_each": f"{med['configs_matrix']:.0f} s vs {med['configs_each']:.0f} s "
         f"({sizes.get('configs', '?')} configs)",
         "root_vs_host": f"{med['cold']:.0f} s vs {med['cold_host']:.0f} s",
+        "header_vs_none": f"{med['cold']:.0f} s vs {med.get('cold_no_header', float('nan')):.0f} s",
     }
     lines = [
         f"Recipe `{result['recipe']}`, {result['cores']} cores, median of {result['runs']} run(s):",
@@ -443,9 +482,12 @@ def render_table(result: dict[str, Any]) -> str:
     ]
     for key, (label, target) in TARGETS.items():
         goal = ABSOLUTE_TARGETS.get(key) or f"<= {target}"
-        lines.append(f"| {label} | {absolute[key]} | {ratios[key]:.2f} | {goal} |")
+        lines.append(f"| {label} | {absolute[key]} | {ratios.get(key, float('nan')):.2f} | {goal} |")
     made = med.get("root_make", float("nan"))
     lines += ["", f"Making the build root (Debian 11, once per machine): {made:.0f} s."]
+    header, size = med.get("header_make", float("nan")), sizes.get("header", float("nan"))
+    lines += [f"Making the precompiled torch header (once per flag set, in the cold build): {header:.0f} s, "
+              f"{size / 1e6:.0f} MB."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -286,6 +286,10 @@ class Summary:
     skipped: int
     fallbacks: list[str]  # why a compile went on without its header
 
+    def to_json(self) -> dict[str, Any]:
+        return {"summary": self.describe(), "used": self.used, "skipped": self.skipped, "fallbacks": self.fallbacks,
+                "made": [{"key": k, "bytes": b, "seconds": s} for k, b, s in self.made]}  # fmt: skip
+
     def describe(self) -> str | None:
         if not (self.made or self.used or self.fallbacks):
             return None
@@ -392,7 +396,7 @@ def front(here: str, tool: str, args: Sequence[str]) -> int:
         first = next((line for line in said.splitlines() if "pch" in line or STUB in line), said[:200])
         _log("fallback", source=os.path.basename(compile_.source), why=f"gcc refused the header: {first.strip()}")
         return subprocess.call(_compiler(enter, tool, args))
-    sys.stderr.write(said)
+    os.write(2, done.stderr)  # the compiler's own warnings, as it wrote them
     if done.returncode == 0:
         _log("used", source=os.path.basename(compile_.source), key=folder.name)
     return done.returncode

@@ -293,9 +293,9 @@ def build_wheel(
     cache_stats = ccache.Stats(sum(h for h, _ in hits), sum(m for _, m in hits)) if hits else None
     if cache_stats:
         output.note(f"{cache_stats.describe()} (units built now)")
-    headers = pch.summarize([r.header_log for r in results if r.header_log]).describe()
-    if headers:
-        output.note(f"{headers}; headers in the unit cache: {pch.cache_bytes(job.cache) / 1e6:.0f} MB")
+    headers = pch.summarize([r.header_log for r in results if r.header_log])
+    if said := headers.describe():
+        output.note(said)
     pack_env = {**env, "SOURCE_DATE_EPOCH": os.environ.get("SOURCE_DATE_EPOCH", DEFAULT_SOURCE_DATE_EPOCH)}
 
     work = ws.recipe_dir(target.name)
@@ -326,12 +326,12 @@ def build_wheel(
               **built_from(recipe, target),
               "build_seconds": round(seconds, 1), "build_key": key, "log": str(log),
               "ccache": {"hits": cache_stats.hits, "misses": cache_stats.misses} if cache_stats else None,
-              "precompiled_header": headers,
+              "precompiled_header": headers.to_json(),
               "units": {r.unit.op.name: {"key": r.unit.key, "status": r.status, "seconds": round(r.seconds, 1),
                                          "log": str(r.log)} for r in results},
               "shared_objects": sizes}  # fmt: skip
     write_atomic(wheel.with_name(wheel.name + ".build.json"), json.dumps(record, indent=2) + "\n")
-    _summary(wheel, plan, seconds, log, sizes)
+    _summary(wheel, plan, seconds, log, sizes, job.cache)
     return BuildResult(wheel=wheel, seconds=seconds, log=log, key=key)
 
 
@@ -515,8 +515,12 @@ def build_manifest(
     }
 
 
-def _summary(wheel: Path, plan: BuildPlan, seconds: float, log: Path, sizes: dict[str, dict[str, int]]) -> None:
+def _summary(
+    wheel: Path, plan: BuildPlan, seconds: float, log: Path, sizes: dict[str, dict[str, int]], cache: Path
+) -> None:
     size = wheel.stat().st_size / 1e6
+    headers = pch.cache_bytes(cache)
+    units = sum(p.stat().st_size for p in cache.glob("*/*.whl")) if cache.is_dir() else 0
     so_after = sum(v["bytes"] for v in sizes.values()) / 1e6
     so_before = sum(v.get("before", v["bytes"]) for v in sizes.values()) / 1e6
     stripped = f", stripped from {so_before:.1f} MB" if so_before != so_after else ""
@@ -526,5 +530,6 @@ def _summary(wheel: Path, plan: BuildPlan, seconds: float, log: Path, sizes: dic
         f"    ops:   {', '.join(op.name for op in plan.ops)}\n"
         + "".join(f"    not built: {op}: {why[:300]}\n" for op, why in sorted(plan.missing.items()))
         + f"    archs: {';'.join(plan.archs) or '-'}\n"
+        f"    cache: {cache}: op units {units / 1e6:.0f} MB, precompiled torch headers {headers / 1e6:.0f} MB\n"
         f"    log:   {log}"
     )
