@@ -100,6 +100,24 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
             "a.h has code before",
             (),
         ),
+        (
+            {
+                "a.cpp": '#include "inc/g.h"\n',
+                "inc/g.h": "// g\n#ifndef G_H\n#define G_H\n#include <torch/extension.h>\n#endif\n",
+            },
+            None,
+            (),
+        ),  # an include guard
+        (
+            {"a.cpp": '#include "inc/g.h"\n', "inc/g.h": "#ifndef G_H\n#define OTHER\n#include <torch/extension.h>\n"},
+            "g.h has code before",
+            (),
+        ),  # an #ifndef that is no guard
+        (
+            {"a.cpp": '#include "inc/u.h"\n', "inc/u.h": "using namespace std;\n#include <torch/extension.h>\n"},
+            "u.h has code before torch/extension.h ('using namespace std;')",
+            (),
+        ),  # async_io's headers
         ({"a.cpp": "#include <vector>\n"}, "it does not include torch/extension.h", ()),
         ({"a.cpp": "#include <vector>\nint main() {}\n"}, "a.cpp has code before torch/extension.h", ()),
     ],

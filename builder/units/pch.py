@@ -136,7 +136,10 @@ def reaches_header(source: str, includes: Sequence[str], within: str, header: st
         except OSError:
             return None
         in_comment = continued = False
-        for line in lines:
+        guard = _guard(lines)
+        for number, line in enumerate(lines):
+            if number in guard:  # #ifndef X / #define X of an include guard: its #endif is at the end
+                continue
             if continued:  # a #define's next line
                 continued = line.rstrip().endswith("\\")
                 continue
@@ -191,6 +194,16 @@ def host_paths(here: str, paths: Sequence[str]) -> list[str]:
         return list(paths)
     bound = [b for b in binds if b]
     return [p if any(p == b or _under(p, b) for b in bound) else root + os.path.normpath(p) for p in paths]
+
+
+def _guard(lines: Sequence[str]) -> set[int]:
+    """The line numbers of a header's include guard (`#ifndef X` then `#define X` before anything but
+    comments and blank lines), or none."""
+    code = [(i, line.strip()) for i, line in enumerate(lines) if line.strip() and not line.strip().startswith("//")]
+    if len(code) >= 2 and (m := re.match(r"#\s*ifndef\s+(\w+)$", code[0][1])):
+        if re.match(rf"#\s*define\s+{m.group(1)}$", code[1][1]):
+            return {code[0][0], code[1][0]}
+    return set()
 
 
 def defines_unused(names: Sequence[str], headers: Sequence[str]) -> str | None:
