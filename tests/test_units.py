@@ -316,3 +316,35 @@ def test_a_unit_asks_for_memory_again_before_it_starts(monkeypatch: pytest.Monke
     monkeypatch.setattr(runner, "_COMPILING", [1])  # another unit of this build is compiling
     assert runner.room_for(unit, 2.0, lambda: next(frees), slept.append) is unit
     assert slept == [runner.MEMORY_POLL_S, runner.MEMORY_POLL_S]
+
+
+def test_units_that_make_no_header_start_first_and_results_keep_the_plans_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Precompiled torch headers (issue 39): ops that share a flag set with 3+ sources make one; the
+    others start first so that their compiles fill the cores while the header is made."""
+    from builder.units import cache, runner
+    from builder.units.plan import Unit
+
+    def op(name: str, sources: int, args: tuple[str, ...]) -> OpInfo:
+        return OpInfo(name, f"DS_BUILD_{name.upper()}", f"deepspeed.ops.x.{name}_op", True,
+                      sources=tuple(f"csrc/{name}{i}.cpp" for i in range(sources)), cxx_args=args)  # fmt: skip
+
+    ops = [op("cpu_adam", 2, ("-O3",)), op("cpu_lion", 2, ("-O3",)), op("shm", 2, ("-O2",)), op("one", 1, ("-g",))]
+    units = [Unit(o, o.name, {"MAX_JOBS": "1"}, {}) for o in ops]
+    job = runner.UnitJob(tmp_path / "s.tar.gz", tmp_path / "python", {}, tmp_path / "units", tmp_path / "cache",
+                         tmp_path / "logs", "0.19.8", False, tmp_path / "ccache", pch=True)  # fmt: skip
+    started: list[str] = []
+    seen_env: dict[str, str] = {}
+
+    def fake_run(unit: Unit, job: runner.UnitJob) -> runner.UnitResult:
+        started.append(unit.op.name)
+        seen_env.update(job.env)
+        return runner.UnitResult(unit, "built", None, 1.0, tmp_path / f"{unit.op.name}.log")
+
+    monkeypatch.setattr(cache, "lookup", lambda c, u: None)
+    monkeypatch.setattr(runner, "run_unit", fake_run)
+    results = runner.run_units(units, 1, job)
+    assert [r.unit.op.name for r in results] == ["cpu_adam", "cpu_lion", "shm", "one"]
+    assert started == ["shm", "one", "cpu_adam", "cpu_lion"]
+    assert seen_env[runner.MAKERS_ENV] == "cpu_adam,cpu_lion"

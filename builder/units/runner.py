@@ -114,10 +114,16 @@ def run_units(units: Sequence[Unit], parallel: int, job: UnitJob) -> list[UnitRe
     """Every unit, cached or built (`parallel` at once); failures are results, not exceptions."""
     if not units:
         return []
+    order = list(units)
     if job.pch:
         job = dataclasses.replace(job, env={**job.env, **header_env(units, job)})
+        makers = job.env[MAKERS_ENV].split(",")
+        # Units that make no header start first: their compiles keep the cores busy while the first
+        # compile of a header's flag set makes it (the set's other compiles wait for it).
+        order = sorted(units, key=lambda u: u.op.name in makers)
     with ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="unit") as pool:
-        return list(pool.map(lambda u: run_unit(u, job), units))
+        done = dict(zip([u.op.name for u in order], pool.map(lambda u: run_unit(u, job), order), strict=True))
+    return [done[u.op.name] for u in units]
 
 
 def header_env(units: Sequence[Unit], job: UnitJob) -> dict[str, str]:
