@@ -348,3 +348,26 @@ def test_units_that_make_no_header_start_first_and_results_keep_the_plans_order(
     assert [r.unit.op.name for r in results] == ["cpu_adam", "cpu_lion", "shm", "one"]
     assert started == ["shm", "one", "cpu_adam", "cpu_lion"]
     assert seen_env[runner.MAKERS_ENV] == "cpu_adam,cpu_lion"
+
+
+def test_only_sources_that_would_take_the_header_count_toward_making_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pin_memory's three sources, one of which has code before torch/extension.h: two would use a
+    header, fewer than it costs, so none is made for it (the bench made one, 37 s, for 2 uses)."""
+    from builder.units import cache, runner
+    from builder.units.plan import Unit
+
+    src = tmp_path / "src"
+    (src / "csrc" / "pin").mkdir(parents=True)
+    (src / "csrc" / "pin" / "a.cpp").write_text("#include <torch/extension.h>\n")
+    (src / "csrc" / "pin" / "b.cpp").write_text("#include <torch/extension.h>\n")
+    (src / "csrc" / "pin" / "c.cpp").write_text("#include <sys/mman.h>\nint page_alloc();\n")
+    pin = OpInfo("pin_memory", "DS_BUILD_PIN_MEMORY", "deepspeed.ops.pin_memory.pin_memory_op", True,
+                 sources=("csrc/pin/a.cpp", "csrc/pin/b.cpp", "csrc/pin/c.cpp"))  # fmt: skip
+    job = runner.UnitJob(tmp_path / "s.tar.gz", tmp_path / "python", {}, tmp_path / "units", tmp_path / "cache",
+                         tmp_path / "logs", "0.19.8", False, tmp_path / "ccache", pch=True, src=src)  # fmt: skip
+    monkeypatch.setattr(cache, "lookup", lambda c, u: None)
+    assert runner.header_env([Unit(pin, "k", {}, {})], job)[runner.MAKERS_ENV] == ""
+    without_src = dataclasses.replace(job, src=None)  # not known: every C++ source counts
+    assert runner.header_env([Unit(pin, "k", {}, {})], without_src)[runner.MAKERS_ENV] == "pin_memory"

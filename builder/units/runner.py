@@ -108,6 +108,7 @@ class UnitJob:
     # Precompiled torch headers for the C++ compiles (a build in a root): pch.py. Making one takes
     # 1.9 GB here, a compile with one 1.7 GB as without: within job_gb, so the sizing holds for both.
     pch: bool = False
+    src: Path | None = None  # the unpacked source the plan probed: which of an op's sources take the header
 
 
 def run_units(units: Sequence[Unit], parallel: int, job: UnitJob) -> list[UnitResult]:
@@ -133,7 +134,7 @@ def header_env(units: Sequence[Unit], job: UnitJob) -> dict[str, str]:
     todo = [u for u in units if cache.lookup(job.cache, u) is None]
     sources: dict[tuple[str, ...], list[Unit]] = {}
     for u in todo:
-        sources.setdefault(u.op.cxx_args, []).extend(u for s in u.op.sources if pch.SOURCE.match(s))
+        sources.setdefault(u.op.cxx_args, []).extend(u for s in u.op.sources if _takes_header(job.src, s))
     makers = {u.op.name for group in sources.values() if len(group) >= pch.MIN_SOURCES for u in group}
     for group in sources.values():
         if group and len(group) < pch.MIN_SOURCES:
@@ -142,6 +143,17 @@ def header_env(units: Sequence[Unit], job: UnitJob) -> dict[str, str]:
                         f"flag set to compile (a header costs about {pch.MIN_SOURCES}); "
                         "one made before is used")  # fmt: skip
     return {**pch.environment(job.cache, job.work), MAKERS_ENV: ",".join(sorted(makers))}
+
+
+def _takes_header(src: Path | None, source: str) -> bool:
+    """Whether an op's source (as DeepSpeed lists it) would take the header: a C++ source that reaches
+    torch/extension.h first (pch.reaches_header, through DeepSpeed's csrc/includes and its own folder)."""
+    if not pch.SOURCE.match(source):
+        return False
+    if src is None:
+        return True
+    path = src / source
+    return pch.reaches_header(str(path), [str(path.parent), str(src / "csrc" / "includes")], str(src)).why is None
 
 
 MAKERS_ENV = "DS_BUILDER_PCH_MAKERS"  # the units that may make a header (header_env)

@@ -239,7 +239,7 @@ def plan_target(
         python=env_python, env=env, work=ws.root / "units", cache=unit_cache(ws.cache, os.environ), logs=ws.logs,
         version=plan.version, use_ccache=use_ccache, ccache_dir=ccache.cache_dir(ws.cache, os.environ),
         verbose=verbose, job_gb=job_memory(plan.archs),
-        pch=recipe.platform != glibc.HOST and os.environ.get(pch.PCH_ENV) != "0",
+        pch=recipe.platform != glibc.HOST and os.environ.get(pch.PCH_ENV) != "0", src=src,
     )  # fmt: skip
     return Planned(plan, units, parallel, job, env, machine, toolchain, src, env_python)
 
