@@ -117,7 +117,7 @@ def test_a_bench_that_fails_midway_keeps_every_row_it_measured(tmp_path: Path, m
     Built.wheel.write_bytes(b"x" * 2000)
     monkeypatch.setattr(bench, "plain_build", lambda *a: (110.0, 8000))
     monkeypatch.setattr(bench, "root_making", lambda out: 41.0)
-    monkeypatch.setattr(bench, "build_wheel", lambda recipe, ws: Built())
+    monkeypatch.setattr(bench, "build_wheel", lambda recipe, ws, force=False: Built())
     monkeypatch.setattr(bench, "fresh_node", lambda *a: (6.0, 60.0))
     monkeypatch.setattr(bench, "env_creation", lambda *a: {"uv": 2.0, "pip": 30.0})
 
