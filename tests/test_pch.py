@@ -167,6 +167,8 @@ def test_the_summary_names_what_was_made_used_and_every_fallback(tmp_path: Path)
         "1 without it by design; 1 compiled WITHOUT it: cannot make the precompiled header: No space left"
     )
     assert pch.summarize([tmp_path / "missing.log"]).describe() is None
+    log.write_text(json.dumps({"event": "rebuilt", "key": "k", "why": "its .gch is not the one its record names"}))
+    assert "1 made again, the cache's copy refused: its .gch is not the one" in (pch.summarize([log]).describe() or "")
 
 
 # ---------------------------------------------------------------- the real compiler of the build root

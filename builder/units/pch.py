@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -298,17 +298,21 @@ class Summary:
     used: int
     skipped: int
     fallbacks: list[str]  # why a compile went on without its header
+    rebuilt: list[str] = field(default_factory=list)  # why a header in the cache was made again
 
     def to_json(self) -> dict[str, Any]:
         return {"summary": self.describe(), "used": self.used, "skipped": self.skipped, "fallbacks": self.fallbacks,
-                "made": [{"key": k, "bytes": b, "seconds": s} for k, b, s in self.made]}  # fmt: skip
+                "made": [{"key": k, "bytes": b, "seconds": s} for k, b, s in self.made],
+                "rebuilt": self.rebuilt}  # fmt: skip
 
     def describe(self) -> str | None:
-        if not (self.made or self.used or self.fallbacks):
+        if not (self.made or self.used or self.fallbacks or self.rebuilt):
             return None
         made = "; ".join(f"made {k[:12]} ({b / 1e6:.0f} MB in {s:.0f}s)" for k, b, s in self.made) or "none made"
         text = (f"precompiled torch header: {made}; used by {self.used} C++ translation unit(s), "
                 f"{self.skipped} without it by design")  # fmt: skip
+        if self.rebuilt:
+            text += f"; {len(self.rebuilt)} made again, the cache's copy refused: " + " | ".join(self.rebuilt)[:300]
         if self.fallbacks:
             text += f"; {len(self.fallbacks)} compiled WITHOUT it: " + " | ".join(dict.fromkeys(self.fallbacks))[:600]
         return text
@@ -327,6 +331,8 @@ def summarize(logs: Sequence[Path]) -> Summary:
                 out.skipped += 1
             elif kind == "fallback":
                 out.fallbacks.append(str(event.get("why", ""))[:300])
+            elif kind == "rebuilt":
+                out.rebuilt.append(str(event.get("why", ""))[:300])
     return out
 
 
