@@ -168,17 +168,22 @@ def fresh_node(recipe: Recipe, wheel: Path, out: Path, log: Path) -> tuple[float
 
 
 @contextlib.contextmanager
-def env_backend(name: str) -> Iterator[None]:
-    """Make the toolkit's environments with `name` (uv or pip) inside the block."""
-    old = os.environ.get("BUILDER_ENV_BACKEND")
-    os.environ["BUILDER_ENV_BACKEND"] = name
+def _env_var(name: str, value: str) -> Iterator[None]:
+    """The builds inside the block see `name` set to `value` (the toolkit reads these from os.environ)."""
+    old = os.environ.get(name)
+    os.environ[name] = value
     try:
         yield
     finally:
         if old is None:
-            os.environ.pop("BUILDER_ENV_BACKEND", None)
+            os.environ.pop(name, None)
         else:
-            os.environ["BUILDER_ENV_BACKEND"] = old
+            os.environ[name] = old
+
+
+def env_backend(name: str) -> contextlib.AbstractContextManager[None]:
+    """Make the toolkit's environments with `name` (uv or pip) inside the block."""
+    return _env_var("BUILDER_ENV_BACKEND", name)
 
 
 def env_creation(recipe: Recipe, out: Path, log: Path) -> dict[str, float]:
@@ -335,7 +340,7 @@ def bench(recipe: Recipe, out: Path, runs: int) -> dict[str, Any]:
             at["step"] = "cold build without the precompiled header" + n
             for cached in caches:
                 shutil.rmtree(cached, ignore_errors=True)
-            with _no_header():
+            with _env_var(pch.PCH_ENV, "0"):  # no precompiled torch header
                 record("cold_no_header", build_wheel(recipe, ws, force=True).seconds)  # the same build key
             for i, cached in enumerate(caches):
                 shutil.rmtree(cached, ignore_errors=True)
@@ -382,20 +387,6 @@ def _headers_made(wheel: Path) -> list[dict[str, Any]]:
         return []
     made = (record.get("precompiled_header") or {}).get("made", [])
     return made if isinstance(made, list) else []
-
-
-@contextlib.contextmanager
-def _no_header() -> Iterator[None]:
-    """Builds in this block compile without the precompiled torch header (units.pch)."""
-    before = os.environ.get(pch.PCH_ENV)
-    os.environ[pch.PCH_ENV] = "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(pch.PCH_ENV, None)
-        else:
-            os.environ[pch.PCH_ENV] = before
 
 
 def _write_partial(stem: Path, result: dict[str, Any], tail: str = "") -> None:

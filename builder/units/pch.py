@@ -81,9 +81,9 @@ def parse(args: Sequence[str], units: str) -> Compile | None:
         if skip:
             skip = False
             continue
-        if arg in _OUTPUT_FLAGS or arg in ("-I", "-include", "-isystem"):
-            if arg in ("-I", "-include", "-isystem"):
-                return None  # a two-part form torch never writes: not ours to judge
+        if arg in ("-I", "-include", "-isystem"):
+            return None  # a two-part form torch never writes: not ours to judge
+        if arg in _OUTPUT_FLAGS:
             skip = True
             continue
         if arg == "-c" or arg in _DEPENDENCY_FLAGS or _UNIT_FLAGS.match(arg):
@@ -481,21 +481,25 @@ def _header(here: str, tool: str, compile_: Compile) -> Path:
     return folder
 
 
-def _identity(path: Path) -> str:
-    st = path.stat()
-    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+def _identity(folder: Path) -> str:
+    """The header's .gch and record as files (device, inode, size, times): any replacement changes it."""
+    out = []
+    for path in (folder / f"{STUB}.gch", folder / RECORD):
+        st = path.stat()
+        out.append(f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}")
+    return " ".join(out)
 
 
 def _stamped(stamp: Path, folder: Path) -> bool:
     try:
-        return stamp.read_text() == _identity(folder / f"{STUB}.gch") + _identity(folder / RECORD)
+        return stamp.read_text() == _identity(folder)
     except OSError:
         return False
 
 
 def _stamp(stamp: Path, folder: Path) -> None:
     stamp.parent.mkdir(parents=True, exist_ok=True)
-    stamp.write_text(_identity(folder / f"{STUB}.gch") + _identity(folder / RECORD))
+    stamp.write_text(_identity(folder))
 
 
 def _check(folder: Path, k: str) -> str | None:

@@ -131,7 +131,7 @@ def header_env(units: Sequence[Unit], job: UnitJob) -> dict[str, str]:
     """The precompiled header's variables for these units. Ops whose builders add the same C++ flags
     share a flag set, so a header; one is made for a set only where MIN_SOURCES or more of its C++
     sources are to be compiled (it costs about three compiles), else used only if already made."""
-    todo = [u for u in units if cache.lookup(job.cache, u) is None]
+    todo = [u for u in units if not (job.cache / u.key / cache.RECORD).is_file()]  # run_unit checks the rest
     sources: dict[tuple[str, ...], list[Unit]] = {}
     for u in todo:
         sources.setdefault(u.op.cxx_args, []).extend(u for s in u.op.sources if _takes_header(job.src, s))
@@ -231,10 +231,11 @@ def _build(unit: Unit, job: UnitJob, folder: Path, log: Path) -> UnitResult:
     env.update(reproducible_env(env, src, job.python.parent.parent))
     env.update(ccache.environment(job.ccache_dir, job.use_ccache, env, folder / "ccache-stats.log"))
     ccache.zero(env)
-    if pch.PCH_ENV in env:
-        env[pch.LOG_ENV] = str(folder / "pch.log")
+    header_log = folder / "pch.log" if pch.PCH_ENV in env else None
+    if header_log:
+        env[pch.LOG_ENV] = str(header_log)
         env[pch.MAKE_ENV] = "1" if name in env.get(MAKERS_ENV, "").split(",") else "0"
-        (folder / "pch.log").unlink(missing_ok=True)
+        header_log.unlink(missing_ok=True)
     raw_dir = folder / "raw"
     shutil.rmtree(raw_dir, ignore_errors=True)
     try:
@@ -264,11 +265,11 @@ def _build(unit: Unit, job: UnitJob, folder: Path, log: Path) -> UnitResult:
     # The unit is in the cache: its objects are not reused (ccache keeps what is), only the path is.
     shutil.rmtree(raw_dir, ignore_errors=True)
     shutil.rmtree(folder / "src", ignore_errors=True)
-    headers = pch.summarize([folder / "pch.log"]).describe() if pch.PCH_ENV in env else None
+    headers = pch.summarize([header_log]).describe() if header_log else None
     output.note(f"unit {name}: built in {seconds:.0f}s" + (f"; {stats.describe()}" if stats else "")
                 + (f"; {headers}" if headers else ""))  # fmt: skip
     return UnitResult(unit, "built", cached, seconds, log, "", (stats.hits, stats.misses) if stats else None,
-                      header_log=folder / "pch.log" if pch.PCH_ENV in env else None)  # fmt: skip
+                      header_log=header_log)  # fmt: skip
 
 
 def killed_lines(log: Path) -> list[str]:

@@ -210,12 +210,8 @@ def _verify_wheel(wheelhouse: Path, name: str, entry: WheelEntry) -> list[str]:
     wheel = wheelhouse / name
     if not wheel.is_file():
         return [f"{name}: listed in {MANIFEST} but missing"]
-    problems = []
-    if entry.size is not None and wheel.stat().st_size != entry.size:
-        problems.append(f"{name}: {wheel.stat().st_size} bytes, {MANIFEST} says {entry.size} (tampered or replaced)")
-    elif sha256_of(wheel) != entry.sha256:
-        problems.append(f"{name}: sha256 differs from {MANIFEST} (tampered or replaced)")
-    else:  # the wheel's bytes are the published ones: its own build manifest is the truth
+    problems = _listed_file(wheelhouse, name, entry.sha256, entry.size)
+    if not problems:  # the wheel's bytes are the published ones: its own build manifest is the truth
         try:
             build = BuildManifest.from_wheel(wheel)
             problems += [f"{name}: {d}" for d in entry_differences(entry, build.data)]
