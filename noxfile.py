@@ -114,6 +114,14 @@ def image(session: nox.Session) -> None:
 
 
 @nox.session(tags=["wheelhouse"])
+def module(session: nox.Session) -> None:
+    """Install a published wheel and its lock as an Lmod module on a shared software tree, once:
+    -- --wheelhouse W --prefix /shared/software [--modulefiles DIR] [--python PY]."""
+    session.install(".")
+    session.run("python", "-m", "builder", "module", *session.posargs)
+
+
+@nox.session(tags=["wheelhouse"])
 def prune(session: nox.Session) -> None:
     """Remove wheels no recipe or lock refers to: -- [--dry-run]."""
     session.install(".")

@@ -454,6 +454,12 @@ def parser() -> argparse.ArgumentParser:
         help="on a node: install the wheel built for it (standard library + pip only; see install --help)",
         description="The node installer (builder/node.py, also published as WHEELHOUSE/tools/ds-node-install.py).",
     )
+    sub.add_parser(
+        "module",
+        add_help=False,
+        help="install a wheel and its lock as an Lmod module on a shared software tree (see module --help)",
+        description="The node installer's --module mode: python -m builder module --wheelhouse W --prefix PREFIX.",
+    )
     rp = sub.add_parser(
         "repair",
         parents=[common],
@@ -511,10 +517,10 @@ def _host_trust(args: list[str]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["install"]:  # the node installer has its own CLI: one file, the same on every node
+    if argv[:1] in (["install"], ["module"]):  # the node installer has its own CLI: one file, the same on every node
         from builder import node
 
-        return node.main(_host_trust(argv[1:]), prog="python -m builder install")
+        return node.main(_host_trust(argv[1:]), prog=f"python -m builder {argv[0]}", module_only=argv[0] == "module")
     args = parser().parse_args(argv)
     from builder import commands
     from builder.node import InstallError  # the contract's errors (a bad manifest or report)

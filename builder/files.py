@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+from builder import node
+
 FILE_MODE = 0o644
 DIR_MODE = 0o755
 _TEMP = re.compile(r"^\..+\.[A-Za-z0-9_]{6,}\.tmp$")
@@ -36,17 +38,9 @@ def is_file_here(path: Path) -> bool:
         return False
 
 
-# Folders of the system (and everything below the _TREES): no toolkit folder may be one of them.
-_SYSTEM = ("/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/media", "/mnt", "/opt",
-           "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var", "/var/tmp",
-           "/var/lib")  # fmt: skip
-_SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/run", "/sbin", "/sys", "/usr")
-
-
 def is_system_folder(resolved: Path) -> bool:
     """Whether a resolved path is a system folder, inside a system tree, or the user's home itself."""
-    home = Path(os.path.expanduser("~")).resolve()
-    return str(resolved) in _SYSTEM or resolved == home or any(resolved.is_relative_to(t) for t in _SYSTEM_TREES)
+    return node.is_system_folder(str(resolved))
 
 
 def make_dirs(path: Path, mode: int = DIR_MODE) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import stat
 import zipfile
 from html.parser import HTMLParser
 from pathlib import Path
@@ -77,8 +78,9 @@ def fake_wheel(
     return wheel
 
 
-def write_wheel(wheel: Path, files: dict[str, bytes]) -> Path:
-    """A zip pip can install: `files` plus the dist-info's WHEEL and a RECORD with every hash."""
+def write_wheel(wheel: Path, files: dict[str, bytes], executable: tuple[str, ...] = ()) -> Path:
+    """A zip pip can install: `files` plus the dist-info's WHEEL and a RECORD with every hash;
+    `executable` files get mode 0755 (a script pip installs as a program)."""
     name, version, python, abi, platform = wheel.name.removesuffix(".whl").split("-")
     dist_info = f"{name}-{version}.dist-info"
     files = {**files, f"{dist_info}/WHEEL": f"Wheel-Version: 1.0\nGenerator: fakes\nRoot-Is-Purelib: true\n"
@@ -90,7 +92,9 @@ def write_wheel(wheel: Path, files: dict[str, bytes]) -> Path:
     record.append(f"{dist_info}/RECORD,,")
     with zipfile.ZipFile(wheel, "w") as zf:
         for path, data in files.items():
-            zf.writestr(path, data)
+            info = zipfile.ZipInfo(path, date_time=(2026, 1, 1, 0, 0, 0))
+            info.external_attr = (stat.S_IFREG | (0o755 if path in executable else 0o644)) << 16
+            zf.writestr(info, data)
         zf.writestr(f"{dist_info}/RECORD", "\n".join(record) + "\n")
     return wheel
 

@@ -99,6 +99,7 @@ def _builder_parsers() -> dict[str, argparse.ArgumentParser]:
     sub = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
     parsers: dict[str, argparse.ArgumentParser] = dict(sub.choices)
     parsers["install"] = node.parser()  # `python -m builder install` hands its arguments to the node installer
+    parsers["module"] = node.parser(module_only=True)  # `python -m builder module`: the installer's --module mode
     parsers[""] = top
     return parsers
 

@@ -3,14 +3,14 @@ the files pip resolved, and read back against the signed manifest (pure: no file
 
 from __future__ import annotations
 
-import re
 import tomllib
 from collections.abc import Mapping
 
 from packaging.utils import parse_sdist_filename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from builder.node import WheelhouseManifest, check_wheel_name, normalize
+from builder import node
+from builder.node import WheelhouseManifest, check_wheel_name
 
 
 def requirement_of(filename: str) -> str:
@@ -48,38 +48,17 @@ def render_pylock(wheel: str, files: Mapping[str, str]) -> str:
     return "\n".join(lines)
 
 
-_REQ = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>\S+)\s*\\?$")
-_HASH = re.compile(r"^\s*--hash=sha256:(?P<digest>[0-9a-f]{64})\s*$")
-
-
 class LockFileError(ValueError):
     """A lock that is not what `lock` writes; the message names the file and the line."""
 
 
 def parse_lock(text: str, where: str) -> tuple[str, dict[str, str]]:
-    """The wheel a lock was written for (its first line) and its pins: requirement -> sha256. Only
-    `name==version` lines, each with its hash: no option (--find-links, --index-url), path or URL."""
-    lines = text.splitlines()
-    if not lines or not lines[0].startswith("# Lock for "):
-        raise LockFileError(f"{where} is not a lock written by `lock` (no '# Lock for' line)")
-    wheel = lines[0].removeprefix("# Lock for ").split(",")[0]
-    pins: dict[str, str] = {}
-    pending: str | None = None
-    for number, line in enumerate(lines[1:], start=2):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        if pending is None and (m := _REQ.match(line.strip())):
-            pending = f"{normalize(m['name'])}=={m['version']}"
-        elif pending is not None and (h := _HASH.match(line)):
-            pins[pending] = h["digest"]
-            pending = None
-        else:
-            raise LockFileError(
-                f"{where}, line {number}: {line.strip()[:80]!r} is not a pinned requirement with its hash"
-            )
-    if pending is not None or not pins:
-        raise LockFileError(f"{where} pins {f'{pending} without a hash' if pending is not None else 'no file'}")
-    return wheel, pins
+    """The wheel a lock was written for (its first line) and its pins: requirement -> sha256 (the
+    node installer's reading, which its --module mode uses on the node)."""
+    try:
+        return node.parse_lock(text, where)
+    except ValueError as exc:
+        raise LockFileError(str(exc)) from exc
 
 
 def served_files(manifest: WheelhouseManifest) -> dict[str, str]:
