@@ -353,6 +353,12 @@ def parser() -> argparse.ArgumentParser:
                     "wheelhouse (the image stays in podman's storage)")  # fmt: skip
     im.add_argument("--no-smoke", action="store_true", help="with --no-publish: build only (to compare a rebuild's "
                     "image ID); an image is published only after its smoke checks")  # fmt: skip
+    im.add_argument("--squashfs", action="store_true",
+                    help="also make the Slurm container image: the image's root filesystem as a squashfs in Enroot's "
+                    "layout (srun --container-image=FILE.sqsh with Pyxis), reproducible (the same archive gives the "
+                    "same bytes), proven by the smoke suite run from its files, published beside the archive as "
+                    "images/<name>.sqsh with its sha256 in the signed manifest. Needs mksquashfs "
+                    "(squashfs-tools) and squashfuse or unsquashfs")  # fmt: skip
 
     pr = sub.add_parser(
         "prune",

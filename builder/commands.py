@@ -447,12 +447,19 @@ def image(args: argparse.Namespace) -> int:
 
     ws = _workspace(args)
     result = build_image(args.wheelhouse, ws, lock=args.lock, wheel=args.wheel, base=args.base,
-                         publish=not args.no_publish, verbose=args.verbose, smoke=not args.no_smoke)  # fmt: skip
+                         publish=not args.no_publish, verbose=args.verbose, smoke=not args.no_smoke,
+                         squashfs=args.squashfs)  # fmt: skip
     where = result.archive or "(not published: --no-publish)"
     output.step(f"image {result.ref}: ID {result.image_id[:12]}, {result.size / 1e6:.0f} MB archive (sha256 "
                 f"{result.sha256[:16]}...) {where}")  # fmt: skip
+    if result.squashfs_sha256:
+        sqsh = result.archive.with_name(result.archive.name[: -len(".oci.tar")] + ".sqsh") if result.archive else None
+        output.step(f"squashfs {result.squashfs_size / 1e6:.0f} MB (sha256 {result.squashfs_sha256[:16]}...) "
+                    f"{sqsh or '(not published: --no-publish)'}")  # fmt: skip
     if result.archive is not None:
         output.result(f"load it with: podman load -i {result.archive}  (or docker load -i ...)")
+        if result.squashfs_sha256:
+            output.result(f"run it with Slurm (Pyxis): srun --container-image={sqsh} python -c 'import deepspeed'")
     return 0
 
 

@@ -291,9 +291,16 @@ class ImageEntry:
     python_tag: str
     smoke: "SmokeSummary"
     published_at: str = ""
+    # The same root filesystem as a squashfs in Enroot's layout (Slurm's pyxis: srun
+    # --container-image=FILE.sqsh): images/<the archive's name less .oci.tar>.sqsh; "" where none.
+    squashfs: str = ""
+    squashfs_sha256: str = ""
+    squashfs_size: int = 0
 
     def to_json(self) -> "dict[str, Any]":
+        squashfs = {"squashfs": {"name": self.squashfs, "sha256": self.squashfs_sha256, "size": self.squashfs_size}}
         return {
+            **(squashfs if self.squashfs else {}),
             "sha256": self.sha256,
             "image_id": self.image_id,
             "digest": self.digest,
@@ -675,6 +682,7 @@ LOCK_NAME_RE = re.compile(r"^locks/[A-Za-z0-9][A-Za-z0-9._-]{0,80}\.lock$")
 LOCK_FILE_RE = re.compile(
     r"^locks/(?:pylock\.[A-Za-z0-9][A-Za-z0-9._-]{0,80}\.toml|[A-Za-z0-9][A-Za-z0-9._-]{0,80}\.(?:lock|Containerfile))$"
 )
+SQUASHFS_NAME_RE = re.compile(rf"^{IMAGES}/[A-Za-z0-9][A-Za-z0-9_+-]*(?:\.[A-Za-z0-9_+-]+)*\.sqsh$")
 IMAGE_ID_RE = SHA256_RE
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 # An image reference as podman prints it: registry/path:tag, printable and short.
@@ -689,12 +697,42 @@ def check_image_name(name: object, where: str) -> str:
     return name
 
 
+def squashfs_name(archive: str) -> str:
+    """The squashfs of an image archive: images/<stem>.oci.tar -> images/<stem>.sqsh."""
+    return archive[: -len(".oci.tar")] + ".sqsh"
+
+
+def check_image_file(name: object, where: str) -> str:
+    """A file under images/ (an archive or its squashfs), checked before it is joined to a folder."""
+    if isinstance(name, str) and ".." not in name and SQUASHFS_NAME_RE.match(name):
+        return name
+    return check_image_name(name, where)
+
+
+def image_files(manifest: "WheelhouseManifest") -> "dict[str, str]":
+    """Every file the images of the manifest have under images/ -> its sha256."""
+    files = {n: e.sha256 for n, e in manifest.images.items()}
+    files.update({e.squashfs: e.squashfs_sha256 for e in manifest.images.values() if e.squashfs})
+    return files
+
+
 def parse_image_entry(name: str, data: object, where: str) -> "ImageEntry":
     check_image_name(name, f"{where}: images")
     f = Fields(data, f"{where}: images[{name}]")
     size = f.get("size", int)
     if size <= 0:
         raise f.fail("size", "is not a positive number of bytes")
+    squashfs, squashfs_sha256, squashfs_size = "", "", 0
+    if "squashfs" in f.data:
+        sq = Fields(f.get("squashfs", dict), f"{f.where}.squashfs")
+        squashfs = sq.text("name", SQUASHFS_NAME_RE)
+        if squashfs != squashfs_name(name):
+            raise sq.fail("name", f"is not {squashfs_name(name)}, the squashfs of this archive")
+        squashfs_sha256 = sq.text("sha256", SHA256_RE)
+        found = sq.size("size", 1 << 40)
+        if found is None:
+            raise sq.fail("size", "is missing")
+        squashfs_size = found
     wheel: str = f.get("wheel", str)
     check_wheel_name(wheel, f"{f.where}.wheel")
     return ImageEntry(
@@ -712,6 +750,9 @@ def parse_image_entry(name: str, data: object, where: str) -> "ImageEntry":
         python_tag=f.text("python_tag", PYTHON_TAG_RE),
         smoke=parse_smoke_summary(f),
         published_at=f.text("published_at", STAMP_RE, optional=True) or "",
+        squashfs=squashfs,
+        squashfs_sha256=squashfs_sha256,
+        squashfs_size=squashfs_size,
     )
 
 
@@ -2220,12 +2261,16 @@ def _fetch_and_install(base: str, manifest: "WheelhouseManifest", entry: "WheelE
         smoke = "passed" if image.smoke.passed else "FAILED"
         say(f"==> CI image of this wheel: {image.name} ({image.ref}, ID {image.image_id[:12]}, "
             f"{image.size / 1e6:.0f} MB; smoke {smoke}): podman load -i <wheelhouse>/{image.name}")  # fmt: skip
+        if image.squashfs:
+            say(f"==> Slurm container image of this wheel: {image.squashfs} ({image.squashfs_size / 1e6:.0f} MB, "
+                f"Enroot's layout): srun --container-image=<wheelhouse>/{image.squashfs} ...")  # fmt: skip
     result = {"wheel": entry.name, "sha256": entry.sha256, "node": node.to_json(), "installed": False, "floor": floor,
               "dependencies": sorted(deps), "ops_without_code_for_this_gpu": narrowed_for(entry, node),
               "missing_ops": dict(entry.missing_ops), "op_table": table,
               "configs": {n[len("config:"):]: {"status": s, "means": config_category(s, d), "detail": d}
                           for n, (s, d) in sorted(entry.smoke.checks.items()) if n.startswith("config:")},
-              "images": [{"name": i.name, "ref": i.ref, "image_id": i.image_id, "digest": i.digest, "size": i.size}
+              "images": [{"name": i.name, "ref": i.ref, "image_id": i.image_id, "digest": i.digest, "size": i.size,
+                          **({"squashfs": i.squashfs, "squashfs_size": i.squashfs_size} if i.squashfs else {})}
                          for i in images],
               "module": f"{MODULE}/{module_version(entry)}"}  # fmt: skip
     say(

@@ -11,7 +11,10 @@ import dataclasses
 import hashlib
 import io
 import json
+import os
 import re
+import shutil
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -328,3 +331,168 @@ def test_a_lock_named_with_a_path_is_looked_up_in_locks_only(tmp_path: Path) -> 
     (house / "locks" / "planted.lock").write_text(LOCK)  # a lock file the signed manifest does not list
     with pytest.raises(ImageError, match="that the signed manifest lists"):
         find_lock(house, _manifest(), "planted", None, tmp_path / "log")
+
+
+# ---------------------------------------------------------------- the Slurm container image (issue 40)
+
+
+def test_enroot_files_are_written_as_enroot_import_writes_them() -> None:
+    from builder.images.squashfs import ImageConfig, enroot_files, parse_config
+
+    config = parse_config({"config": {"Env": ["VIRTUAL_ENV=/opt/deepspeed", "PATH=/opt/deepspeed/bin:/usr/bin"],
+                                      "Cmd": ["/bin/bash"], "Labels": {"io.buildah.version": "1.28.2"},
+                                      "Volumes": {"/data": {}}}})  # fmt: skip
+    files = enroot_files(config, "ds-wheel-builder:images/cpu-1.sqsh")
+    assert files["etc/environment"] == "VIRTUAL_ENV=/opt/deepspeed\nPATH=/opt/deepspeed/bin:/usr/bin\n"
+    assert files["etc/fstab"] == "${ENROOT_ROOTFS}/data /data none x-create=dir,bind,rw,nosuid,nodev\n"
+    rc = files["etc/rc"].splitlines()
+    assert rc[:2] == ["# enroot-provenance: ds-wheel-builder:images/cpu-1.sqsh", "# io.buildah.version 1.28.2"]
+    assert 'cd "/" && unset OLDPWD || exit 1' in rc and '    exec "$@"' in rc and "    exec /bin/bash" in rc
+    assert files["etc/rc.local"].startswith("# This file is sourced by /etc/rc")
+    # An entrypoint comes before the user's arguments; with no entrypoint and no command, a shell (as Enroot).
+    bare = enroot_files(ImageConfig(entrypoint=("/bin/ep", "a b")), "x")["etc/rc"]
+    assert "    exec /bin/ep 'a b' \"$@\"" in bare and "    exec /bin/ep 'a b'" in bare.splitlines()
+    assert "    exec /bin/sh" in enroot_files(ImageConfig(), "x")["etc/rc"].splitlines()
+    with pytest.raises(archive.ArchiveError, match="Env is not a list of strings"):
+        parse_config({"config": {"Env": "PATH=/x"}})
+
+
+def _member(
+    name: str, data: bytes = b"", kind: bytes = tarfile.REGTYPE, link: str = ""
+) -> tuple[tarfile.TarInfo, bytes]:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname, info.size, info.mode = kind, link, len(data), 0o755 if kind == tarfile.DIRTYPE else 0o644
+    return info, data
+
+
+def _layered_oci(path: Path, layers: list[list[tuple[tarfile.TarInfo, bytes]]]) -> None:
+    """An OCI archive of FAKE layers (small tars, the second gzipped as registries keep them)."""
+    blobs: dict[str, bytes] = {}
+    digests = []
+    for number, members in enumerate(layers):
+        raw = io.BytesIO()
+        with tarfile.open(fileobj=raw, mode="w:gz" if number % 2 else "w") as tar:
+            for info, data in members:
+                tar.addfile(info, io.BytesIO(data) if info.isfile() else None)
+        blob = raw.getvalue()
+        digests.append(hashlib.sha256(blob).hexdigest())
+        blobs[digests[-1]] = blob
+    config = json.dumps({"config": {"Env": ["PATH=/usr/bin"], "Cmd": ["/bin/sh"]}}).encode()
+    blobs[hashlib.sha256(config).hexdigest()] = config
+    manifest = json.dumps({"schemaVersion": 2, "config": {"digest": f"sha256:{hashlib.sha256(config).hexdigest()}"},
+                           "layers": [{"digest": f"sha256:{d}"} for d in digests]}).encode()  # fmt: skip
+    blobs[hashlib.sha256(manifest).hexdigest()] = manifest
+    index = json.dumps({"manifests": [{"digest": f"sha256:{hashlib.sha256(manifest).hexdigest()}"}]}).encode()
+    with tarfile.open(path, "w") as tar:
+        for name, data in [("index.json", index), *((f"blobs/sha256/{d}", b) for d, b in blobs.items())]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+LOWER = [_member("etc", kind=tarfile.DIRTYPE), _member("etc/os-release", b"debian"),
+         _member("opt", kind=tarfile.DIRTYPE), _member("opt/old", kind=tarfile.DIRTYPE), _member("opt/old/a", b"a"),
+         _member("gone", b"x"),
+         _member("bin", kind=tarfile.SYMTYPE, link="usr/bin"), _member("usr/bin/sh", b"#!"),
+         _member("dev/null", kind=tarfile.CHRTYPE)]  # fmt: skip
+
+
+def test_layers_are_applied_in_order_with_their_whiteouts(tmp_path: Path) -> None:
+    from builder.images.squashfs import flatten
+
+    upper = [_member("./opt/old/.wh..wh..opq"), _member("opt/old/b", b"b"), _member(".wh.gone"),
+             _member("etc/os-release", b"debian 12"),
+             _member("etc/issue", kind=tarfile.LNKTYPE, link="etc/os-release")]  # fmt: skip
+    arc = tmp_path / "a.oci.tar"
+    _layered_oci(arc, [LOWER, upper])
+    root = tmp_path / "rootfs"
+    root.mkdir()
+    config = flatten(arc, root)
+    assert config.env == ("PATH=/usr/bin",) and config.cmd == ("/bin/sh",)
+    files = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+    assert files == ["bin", "etc", "etc/issue", "etc/os-release", "opt", "opt/old", "opt/old/b", "usr", "usr/bin",
+                     "usr/bin/sh"], files  # fmt: skip
+    assert (root / "etc/os-release").read_bytes() == b"debian 12" and (root / "etc/issue").stat().st_nlink == 2
+    assert os.readlink(root / "bin") == "usr/bin"
+
+
+@pytest.mark.parametrize(
+    ("member", "said"),
+    [
+        (_member("../escape", b"x"), "does not stay inside the image"),
+        (_member("/etc/passwd", b"x"), "does not stay inside the image"),
+        (_member("bin/evil", b"x"), "through the link bin"),
+        (_member("etc/shadow", kind=tarfile.LNKTYPE, link="../../etc/shadow"), "does not stay inside the image"),
+    ],
+)
+def test_a_layer_that_would_write_outside_is_refused(
+    tmp_path: Path, member: tuple[tarfile.TarInfo, bytes], said: str
+) -> None:
+    from builder.images.squashfs import flatten
+
+    arc = tmp_path / "a.oci.tar"
+    _layered_oci(arc, [LOWER, [member]])
+    root = tmp_path / "rootfs"
+    root.mkdir()
+    with pytest.raises(archive.ArchiveError, match=re.escape(said)):
+        flatten(arc, root)
+    assert not (tmp_path / "escape").exists() and not (root / "usr/bin/evil").exists()
+
+
+@pytest.mark.spawns
+@pytest.mark.skipif(shutil.which("mksquashfs") is None, reason="needs mksquashfs: apt-get install squashfs-tools")
+def test_the_same_archive_gives_the_same_squashfs_bytes(tmp_path: Path) -> None:
+    from builder.images.squashfs import SQUASHFS_MAGIC, make_squashfs
+
+    arc = tmp_path / "a.oci.tar"
+    _layered_oci(arc, [LOWER])
+    one, two = tmp_path / "one.sqsh", tmp_path / "two.sqsh"
+    make_squashfs(arc, one, tmp_path, "x", 0, tmp_path / "log")
+    (tmp_path / "later").mkdir()
+    os.utime(arc, (1_900_000_000, 1_900_000_000))
+    make_squashfs(arc, two, tmp_path / "later", "x", 0, tmp_path / "log")
+    assert one.read_bytes() == two.read_bytes() and one.read_bytes()[:4] == SQUASHFS_MAGIC
+    assert not (tmp_path / "rootfs").exists() and not (tmp_path / "later" / "rootfs").exists()
+    listed = subprocess.run(["unsquashfs", "-lls", str(one)], capture_output=True, text=True, check=True).stdout
+    assert "root/root" in listed and "squashfs-root/etc/rc" in listed and "squashfs-root/dev/null" not in listed
+    assert "1970-01-01 00:00" in listed
+
+
+def test_a_squashfs_entry_is_checked_like_its_archive() -> None:
+    sq = {"squashfs": "images/cpu-1.sqsh", "squashfs_sha256": "3" * 64, "squashfs_size": 99}
+    manifest = dataclasses.replace(_manifest(), images={"images/cpu-1.oci.tar": _image(**sq)})
+    assert parse_manifest(manifest.to_json()).images == manifest.images
+    for change, said in ((dict(sq, squashfs="images/other.sqsh"), "is not images/cpu-1.sqsh"),
+                         (dict(sq, squashfs="images/../x.sqsh"), "field 'name' is not valid"),
+                         (dict(sq, squashfs_size=0), "not a size from 1")):  # fmt: skip
+        bad = dataclasses.replace(_manifest(), images={"images/cpu-1.oci.tar": _image(**change)})
+        with pytest.raises(ManifestError, match=re.escape(said)):
+            parse_manifest(bad.to_json())
+
+
+def test_a_published_squashfs_is_verified_repaired_and_pruned(
+    image_house: tuple[Path, ImageEntry], tmp_path: Path
+) -> None:
+    from builder.wheelhouse import prune, repair, verify
+    from builder.wheelhouse.publish import publish_image
+
+    house, entry = image_house
+    sqsh = tmp_path / "x.sqsh"
+    sqsh.write_bytes(b"hsqs" + b"\0" * 4092)
+    digest = hashlib.sha256(sqsh.read_bytes()).hexdigest()
+    with_sq = dataclasses.replace(entry, squashfs=entry.name[: -len(".oci.tar")] + ".sqsh", squashfs_sha256=digest,
+                                  squashfs_size=4096)  # fmt: skip
+    publish_image(house, house / entry.name, with_sq, sqsh)
+    assert verify(house) == [] and (house / with_sq.squashfs).stat().st_mode & 0o777 == 0o644
+    (house / with_sq.squashfs).write_bytes(b"XXXX" + b"\0" * 4092)
+    assert verify(house) == [f"{with_sq.squashfs}: sha256 differs from manifest.json (tampered or replaced)"]
+    (house / with_sq.squashfs).write_bytes(sqsh.read_bytes())
+    # A killed publish of another image's squashfs: the journal names it, repair removes it.
+    half = house / "images" / "cpu-000000000000.sqsh"
+    half.write_bytes(b"hsqs")
+    (house / ".publish-journal.json").write_text(json.dumps({"files": {
+        "images/cpu-000000000000.sqsh": hashlib.sha256(b"hsqs").hexdigest()}}))  # fmt: skip
+    assert "images/cpu-000000000000.sqsh" in repair(house) and not half.exists()
+    assert verify(house) == []
+    removed = prune(house, ["other-recipe"], [], remove_all=True)
+    assert with_sq.squashfs in removed and not (house / with_sq.squashfs).exists()

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder import output
+from builder import cmd, node, output
 from builder.contracts import Check, verdict
 from builder.errors import BuilderError, ImageError, ToolError
 from builder.images import base as bases
@@ -47,6 +47,8 @@ class ImageResult:
     base: str
     checks: tuple[Check, ...]
     seconds: dict[str, float]
+    squashfs_sha256: str = ""  # of the squashfs, made with --squashfs: the same for the same archive
+    squashfs_size: int = 0
 
 
 def epoch() -> int:
@@ -187,9 +189,13 @@ def seccomp_for(ops: tuple[str, ...], scratch: Path) -> tuple[list[str], Check |
     return ["--security-opt", f"seccomp={path}"], Check("seccomp:io_pgetevents", "passed", why)
 
 
-def smoke_inside(plan: plans.ImagePlan, ref: str, log: Path, verbose: bool) -> tuple[Check, ...]:
-    """The smoke suite inside the image, with no network: torch, import, every op loads (no JIT)
-    and computes, ds_report, the ZeRO-Offload engine, torchrun with gloo (and NCCL with GPUs)."""
+def smoke_inside(
+    plan: plans.ImagePlan, image: list[str], log: Path, verbose: bool, env: tuple[str, ...] = ()
+) -> tuple[Check, ...]:
+    """The smoke suite inside the image (`image`: its reference, or `--rootfs FOLDER:O` and the
+    image's `env`), with no network: torch, import, every op loads (no JIT) and computes, ds_report,
+    the ZeRO-Offload engine, torchrun with gloo (and NCCL with GPUs)."""
+    ref = image[-1]
     w = plan.wheel
     spec = {"version": w.version, "ops": list(w.ops), "accelerator": w.accelerator, "suite": "image",
             "torch": {"version": w.torch, "cuda": w.cuda}, "dist_worker": "/smoke/smoke_dist.py"}  # fmt: skip
@@ -200,7 +206,7 @@ def smoke_inside(plan: plans.ImagePlan, ref: str, log: Path, verbose: bool) -> t
         said = podman.run(
             ["run", "--rm", "--name", name, "--network", "none", "--volume", f"{RESOURCES}:/smoke:ro",
              "--env", "TORCH_EXTENSIONS_DIR=/tmp/torch_extensions", "--env", f"DS_ACCELERATOR={w.accelerator}",
-             "--workdir", "/tmp", *flags, *seccomp, ref, "sh", "-c",
+             "--workdir", "/tmp", *flags, *seccomp, *(a for e in env for a in ("--env", e)), *image, "sh", "-c",
              'mkdir -p "$TORCH_EXTENSIONS_DIR" && exec python /smoke/smoke_checks.py "$0"', json.dumps(spec)],
             log, verbose,
         )  # fmt: skip
@@ -218,6 +224,58 @@ def smoke_inside(plan: plans.ImagePlan, ref: str, log: Path, verbose: bool) -> t
     return checks
 
 
+def _mounted(sqsh: Path, folder: Path, log: Path) -> tuple[Path, str, bool]:
+    """The squashfs's files at a folder: mounted with squashfuse (read-only, as a node mounts it),
+    else unpacked with unsquashfs where FUSE is not available (said so). (folder, how, mounted)."""
+    mnt = folder / "mnt"
+    mnt.mkdir()
+    if shutil.which("squashfuse") and os.path.exists("/dev/fuse"):
+        try:
+            cmd.run(["squashfuse", "-o", "ro", sqsh, mnt], log=log)
+            return mnt, "mounted with squashfuse", True
+        except ToolError:
+            pass
+    if shutil.which("unsquashfs") is None:
+        raise ImageError("neither squashfuse (with /dev/fuse) nor unsquashfs can open the squashfs to prove it",
+                         "apt-get install squashfuse squashfs-tools")  # fmt: skip
+    mnt.rmdir()
+    cmd.run(["unsquashfs", "-no-progress", "-d", mnt, sqsh], log=log, fix=f"check the free space of {folder}")
+    return mnt, "UNPACKED with unsquashfs (a stand-in for mounting it: FUSE is not available here)", False
+
+
+def make_slurm_image(
+    plan: plans.ImagePlan, archive: Path, name: str, folder: Path, log: Path, verbose: bool, smoke: bool
+) -> tuple[Path, Check]:
+    """The archive's root filesystem as an Enroot squashfs, and the smoke suite run from its files
+    (podman --rootfs over them, read-only, writes to an overlay) with no network."""
+    from builder.images.squashfs import make_squashfs
+
+    sqsh = folder / "image.sqsh"
+    start = time.monotonic()
+    config = make_squashfs(archive, sqsh, folder, f"ds-wheel-builder:{name}", plan.epoch, log)
+    made = time.monotonic() - start
+    output.note(f"squashfs: {sqsh.stat().st_size / 1e6:.0f} MB in {made:.0f}s")
+    if not smoke:
+        return sqsh, Check("squashfs", "skipped", "--no-smoke")
+    mnt, how, mounted = _mounted(sqsh, folder, log)
+    try:
+        checks = smoke_inside(plan, ["--rootfs", f"{mnt}:O"], log, verbose, config.env)
+    finally:
+        if mounted:
+            cmd.ask(["umount", str(mnt)])
+            if os.path.ismount(mnt):
+                cmd.ask(["umount", "-l", str(mnt)])  # a smoke process still holding it: detached now, gone after
+        if not os.path.ismount(mnt):
+            shutil.rmtree(mnt, ignore_errors=True)
+    failed = [c.name for c in checks if c.status == "failed"]
+    passed = sum(c.status == "passed" for c in checks)
+    if failed or not passed:
+        raise ImageError(f"the smoke checks failed in the squashfs ({how}): {', '.join(failed) or 'nothing passed'}",
+                         f"read {log}")  # fmt: skip
+    return sqsh, Check("squashfs", "passed", f"the smoke suite ran from its files, {how}, no network: {passed} "
+                       f"checks passed; {made:.0f}s to make")  # fmt: skip
+
+
 def build_image(
     wheelhouse: Path,
     ws: Workspace,
@@ -227,6 +285,7 @@ def build_image(
     publish: bool = True,
     verbose: bool = False,
     smoke: bool = True,
+    squashfs: bool = False,
 ) -> ImageResult:
     """Build, smoke, save and (unless told not to) publish the CI image of a lock; only a proven
     image is published."""
@@ -270,7 +329,7 @@ def build_image(
             raise ImageError(f"podman build finished but {plan.ref} is not in its storage", f"read {log}")
         output.note(f"image {plan.ref}: ID {built[:12]} ({seconds['build']:.0f}s)")
         start = time.monotonic()
-        checks = smoke_inside(plan, plan.ref, log, verbose) if smoke else (Check("smoke", "skipped", "--no-smoke"),)
+        checks = smoke_inside(plan, [plan.ref], log, verbose) if smoke else (Check("smoke", "skipped", "--no-smoke"),)
         seconds["smoke"] = time.monotonic() - start
         for c in checks:
             output.note(f"  {c.status:7} {c.name:24} {c.detail.splitlines()[0] if c.detail else ''}")
@@ -290,18 +349,29 @@ def build_image(
             raise ImageError(f"the archive podman saved is unusable: {exc}", f"read {log}") from exc
         if facts.image_id != built:
             raise ImageError(f"the archive holds image {facts.image_id[:12]}, not {built[:12]}", f"read {log}")
+        name = plans.archive_name(plan.wheel, built)
+        sqsh: Path | None = None
+        if squashfs:
+            start = time.monotonic()
+            sqsh, row = make_slurm_image(plan, archive, node.squashfs_name(name), ctx, log, verbose, smoke)
+            seconds["squashfs"] = time.monotonic() - start
+            checks = (*checks, row)
+            output.note(f"  {row.status:7} {row.name:24} {row.detail}")
         entry = ImageEntry(
-            name=plans.archive_name(plan.wheel, built), sha256=sha256_of(archive), image_id=built,
+            name=name, sha256=sha256_of(archive), image_id=built,
             digest=facts.digest, size=archive.stat().st_size, ref=plan.ref, base=base_ref, base_id=base_id,
             lock=lock_rel, lock_sha256=plan.lock_sha256, wheel=plan.wheel.name, python_tag=plan.wheel.python_tag,
             smoke=SmokeSummary(True, time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
                                {c.name: (c.status, c.detail.splitlines()[0] if c.detail else "") for c in checks}),
         )  # fmt: skip
+        if sqsh is not None:
+            entry = dataclasses.replace(entry, squashfs=node.squashfs_name(name), squashfs_sha256=sha256_of(sqsh),
+                                        squashfs_size=sqsh.stat().st_size)  # fmt: skip
         published: Path | None = None
         if publish:
             from builder.wheelhouse.publish import publish_image
 
-            published = publish_image(wheelhouse, archive, entry)
+            published = publish_image(wheelhouse, archive, entry, sqsh)
     except (BuilderError, OSError, KeyboardInterrupt) as exc:
         # What this run made, and only that: containers from the base (a build's working
         # container) or from the new image that were not there before, then the new image.
@@ -318,4 +388,5 @@ def build_image(
             shutil.rmtree(ctx, ignore_errors=True)
     if prior and prior != built:
         podman.ask(["rmi", prior])  # the image this tag named before, now untagged: removed if nothing uses it
-    return ImageResult(plan.ref, built, facts.digest, published, entry.size, entry.sha256, base_ref, checks, seconds)
+    return ImageResult(plan.ref, built, facts.digest, published, entry.size, entry.sha256, base_ref, checks, seconds,
+                       entry.squashfs_sha256, entry.squashfs_size)  # fmt: skip

@@ -22,8 +22,10 @@ from builder.node import (
     CONFIG_SITE,
     INSTALLER,
     MANIFEST_FILE,
+    MODULE,
     NAMESPACE,
     SIGNATURE_FILE,
+    ImageEntry,
     ManifestError,
     WheelEntry,
     WheelhouseManifest,
@@ -34,6 +36,7 @@ from builder.node import (
     dtypes_of,
     fingerprint_of,
     glibc_floor,
+    module_version,
     op_table,
     read_bounded,
     split_variant_name,
@@ -245,6 +248,18 @@ def _install(facts: PageFacts) -> str:
         "folder can edit the page. <code>python -m builder provision</code> writes scripts that do the same on "
         "every node with the key inside.</p>",
         _cmd("node-installer", "", node_installer_command(m)),
+        "<h3>A shared software tree: an Lmod module, once for all nodes</h3>",
+        "<p>On one node that mounts the site's software tree, after the checks above, as the tree's owner: the "
+        "wheel that fits the node and everything its lock pins (torch included) go into a venv made with the "
+        "Python you name (it must be at that path on every node), proven with Lmod, then its modulefile is written "
+        "(the toolkit's docs/hpc.md). The module of each wheel is named below.</p>",
+        _cmd(
+            "module",
+            "",
+            'python3 ds-node-install.py --wheelhouse "$WH" --trust "$KEY" --module /shared/software '
+            "--python /usr/bin/python3.11\n"
+            "# users: module use /shared/software/modulefiles && module load deepspeed",
+        ),
         '<p class="note">The pip and uv commands below check each file only against the sha256 in the index they '
         "are served, which lies in the same folder: use them where the folder itself is trusted, or install from a "
         "lock the node installer checked.</p>",
@@ -252,6 +267,11 @@ def _install(facts: PageFacts) -> str:
     for name, e in sorted(m.wheels.items()):
         gpu = f"GPUs {', '.join(e.archs)}" if e.archs else "no GPU needed"
         parts.append(f'<h3 data-wheel="{_e(name)}">{_e(e.recipe)} ({_e(e.python_tag)}, {_e(gpu)})</h3>')
+        images = [i for i in m.images.values() if i.wheel == name]
+        ways = [f"Lmod module <code>{_e(MODULE)}/{_e(module_version(e))}</code>"]
+        ways += [f"CI image <code>{_e(i.name)}</code>" for i in images]
+        ways += [f"Slurm container image <code>{_e(i.squashfs)}</code>" for i in images if i.squashfs]
+        parts.append(f'<p class="note" data-ways="{_e(name)}">Also as: {", ".join(ways)}.</p>')
         for kind, text in install_commands(m, e).items():
             label = {"pip": "plain pip", "uv": "uv", "uv-variants": "uv, picking the build for the node's GPU "
                      "(experimental)"}[kind]  # fmt: skip
@@ -271,13 +291,21 @@ def _signed(m: WheelhouseManifest) -> str:
 def _images(manifest: WheelhouseManifest) -> str:
     if not manifest.images:
         return '<p class="note">No CI image is published (<code>python -m builder image</code> makes one).</p>'
+
+    def slurm(i: ImageEntry) -> str:
+        if not i.squashfs:
+            return "-"
+        return (f"{_code(i.squashfs)} ({i.squashfs_size / 1e6:.0f} MB)<br>"
+                + _code(f"srun --container-image=$WH_DIR/{i.squashfs} ..."))  # fmt: skip
+
     rows = [
         _row("image", name, [_code(name), _code(i.ref), _code(i.image_id[:12]), f"{i.size / 1e6:.0f} MB", _e(i.base),
              _e(i.lock), _code(i.wheel), _status("passed" if i.smoke.passed else "failed"),
-             _code(f"podman load -i {name}")])
+             _code(f"podman load -i {name}"), slurm(i)])
         for name, i in sorted(manifest.images.items())
     ]  # fmt: skip
-    return _table("images", ["archive", "image", "ID", "size", "base", "lock", "wheel", "smoke inside", "load"], rows)
+    heads = ["archive", "image", "ID", "size", "base", "lock", "wheel", "smoke inside", "load", "Slurm (squashfs)"]
+    return _table("images", heads, rows)
 
 
 def _locks(facts: PageFacts) -> str:

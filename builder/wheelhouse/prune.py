@@ -40,8 +40,9 @@ def prune(
         if dry_run or not doomed:
             return doomed
         kept = {n: e for n, e in manifest.wheels.items() if n not in doomed}
-        images = [n for n, e in sorted(manifest.images.items()) if e.wheel in doomed]  # they hold a doomed wheel
-        manifest = replace(manifest, wheels=kept, images={n: e for n, e in manifest.images.items() if n not in images})
+        gone = {n: e for n, e in sorted(manifest.images.items()) if e.wheel in doomed}  # they hold a doomed wheel
+        images = [f for n, e in gone.items() for f in (n, e.squashfs) if f]  # an archive and its squashfs
+        manifest = replace(manifest, wheels=kept, images={n: e for n, e in manifest.images.items() if n not in gone})
         stale: list[Path] = []
         if manifest.variants:  # the variants of pruned wheels go; a new fallback is made if needed
             manifest, stale = sync_variants(wheelhouse, manifest)

@@ -197,12 +197,12 @@ def _leftovers(wheelhouse: Path, manifest: WheelhouseManifest) -> tuple[list[Pat
                         doomed.append(path)  # the killed `lock` wrote it; the manifest never listed these bytes
                     continue
                 if name.startswith(f"{IMAGES}/"):
-                    check_image_name(name, JOURNAL)
+                    node.check_image_file(name, JOURNAL)
                 elif name.endswith("-variants.json"):
                     check_variants_json_name(name, JOURNAL)
                 elif not node.is_wheel_name(name):
                     split_variant_name(name, JOURNAL)
-                if name in listed or name in manifest.images:
+                if name in listed or name in node.image_files(manifest):
                     continue
                 # Companions first, the wheel after, the journal last: a cleanup cut short is redone.
                 if not path.is_file() or sha256_of(path) == digest:  # the file the killed publish copied
@@ -504,26 +504,35 @@ def _written_by_lock(path: Path) -> bool:
     return path.is_file() and b", written by ds-wheel-builder" in first.partition(b"\n")[0]
 
 
-def publish_image(wheelhouse: Path, archive: Path, entry: ImageEntry) -> Path:
-    """Copy an image's OCI archive to images/ and list it in the manifest, under the publish lock
-    and its journal (a kill leaves no half archive: the next publish or repair removes it)."""
+def publish_image(wheelhouse: Path, archive: Path, entry: ImageEntry, squashfs: Path | None = None) -> Path:
+    """Copy an image's OCI archive (and its squashfs) to images/ and list them in the manifest,
+    under the publish lock and its journal (a kill leaves no half file: the next publish or repair
+    removes it)."""
     _writable(wheelhouse)
     target = wheelhouse / check_image_name(entry.name, "image")
+    files = {entry.name: (archive, entry.sha256)}
+    if squashfs is not None:
+        files[node.check_image_file(entry.squashfs, "image")] = (squashfs, entry.squashfs_sha256)
     with locked(wheelhouse):
         manifest = load_manifest(wheelhouse)
         _clean(wheelhouse, manifest)
         if entry.wheel not in manifest.wheels:
             raise PublishError(f"{entry.wheel} is not published in {wheelhouse}", "publish the wheel before its image")
         known = manifest.images.get(entry.name)
-        if known is not None and known.image_id == entry.image_id and target.is_file():
+        done = known is not None and known.image_id == entry.image_id and target.is_file()
+        if done and known is not None and (squashfs is None or known.squashfs_sha256 == entry.squashfs_sha256):
             output.note(f"{entry.name} is already published (image {entry.image_id[:12]})")
             return target
-        if known is None and target.exists():
-            raise PublishError(f"{target} exists and is not listed in {MANIFEST}", "move it away; it is not ours")
-        _journal(wheelhouse, {entry.name: entry.sha256})
+        ours = node.image_files(manifest)
+        for rel in files:
+            if rel not in ours and (wheelhouse / rel).exists():
+                raise PublishError(f"{wheelhouse / rel} exists and is not listed in {MANIFEST}",
+                                   "move it away; it is not ours")  # fmt: skip
+        _journal(wheelhouse, {rel: digest for rel, (_, digest) in files.items()})
         try:
             make_dirs(target.parent)
-            copy_atomic(archive, target)
+            for rel, (source, _) in files.items():
+                copy_atomic(source, wheelhouse / rel)
             images = {**manifest.images, entry.name: dataclasses.replace(entry, published_at=_now())}
             commit(wheelhouse, dataclasses.replace(manifest, images=images))  # the page lists the image
         except BaseException as exc:

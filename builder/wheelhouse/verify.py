@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import os
 from pathlib import Path
 from urllib.parse import quote, unquote
 
 from builder.contracts import BuildManifest, SmokeReport
 from builder.errors import WheelhouseError
 from builder.files import is_temp_name
+from builder.images.squashfs import SQUASHFS_MAGIC
 from builder.node import (
     IMAGES,
     ManifestError,
@@ -24,6 +26,7 @@ from builder.node import (
     WheelhouseManifest,
     check_expiry,
     entry_differences,
+    image_files,
     read_bounded,
 )
 from builder.wheelbuild.source import sha256_of
@@ -197,11 +200,18 @@ def _verify_images(wheelhouse: Path, manifest: WheelhouseManifest) -> list[str]:
         if facts.digest != entry.digest or facts.image_id != entry.image_id:
             problems.append(f"{name}: holds image {facts.image_id[:12]} ({facts.digest}), but {MANIFEST} says "
                             f"{entry.image_id[:12]} ({entry.digest})")  # fmt: skip
+        if entry.squashfs:
+            wrong = _listed_file(wheelhouse, entry.squashfs, entry.squashfs_sha256, entry.squashfs_size)
+            with (wheelhouse / entry.squashfs).open("rb") if not wrong else open(os.devnull, "rb") as f:
+                if not wrong and f.read(4) != SQUASHFS_MAGIC:
+                    wrong.append(f"{entry.squashfs}: not a squashfs (no squashfs superblock)")
+            problems += wrong
     folder = wheelhouse / IMAGES
+    listed = image_files(manifest)
     if folder.is_dir() and not folder.is_symlink():
         for path in sorted(folder.iterdir()):
             rel = f"{IMAGES}/{path.name}"
-            if rel not in manifest.images:
+            if rel not in listed:
                 problems.append(f"{rel}: {INTERRUPTED if is_temp_name(path.name) else 'not in ' + MANIFEST}")
     return problems
 
