@@ -459,13 +459,15 @@ def test_the_same_archive_gives_the_same_squashfs_bytes(tmp_path: Path) -> None:
 
 
 def test_a_squashfs_entry_is_checked_like_its_archive() -> None:
-    sq = {"squashfs": "images/cpu-1.sqsh", "squashfs_sha256": "3" * 64, "squashfs_size": 99}
-    manifest = dataclasses.replace(_manifest(), images={"images/cpu-1.oci.tar": _image(**sq)})
+    sq: dict[str, object] = {"squashfs": "images/cpu-1.sqsh", "squashfs_sha256": "3" * 64, "squashfs_size": 99}
+    manifest = dataclasses.replace(_manifest(), images={"images/cpu-1.oci.tar": _image("images/cpu-1.oci.tar", **sq)})
     assert parse_manifest(manifest.to_json()).images == manifest.images
     for change, said in ((dict(sq, squashfs="images/other.sqsh"), "is not images/cpu-1.sqsh"),
                          (dict(sq, squashfs="images/../x.sqsh"), "field 'name' is not valid"),
                          (dict(sq, squashfs_size=0), "not a size from 1")):  # fmt: skip
-        bad = dataclasses.replace(_manifest(), images={"images/cpu-1.oci.tar": _image(**change)})
+        bad = dataclasses.replace(
+            _manifest(), images={"images/cpu-1.oci.tar": _image("images/cpu-1.oci.tar", **change)}
+        )
         with pytest.raises(ManifestError, match=re.escape(said)):
             parse_manifest(bad.to_json())
 
