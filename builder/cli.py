@@ -401,6 +401,9 @@ def parser() -> argparse.ArgumentParser:
                     "names, user, key and known hosts), instead of ~/.ssh/config")  # fmt: skip
     pv.add_argument("--out", type=Path, default=Path("provision"), help="where the scripts go (default: %(default)s)")
     pv.add_argument("--run", action="store_true", help="execute the scripts on the hosts with pdsh")
+    pv.add_argument("--module", metavar="PREFIX",
+                    help="install the wheel and its lock as an Lmod module under PREFIX, a software tree every node "
+                    "mounts: once, from the first host (or node) alone, with its Python (`module --help`)")  # fmt: skip
     pv.add_argument(
         "--launcher",
         choices=("ssh", "local", "slurm"),

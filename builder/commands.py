@@ -502,13 +502,22 @@ def provision(args: argparse.Namespace) -> int:
             f"cannot read the hostfile {args.hostfile}: {exc}", "pass --hostfile with a readable file"
         ) from exc
     hosts = prov.parse_hostfile(text, str(args.hostfile))
+    if args.module:
+        hosts = _once(hosts, [h.name for h in hosts])
     prov.installer_sha256(args.wheelhouse)  # the wheelhouse verifies here before any node is asked to trust it
-    scripts = prov.write(hosts, url, args.out, _provision_trust(), _wheelhouse_id(args.wheelhouse))
+    scripts = prov.write(hosts, url, args.out, _provision_trust(), _wheelhouse_id(args.wheelhouse), args.module or "")
     output.step(f"wrote {len(scripts)} host scripts in {args.out}/ for wheelhouse {url}")
     if args.run:
         outcomes = prov.run(hosts, args.out, args.launcher, ws.logs / "provision.log", args.ssh_config)
         return _provision_report(outcomes, "hosts", ws.logs / "provision.log")
     return 0
+
+
+def _once(items: list[Any], names: list[str]) -> list[Any]:
+    """A module goes on a shared tree: it is installed from the first host alone, not from each."""
+    output.step(f"--module: the module is installed once, from {names[0]} (the tree it names is shared); "
+                f"{len(names) - 1} other host(s) load it from there")  # fmt: skip
+    return items[:1]
 
 
 def _provision_report(outcomes: list[Any], what: str, log: Path) -> int:
@@ -555,14 +564,16 @@ def _provision_slurm(args: argparse.Namespace, ws: Workspace, url: str) -> int:
     prov.installer_sha256(args.wheelhouse)
     host = prov.Host("every node", python=args.python or "python3")
     script = write_atomic(args.out / "node.sh", prov.host_script(host, url, _provision_trust(), json_result=True,
-                                                                 wheelhouse_id=_wheelhouse_id(args.wheelhouse)),
-                          mode=0o755)  # fmt: skip
+                                                                 wheelhouse_id=_wheelhouse_id(args.wheelhouse),
+                                                                 module=args.module or ""), mode=0o755)  # fmt: skip
     output.step(f"wrote {script} for wheelhouse {url}")
     if not args.run:
         return 0
     nodes, down = prov.slurm_nodes(args.partition, args.nodelist)
     if down:
         output.warn(f"skipping {len(down)} nodes Slurm reports down or draining: {', '.join(down)}")
+    if args.module and nodes:
+        nodes = _once(nodes, nodes)
     outcomes = prov.run_slurm(nodes, args.partition, script.resolve(), args.out, ws.logs / "provision.log")
     return _provision_report(outcomes, "nodes", args.out / "logs")
 

@@ -2704,7 +2704,8 @@ def install_module(base: str, manifest: "WheelhouseManifest", entry: "WheelEntry
     done = os.path.isfile(os.path.join(root, MODULE_RECORD))
     if current == lock_sha and done:
         say(f"==> {MODULE}/{version} is already installed from {lock} (sha256 {lock_sha[:16]}...): nothing to do")
-        return {**result, "unchanged": True}
+        say(f"==> installed {entry.name}")  # in place: what provision reads
+        return {**result, "installed": True, "unchanged": True}
     if current is not None and current != lock_sha and not replace:
         raise ModuleError(f"{modulefile} is the module of another lock at version {version} (sha256 {current[:16]}..."
                           f", not {lock_sha[:16]}...)", "pass --replace-module to switch it to this lock (its old "
@@ -2780,6 +2781,7 @@ def install_module(base: str, manifest: "WheelhouseManifest", entry: "WheelEntry
         f"==> published {MODULE}/{version}: {modulefile} -> {root} ({size / 1e6:.0f} MB, "
         f"{time.monotonic() - started:.0f} s); users run: module use {modulefiles} && module load {MODULE}/{version}"
     )
+    say(f"==> installed {entry.name}")
     return {**result, "installed": True, "size": size, "checked": checked}
 
 

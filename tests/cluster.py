@@ -6,7 +6,8 @@ host, 10.77.0.1N on node N), its own hostname, and its own mount and PID namespa
 Debian root made with debootstrap, overlaid per node (writes stay in the node's folder), with only
 the cluster's shared folder bind-mounted in at /shared: no compiler, no CUDA toolkit, none of the
 build host's files. Node 1-3 run Debian 12 (bookworm: glibc 2.36, Python 3.11, OpenSSH 9.2) with
-the site's node image: a venv at /opt/ds holding torch 2.13.0 (CPU build) and pip; node 4 runs
+the site's node image: a venv at /opt/ds holding torch 2.13.0 (CPU build) and pip, Lmod, squashfuse
+and squashfs-tools; node 4 runs
 Debian 11 (bullseye: glibc 2.31, Python 3.9, OpenSSH 8.4). Each node runs sshd (pdsh and ssh reach
 it with the key and the host keys in FOLDER/ssh; `ssh -F FOLDER/ssh/config node1`); node1 also
 runs nginx (Debian's package) serving /shared as a plain static folder on port 80.
@@ -44,7 +45,9 @@ HOST_ADDR = f"{SUBNET}.1"
 TORCH = "torch==2.13.0+cpu"
 COMMON = ("python3", "python3-venv", "openssh-server", "iproute2", "ca-certificates")
 IMAGES = {  # suite: what the node image holds beyond debootstrap's minimal base
-    "bookworm": {"packages": (*COMMON, "nginx"), "venv": TORCH},
+    # lmod: the site's module system (issue 40); squashfuse and squashfs-tools: a node mounting (or
+    # unpacking) the Slurm container image.
+    "bookworm": {"packages": (*COMMON, "nginx", "lmod", "squashfuse", "squashfs-tools"), "venv": TORCH},
     # Debian 11's own python3 is 3.9, for which torch 2.13 has no wheel: the node gets the Python a site
     # would give it (a module or conda Python), here CPython 3.11 built from Debian's own source package
     # in a bullseye root (ensure_python), with the site's torch in /opt/ds.

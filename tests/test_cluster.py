@@ -346,6 +346,61 @@ def test_the_sites_configs_run_on_the_debian_11_node_with_no_compiler(
     assert not list((up / "nodes" / "node4" / "upper").rglob("torch_extensions"))
 
 
+MODULE_CHECK = """\
+module use /shared/software/modulefiles
+module load deepspeed || exit 20
+command -v python
+cd /tmp && ds_report 2>&1
+python /shared/wheelhouse/tools/ds-config-check.py --json /shared/configs/adam-zero2-offload.json > /tmp/configs.json
+echo "CONFIGS $(tr -d '\\n' < /tmp/configs.json)"
+module purge
+echo "PURGED $(command -v python || echo none) ${VIRTUAL_ENV-}"
+"""
+
+
+def test_provision_installs_the_module_once_and_the_other_nodes_load_it_with_no_compiler(
+    up: Path, matrix_run: dict[str, object], provisioned: subprocess.CompletedProcess[str], tmp_path: Path
+) -> None:
+    """Issue 40 on the cluster: `provision --module` installs the adam wheel and its lock (torch
+    included) as an Lmod module on the shared tree, once, from node1 (with the Python every Debian 12
+    node has); node2 and node3, which never ran the installer and have no compiler, load it in a login
+    shell: its python, ds_report listing the wheel's ops [YES], a DeepSpeed config run from it with
+    nothing compiled, and `module purge` gives the shell back."""
+    house = Path(str(matrix_run["house"]))
+    wheels = json.loads((house / "manifest.json").read_text())["wheels"]
+    (wheel,) = [n for n, e in wheels.items() if e["recipe"] == "adam"]
+    locked = _builder("lock", "--wheelhouse", str(house), "--wheel", wheel, "--work-dir", str(tmp_path / "work"))
+    assert locked.returncode == 0, locked.stderr[-3000:]
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("".join(f"{n} slots=1 python=/opt/ds/bin/python\n" for n in DEBIAN12))
+    done = _builder("provision", "--hostfile", str(hostfile), "--wheelhouse", str(house), "--url", "/shared/wheelhouse",
+                    "--ssh-config", str(up / "ssh" / "config"), "--out", str(tmp_path / "scripts"), "--run",
+                    "--module", "/shared/software", "--work-dir", str(tmp_path / "work"))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-5000:]
+    assert "the module is installed once, from node1" in done.stderr and "installed on 1/1 hosts: node1" in done.stderr
+    modulefiles = up / "shared" / "software" / "modulefiles" / "deepspeed"
+    (lua,) = modulefiles.iterdir()
+    assert lua.name == f"{wheels[wheel]['version']}-py3.11.lua"
+    configs = up / "shared" / "configs"
+    configs.mkdir(exist_ok=True)
+    shutil.copy(ROOT / "recipes" / "configs" / "adam-zero2-offload.json", configs)
+    (up / "shared" / "module-check.sh").write_text(MODULE_CHECK)
+    for node in ("node2", "node3"):
+        shell = _on(up, node, "bash -l /shared/module-check.sh", check=False)
+        out = re.sub(r"\x1b\[[0-9;]*m", "", shell.stdout)
+        assert shell.returncode == 0, shell.stdout[-3000:] + shell.stderr[-3000:]
+        lines = out.splitlines()
+        assert lines[0].startswith("/shared/software/deepspeed/") and lines[0].endswith("/bin/python"), lines[:3]
+        ops = {m[1]: m[2] for m in re.finditer(r"^(\w+) \.+ \[(\w+)\]", out, re.M)}
+        assert ops.get("cpu_adam") == "YES" and ops.get("deepspeed_shm_comm") == "YES", out[-3000:]
+        (configs_line,) = [line for line in lines if line.startswith("CONFIGS ")]
+        result = json.loads(configs_line[len("CONFIGS ") :])
+        assert result[0]["status"] == "passed" and result[0]["jit"] == [], result
+        assert lines[-1].split() == ["PURGED", "none"], lines[-1]  # no python on PATH, VIRTUAL_ENV unset
+        assert not list((up / "nodes" / node / "upper").rglob("torch_extensions"))
+        assert _on(up, node, "command -v cc gcc g++ || echo no-compiler").stdout.split() == ["no-compiler"]
+
+
 def test_provision_over_http_from_nginx(up: Path, matrix_run: dict[str, object], tmp_path: Path) -> None:
     """The same wheelhouse, served by nginx on node1 as a plain static folder, unchanged."""
     done = _builder("provision", "--hostfile", str(up / "hostfile"), "--wheelhouse", str(matrix_run["house"]),

@@ -518,6 +518,40 @@ def test_lock_installs_with_hashes_required(
     assert refused.returncode != 0 and "HASHES" in (refused.stdout + refused.stderr).upper()
 
 
+@pytest.mark.skipif(not os.path.isfile("/usr/share/lmod/lmod/init/bash"), reason="needs Lmod: apt-get install lmod")
+def test_the_lock_becomes_an_lmod_module_that_runs_a_config(
+    pipeline: tuple[Path, subprocess.CompletedProcess[str]], workspace: Path, tmp_path: Path
+) -> None:
+    """Issue 40: `module` puts the wheel and its lock (torch included) under a prefix, proven with Lmod
+    (every op [YES] in ds_report) before its modulefile is written; a user's login shell loads it, runs
+    a DeepSpeed config with it (the wheelhouse's checker, nothing compiled) and purges it."""
+    house, _ = pipeline
+    if not (house / "locks" / "cpu.lock").is_file():
+        assert builder("lock", "--wheelhouse", str(house), "--work-dir", str(workspace)).returncode == 0
+    prefix = tmp_path / "shared" / "software"
+    adam = ROOT / "recipes" / "configs" / "adam-zero0.json"
+    done = builder("module", "--wheelhouse", str(house), "--prefix", str(prefix), "--python", sys.executable,
+                   "--check-config", str(adam), "--json")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout)
+    root = Path(result["root"])
+    assert result["module"] == f"deepspeed/{VERSION}-py3.11" and result["installed"] and root.is_relative_to(prefix)
+    assert result["checked"] == [f"python {root}/bin/python", *(f"{op} [YES]" for op in OPS)], result["checked"]
+    assert [r["status"] for r in result["configs_checked"]] == ["passed"], result["configs_checked"]
+    home = tmp_path / "home"
+    home.mkdir()
+    script = (f"module use {prefix}/modulefiles && module load deepspeed && command -v python && python -c 'import "
+              "deepspeed, torch; print(deepspeed.__version__, torch.__version__)' && module purge && echo PURGED "
+              '"${VIRTUAL_ENV-}"; command -v python || echo NO-PYTHON')  # fmt: skip
+    shell = subprocess.run(["bash", "-lc", script], capture_output=True, text=True,
+                           env={"HOME": str(home), "PATH": "/usr/bin:/bin", "USER": "someone"})  # fmt: skip
+    assert shell.returncode == 0, shell.stderr[-2000:]
+    assert shell.stdout.splitlines()[:2] == [f"{root}/bin/python", f"{VERSION} 2.13.0+cpu"], shell.stdout
+    assert "PURGED " in shell.stdout and f"{root}/bin/python" not in shell.stdout.split("PURGED")[1]
+    assert list(home.iterdir()) == []
+    print(f"module: {result['size'] / 1e6:.0f} MB")
+
+
 def test_the_pylock_installs_offline_with_uv_and_pip(
     pipeline: tuple[Path, subprocess.CompletedProcess[str]], workspace: Path, tmp_path: Path
 ) -> None:
@@ -596,12 +630,24 @@ def test_the_ci_image_is_built_from_the_wheelhouse_proven_inside_and_reproducibl
     pipeline: tuple[Path, subprocess.CompletedProcess[str]], workspace: Path
 ) -> None:
     """Issue 22: the default recipe's image on the debootstrap base, the smoke inside it with no
-    network, published to images/ and verified; built again, the same image ID and digest."""
+    network, published to images/ and verified; built again, the same image ID and digest. Issue 40:
+    its Slurm container image (--squashfs), the smoke suite run from the squashfs's own files, published
+    beside the archive and verified (the same archive gives the same squashfs: test_images.py)."""
     house, _ = pipeline
-    done = builder("image", "--wheelhouse", str(house), "--work-dir", str(workspace), "--wheel", WHEEL)
+    squashfs = ["--squashfs"] if shutil.which("mksquashfs") else []  # .ci/run installs squashfs-tools
+    done = builder("image", "--wheelhouse", str(house), "--work-dir", str(workspace), "--wheel", WHEEL, *squashfs)
     assert done.returncode == 0, done.stderr[-5000:]
     manifest = json.loads((house / "manifest.json").read_text())
     ((name, entry),) = manifest["images"].items()
+    if squashfs:
+        sq = entry["squashfs"]
+        assert (
+            sq["name"] == name.removesuffix(".oci.tar") + ".sqsh" and (house / sq["name"]).stat().st_size == sq["size"]
+        )
+        assert hashlib.sha256((house / sq["name"]).read_bytes()).hexdigest() == sq["sha256"]
+        row = entry["smoke"]["checks"]["squashfs"]
+        assert row["status"] == "passed" and "the smoke suite ran from its files" in row["detail"], row
+        assert f"srun --container-image={house / sq['name']}" in done.stdout + done.stderr
     assert name.startswith("images/cpu-") and (house / name).is_file() and entry["wheel"] == WHEEL
     assert entry["base"].startswith("localhost/ds-builder-base:bookworm-") and entry["lock"] == "locks/cpu.lock"
     checks = {name: (c["status"], c["detail"]) for name, c in entry["smoke"]["checks"].items()}
