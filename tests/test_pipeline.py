@@ -677,6 +677,59 @@ def test_the_ci_image_is_built_from_the_wheelhouse_proven_inside_and_reproducibl
     assert loaded.returncode == 0 and entry["image_id"] in loaded.stdout + loaded.stderr, loaded.stderr
 
 
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("squashfuse") or not shutil.which("unshare"),
+    reason="needs root, squashfuse and unshare: a node made of namespaces mounts the squashfs",
+)
+def test_the_slurm_container_image_runs_the_smoke_through_enroots_rc_on_a_node_with_no_network(
+    pipeline: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path
+) -> None:
+    """Issue 40: the published squashfs as Enroot starts it, on a node made of namespaces (its own
+    mount, UTS, PID and network namespace: loopback only): mounted read-only with squashfuse under a
+    writable overlay (Enroot's rootfs is writable), /proc, /dev, a /tmp and the node's /etc/hosts and
+    /etc/hostname put in as Enroot's fstabs do, its /etc/environment as the whole environment and
+    /etc/rc as the entrypoint; the smoke suite (bound in read-only at /mnt) runs: every op loads and
+    computes, ZeRO-Offload, torchrun on one node and on two over loopback."""
+    from builder.resources import RESOURCES
+    from builder.smoke import parse_checks
+
+    house, _ = pipeline
+    images = json.loads((house / "manifest.json").read_text()).get("images", {})
+    published = [e["squashfs"]["name"] for e in images.values() if "squashfs" in e]
+    if not published:
+        pytest.skip("no squashfs is published: the image test makes one where mksquashfs is installed")
+    node = tmp_path / "node"
+    for folder in ("lower", "root", "ovl"):
+        (node / folder).mkdir(parents=True)
+    (node / "hosts").write_text("127.0.0.1 localhost\n127.0.1.1 ds-node\n")
+    (node / "hostname").write_text("ds-node\n")
+    torch = {"version": "2.13.0+cpu", "cuda": None}
+    spec = json.dumps({"version": VERSION, "ops": list(OPS), "accelerator": "cpu", "suite": "image", "torch": torch,
+                       "dist_worker": "/mnt/smoke_dist.py"})  # fmt: skip
+    root = node / "root"
+    script = "\n".join([
+        "set -e", "hostname ds-node", f"squashfuse -o ro {house / published[0]} {node}/lower",
+        f"mount -t tmpfs tmpfs {node}/ovl", f"mkdir {node}/ovl/upper {node}/ovl/work",
+        f"mount -t overlay overlay -o lowerdir={node}/lower,upperdir={node}/ovl/upper,workdir={node}/ovl/work {root}",
+        f"mount -t proc proc {root}/proc", f"mount --rbind /dev {root}/dev",
+        f"mount -t tmpfs -o mode=1777 tmpfs {root}/tmp",
+        *(f"touch {root}/etc/{f} && mount --bind -o ro {node}/{f} {root}/etc/{f}" for f in ("hosts", "hostname")),
+        f"mount --bind -o ro {RESOURCES} {root}/mnt", "ip link set lo up",
+        f"exec chroot {root} env -i $(cat {root}/etc/environment) HOME=/tmp TORCH_EXTENSIONS_DIR=/tmp/ext "
+        'DS_ACCELERATOR=cpu sh /etc/rc python /mnt/smoke_checks.py "$0"',
+    ])  # fmt: skip
+    done = subprocess.run(["unshare", "--net", "--mount", "--uts", "--pid", "--fork", "--propagation", "private", "sh",
+                           "-c", script, spec], capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    checks = {c.name: c for c in parse_checks(done.stdout)}
+    assert not [c.name for c in checks.values() if c.status == "failed"], checks
+    assert all(checks[f"numerics:{op}"].status == "passed" for op in OPTIMIZERS), checks
+    assert checks["engine:zero2-offload"].status == "passed" and "nothing JIT-compiled" in checks[
+        "engine:zero2-offload"].detail  # fmt: skip
+    assert checks["dist:gloo:2-nodes"].status == "passed"
+    assert not os.path.ismount(root) and not os.path.ismount(node / "lower")  # gone with the node's namespaces
+
+
 @pytest.mark.skipif(NO_PODMAN is not None, reason=str(NO_PODMAN))
 def test_a_bad_image_input_leaves_nothing_behind(
     pipeline: tuple[Path, subprocess.CompletedProcess[str]], workspace: Path, tmp_path: Path
