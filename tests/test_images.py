@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -43,6 +44,7 @@ deepspeed==0.19.8+cpu.torch2.13 \\
 torch==2.13.0+cpu \\
     --hash=sha256:{"b" * 64}
 """
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _manifest(with_torch: bool = True) -> WheelhouseManifest:
@@ -498,3 +500,34 @@ def test_a_published_squashfs_is_verified_repaired_and_pruned(
     assert verify(house) == []
     removed = prune(house, ["other-recipe"], [], remove_all=True)
     assert with_sq.squashfs in removed and not (house / with_sq.squashfs).exists()
+
+
+@pytest.mark.spawns
+def test_without_mksquashfs_or_room_the_squashfs_is_refused_and_nothing_is_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mksquashfs missing: exit 12 naming the package. A full disk while it writes (the output on a
+    1 MiB tmpfs in a private mount namespace): exit 12 naming the free space, no half squashfs, no
+    unpacked root filesystem left."""
+    from builder.images.squashfs import make_squashfs
+
+    arc = tmp_path / "a.oci.tar"
+    _layered_oci(arc, [[*LOWER, _member("opt/big", os.urandom(3 << 20))]])  # incompressible: 3 MiB
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(ImageError, match="mksquashfs is not installed") as caught:
+        make_squashfs(arc, tmp_path / "x.sqsh", tmp_path, "x", 0, tmp_path / "log")
+    assert "squashfs-tools" in caught.value.fix and not (tmp_path / "rootfs").exists()
+    monkeypatch.undo()
+    if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("mksquashfs") is None:
+        pytest.skip("the full-disk half needs root, unshare and mksquashfs")
+    small = tmp_path / "small"
+    small.mkdir()
+    code = (f"from pathlib import Path; from builder.images.squashfs import make_squashfs; "
+            f"make_squashfs(Path({str(arc)!r}), Path({str(small / 'x.sqsh')!r}), Path({str(tmp_path)!r}), 'x', 0, "
+            f"Path({str(tmp_path / 'log')!r}))")  # fmt: skip
+    script = f'mount -t tmpfs -o size=1m tmpfs {small} && "$0" -c "$1"; code=$?; ls -A {small}; exit $code'
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, sys.executable, code],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert done.returncode == 1 and "ImageError: mksquashfs could not write" in done.stderr, done.stderr[-2000:]
+    assert "check the free space" in done.stderr or "free space" in done.stderr
+    assert done.stdout.strip() == "" and not (tmp_path / "rootfs").exists()  # no half squashfs, no unpacked root

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from builder import cmd
-from builder.errors import ImageError
+from builder.errors import ImageError, ToolError
 from builder.images.archive import SMALL, ArchiveError
 
 # zstd: about a third of the root filesystem's size, and quick to read; Linux 4.14+ and squashfuse read it.
@@ -222,9 +222,14 @@ def make_squashfs(archive: Path, out: Path, scratch: Path, provenance: str, epoc
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
             path.chmod(0o755 if rel == "etc/rc" else 0o644)
-        cmd.run(["mksquashfs", rootfs, out, *MKSQUASHFS_OPTIONS, "-mkfs-time", str(epoch), "-all-time", str(epoch),
-                 "-processors", str(os.cpu_count() or 1)], log=log,
-                fix=f"check the free space of {out.parent} (df -h); read {log}")  # fmt: skip
+        try:
+            cmd.run(["mksquashfs", rootfs, out, *MKSQUASHFS_OPTIONS, "-mkfs-time", str(epoch), "-all-time",
+                     str(epoch), "-processors", str(os.cpu_count() or 1)], log=log)  # fmt: skip
+        except ToolError as exc:
+            out.unlink(missing_ok=True)
+            said = " | ".join(exc.message.strip().splitlines()[-2:])[-400:]
+            raise ImageError(f"mksquashfs could not write {out}: {said}",
+                             f"check the free space of {out.parent} (df -h); read {log}") from exc  # fmt: skip
     finally:
         _remove(rootfs)
     with out.open("rb") as f:
