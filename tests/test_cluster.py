@@ -351,7 +351,7 @@ module use /shared/software/modulefiles
 module load deepspeed || exit 20
 command -v python
 cd /tmp && ds_report 2>&1
-python /shared/wheelhouse/tools/ds-config-check.py --json /shared/configs/adam-zero2-offload.json > /tmp/configs.json
+python /shared/wheelhouse/tools/ds-config-check.py --json /shared/configs/*.json > /tmp/configs.json
 echo "CONFIGS $(tr -d '\\n' < /tmp/configs.json)"
 module purge
 echo "PURGED $(command -v python || echo none) ${VIRTUAL_ENV-}"
@@ -364,8 +364,9 @@ def test_provision_installs_the_module_once_and_the_other_nodes_load_it_with_no_
     """Issue 40 on the cluster: `provision --module` installs the adam wheel and its lock (torch
     included) as an Lmod module on the shared tree, once, from node1 (with the Python every Debian 12
     node has); node2 and node3, which never ran the installer and have no compiler, load it in a login
-    shell: its python, ds_report listing the wheel's ops [YES], a DeepSpeed config run from it with
-    nothing compiled, and `module purge` gives the shell back."""
+    shell: its python, ds_report listing the wheel's ops [YES], the default recipe's DeepSpeed configs
+    run from it (those whose ops it holds run, the others say which op they need; nothing compiled),
+    and `module purge` gives the shell back."""
     house = Path(str(matrix_run["house"]))
     wheels = json.loads((house / "manifest.json").read_text())["wheels"]
     (wheel,) = [n for n, e in wheels.items() if e["recipe"] == "adam"]
@@ -383,7 +384,8 @@ def test_provision_installs_the_module_once_and_the_other_nodes_load_it_with_no_
     assert lua.name == f"{wheels[wheel]['version']}-py3.11.lua"
     configs = up / "shared" / "configs"
     configs.mkdir(exist_ok=True)
-    shutil.copy(ROOT / "recipes" / "configs" / "adam-zero2-offload.json", configs)
+    for config in sorted((ROOT / "recipes" / "configs").glob("*.json")):  # the default recipe's configs
+        shutil.copy(config, configs / config.name)
     (up / "shared" / "module-check.sh").write_text(MODULE_CHECK)
     for node in ("node2", "node3"):
         shell = _on(up, node, "bash -l /shared/module-check.sh", check=False)
@@ -394,8 +396,13 @@ def test_provision_installs_the_module_once_and_the_other_nodes_load_it_with_no_
         ops = {m[1]: m[2] for m in re.finditer(r"^(\w+) \.+ \[(\w+)\]", out, re.M)}
         assert ops.get("cpu_adam") == "YES" and ops.get("deepspeed_shm_comm") == "YES", out[-3000:]
         (configs_line,) = [line for line in lines if line.startswith("CONFIGS ")]
-        result = json.loads(configs_line[len("CONFIGS ") :])
-        assert result[0]["status"] == "passed" and result[0]["jit"] == [], result
+        results = {Path(r["name"]).name: r for r in json.loads(configs_line[len("CONFIGS ") :])}
+        assert set(results) == {c.name for c in configs.glob("*.json")}
+        adam = results["adam-zero2-offload.json"]  # DeepSpeedCPUAdam: cpu_adam, which the module's wheel holds
+        assert adam["status"] == "passed" and adam["jit"] == [], adam
+        # The others need ops this wheel lacks, or DeepSpeed refuses them on CPU; none fails, none compiles.
+        assert {r["status"] for r in results.values()} <= {"passed", "needs-op", "unsupported"}, results
+        assert results["adam-zero0.json"]["status"] == "needs-op"  # fused_adam: not in this wheel
         assert lines[-1].split() == ["PURGED", "none"], lines[-1]  # no python on PATH, VIRTUAL_ENV unset
         assert not list((up / "nodes" / node / "upper").rglob("torch_extensions"))
         assert _on(up, node, "command -v cc gcc g++ || echo no-compiler").stdout.split() == ["no-compiler"]
