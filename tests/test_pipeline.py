@@ -546,7 +546,8 @@ def test_the_lock_becomes_an_lmod_module_that_runs_a_config(
     shell = subprocess.run(["bash", "-lc", script], capture_output=True, text=True,
                            env={"HOME": str(home), "PATH": "/usr/bin:/bin", "USER": "someone"})  # fmt: skip
     assert shell.returncode == 0, shell.stderr[-2000:]
-    assert shell.stdout.splitlines()[:2] == [f"{root}/bin/python", f"{VERSION} 2.13.0+cpu"], shell.stdout
+    lines = shell.stdout.splitlines()  # DeepSpeed's own warnings go to stdout too
+    assert lines[0] == f"{root}/bin/python" and f"{VERSION} 2.13.0+cpu" in lines, shell.stdout
     assert "PURGED " in shell.stdout and f"{root}/bin/python" not in shell.stdout.split("PURGED")[1]
     assert list(home.iterdir()) == []
     print(f"module: {result['size'] / 1e6:.0f} MB")
