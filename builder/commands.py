@@ -453,13 +453,13 @@ def image(args: argparse.Namespace) -> int:
     output.step(f"image {result.ref}: ID {result.image_id[:12]}, {result.size / 1e6:.0f} MB archive (sha256 "
                 f"{result.sha256[:16]}...) {where}")  # fmt: skip
     if result.squashfs_sha256:
-        sqsh = result.archive.with_name(result.archive.name[: -len(".oci.tar")] + ".sqsh") if result.archive else None
         output.step(f"squashfs {result.squashfs_size / 1e6:.0f} MB (sha256 {result.squashfs_sha256[:16]}...) "
-                    f"{sqsh or '(not published: --no-publish)'}")  # fmt: skip
+                    f"{result.squashfs or '(not published: --no-publish)'}")  # fmt: skip
     if result.archive is not None:
         output.result(f"load it with: podman load -i {result.archive}  (or docker load -i ...)")
-        if result.squashfs_sha256:
-            output.result(f"run it with Slurm (Pyxis): srun --container-image={sqsh} python -c 'import deepspeed'")
+        if result.squashfs is not None:
+            output.result(f"run it with Slurm (Pyxis): srun --container-image={result.squashfs} python -c "
+                          "'import deepspeed'")  # fmt: skip
     return 0
 
 

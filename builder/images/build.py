@@ -49,6 +49,7 @@ class ImageResult:
     seconds: dict[str, float]
     squashfs_sha256: str = ""  # of the squashfs, made with --squashfs: the same for the same archive
     squashfs_size: int = 0
+    squashfs: Path | None = None  # in the wheelhouse, when published
 
 
 def epoch() -> int:
@@ -267,9 +268,9 @@ def make_slurm_image(
                 cmd.ask(["umount", "-l", str(mnt)])  # a smoke process still holding it: detached now, gone after
         if not os.path.ismount(mnt):
             shutil.rmtree(mnt, ignore_errors=True)
-    failed = [c.name for c in checks if c.status == "failed"]
     passed = sum(c.status == "passed" for c in checks)
-    if failed or not passed:
+    if not verdict(checks):
+        failed = [c.name for c in checks if c.status == "failed"]
         raise ImageError(f"the smoke checks failed in the squashfs ({how}): {', '.join(failed) or 'nothing passed'}",
                          f"read {log}")  # fmt: skip
     return sqsh, Check("squashfs", "passed", f"the smoke suite ran from its files, {how}, no network: {passed} "
@@ -389,4 +390,5 @@ def build_image(
     if prior and prior != built:
         podman.ask(["rmi", prior])  # the image this tag named before, now untagged: removed if nothing uses it
     return ImageResult(plan.ref, built, facts.digest, published, entry.size, entry.sha256, base_ref, checks, seconds,
-                       entry.squashfs_sha256, entry.squashfs_size)  # fmt: skip
+                       entry.squashfs_sha256, entry.squashfs_size,
+                       wheelhouse / entry.squashfs if published and entry.squashfs else None)  # fmt: skip

@@ -14,7 +14,6 @@ every time SOURCE_DATE_EPOCH, in its reproducible order: the same archive gives 
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import shutil
@@ -25,7 +24,7 @@ from typing import IO, Any
 
 from builder import cmd
 from builder.errors import ImageError, ToolError
-from builder.images.archive import SMALL, ArchiveError
+from builder.images.archive import _DIGEST, ArchiveError, _json, _member
 
 # zstd: about a third of the root filesystem's size, and quick to read; Linux 4.14+ and squashfuse read it.
 MKSQUASHFS_OPTIONS = ("-noappend", "-all-root", "-no-xattrs", "-comp", "zstd", "-no-progress")
@@ -88,24 +87,11 @@ def enroot_files(config: ImageConfig, provenance: str) -> dict[str, str]:
 
 
 def _read(tar: tarfile.TarFile, name: str) -> dict[str, Any]:
-    try:
-        info = tar.getmember(name)
-    except KeyError as exc:
-        raise ArchiveError(f"it has no {name}") from exc
-    f = tar.extractfile(info) if info.isfile() and info.size <= SMALL else None
-    if f is None:
-        raise ArchiveError(f"its {name} is not a small regular file")
-    try:
-        value = json.loads(f.read())
-    except ValueError as exc:
-        raise ArchiveError(f"its {name} is not JSON") from exc
-    if not isinstance(value, dict):
-        raise ArchiveError(f"its {name} is not a JSON object")
-    return value
+    return _json(_member(tar, name), name)
 
 
 def _blob(digest: object) -> str:
-    if not isinstance(digest, str) or not digest.startswith("sha256:") or len(digest) != 71:
+    if not isinstance(digest, str) or not _DIGEST.match(digest):
         raise ArchiveError(f"it names a blob {str(digest)[:80]!r} that is not sha256:<hex>")
     return f"blobs/sha256/{digest[7:]}"
 
