@@ -13,7 +13,9 @@ For one recipe it times, side by side on the same machine and build environment:
 8. a fresh clone to a published wheel, the README's main command (`nox -s build-wheel`) with uv vs
    the same pipeline with pip environments (nox's virtualenv backend, BUILDER_ENV_BACKEND=pip);
    both compile cold, both find their package caches warm. Measured in the first run only (minutes).
-Each figure is the median of --runs runs; the ratios are what count on a noisy machine.
+With --full-ops RECIPE (an ops = "all" recipe), the same run then times that recipe as `--all-ops`
+does (cold as op units vs plain DeepSpeed building the same ops, then one op added) into the same
+bench.md. Each figure is the median of --runs runs; the ratios are what count on a noisy machine.
 """
 
 from __future__ import annotations
@@ -270,7 +272,11 @@ def fresh_clone(out: Path, log: Path) -> dict[str, float]:
     return seconds
 
 
-def bench(recipe: Recipe, out: Path, runs: int) -> dict[str, Any]:
+def bench(recipe: Recipe, out: Path, runs: int, full_ops: Recipe | None = None) -> dict[str, Any]:
+    """The rows of the module's list for `recipe`, `runs` times (medians); with `full_ops` (an ops =
+    "all" recipe) its rows too (bench_all_ops), in the same run and the same bench.md."""
+    if full_ops is not None and not full_ops.all_ops:  # said now, not after the half hour before it
+        raise ToolError(f'recipe {full_ops.name} does not say ops = "all"', "pass an all-ops recipe with --full-ops")
     out.mkdir(parents=True, exist_ok=True)
     ws = Workspace(out / "work")
     log = out / "bench.log"
@@ -376,7 +382,13 @@ def bench(recipe: Recipe, out: Path, runs: int) -> dict[str, Any]:
         output.error(f"the bench stopped at {at['step']}; every row measured before it is in {stem}.md")
         raise
     result = _result(recipe.name, runs, extra, samples, sizes)
-    return _report(stem, result, render_table(result))
+    table = render_table(result)
+    if full_ops is not None:
+        _write_partial(stem, result)
+        output.step(f"bench: the full-op recipe {full_ops.name}, in the same run")
+        result["full_ops"] = bench_all_ops(full_ops, out)
+        table += "\n" + render_all_ops(result["full_ops"])
+    return _report(stem, result, table)
 
 
 def _headers_made(wheel: Path) -> list[dict[str, Any]]:

@@ -432,6 +432,13 @@ def parser() -> argparse.ArgumentParser:
         "writes OUT/bench-all.md",
     )
     bn.add_argument(
+        "--full-ops",
+        type=Path,
+        metavar="RECIPE",
+        help='also, in the same run and bench.md: the --all-ops rows for this ops = "all" recipe '
+        "(recipes/cpu-all.toml: the full-op CPU recipe; about 15 minutes more)",
+    )
+    bn.add_argument(
         "--slurm-matrix",
         type=Path,
         metavar="FILE",

@@ -599,7 +599,8 @@ def bench(args: argparse.Namespace) -> int:
 
         bench_image(args.wheelhouse.resolve(), args.out.resolve())
         return 0
-    run_bench(load_recipe(args.recipe), args.out.resolve(), args.runs)
+    run_bench(load_recipe(args.recipe), args.out.resolve(), args.runs,
+              load_recipe(args.full_ops) if args.full_ops else None)  # fmt: skip
     return 0
 
 

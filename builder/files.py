@@ -13,6 +13,8 @@ import os
 import re
 import shutil
 import tempfile
+import threading
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -41,6 +43,53 @@ def is_file_here(path: Path) -> bool:
 def is_system_folder(resolved: Path) -> bool:
     """Whether a resolved path is a system folder, inside a system tree, or the user's home itself."""
     return node.is_system_folder(str(resolved))
+
+
+class Sweeper:
+    """Folders deleted beside the work instead of in its way, waited for when the `with` block ends.
+
+    A folder is renamed aside at once (`.gone-<random>` beside it, one rename) and deleted by a
+    thread. Deleting an op unit's finished source tree (2,800 files) took 8 s here while the other
+    units compiled and a 799 MB header was being written out, against 0.2 s on a quiet disk; the unit
+    held its slot, and the next unit waited, for all of it. `sweep_leftovers` deletes what a killed
+    process left aside."""
+
+    PREFIX = ".gone-"
+
+    def __init__(self) -> None:
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    def discard(self, path: Path) -> None:
+        if not path.exists():
+            return
+        aside = path.with_name(f"{self.PREFIX}{uuid.uuid4().hex[:12]}")
+        try:
+            path.rename(aside)
+        except OSError:  # another file system's mount point, or no rights on the folder: in the way, then
+            shutil.rmtree(path, ignore_errors=True)
+            return
+        self._delete(aside)
+
+    def sweep_leftovers(self, folder: Path) -> None:
+        for aside in folder.glob(f"{self.PREFIX}*"):
+            self._delete(aside)
+
+    def _delete(self, path: Path) -> None:
+        thread = threading.Thread(target=shutil.rmtree, args=(path,), kwargs={"ignore_errors": True},
+                                  name=f"sweep-{path.name}", daemon=True)  # fmt: skip
+        thread.start()
+        with self._lock:
+            self._threads.append(thread)
+
+    def __enter__(self) -> Sweeper:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            threads, self._threads = self._threads, []
+        for thread in threads:
+            thread.join()
 
 
 def make_dirs(path: Path, mode: int = DIR_MODE) -> None:

@@ -135,3 +135,53 @@ def test_a_bench_that_fails_midway_keeps_every_row_it_measured(tmp_path: Path, m
     import json
 
     assert json.loads((tmp_path / "out" / "bench.json").read_text())["failed"].startswith("smoke (run 1): ")
+
+
+def test_the_full_op_recipe_joins_the_same_run_and_table(tmp_path: Path, monkeypatch: Any) -> None:
+    """FAKE measurements (fixed times; nothing is built): with --full-ops the full-op CPU recipe's rows
+    (issue 39: goal <= 0.6 of plain) follow the main rows in the same bench.md and bench.json; a
+    recipe that is not ops = "all" is refused before the half hour of the main rows."""
+    import json
+
+    import pytest
+
+    from builder import bench
+    from builder.errors import ToolError
+    from builder.recipe import load_recipe
+
+    class Built:
+        seconds = 90.0
+        wheel = tmp_path / "w.whl"
+
+    Built.wheel.write_bytes(b"x" * 2000)
+    monkeypatch.setattr(bench, "plain_build", lambda *a: (110.0, 8000))
+    monkeypatch.setattr(bench, "root_making", lambda out: 41.0)
+    monkeypatch.setattr(bench, "build_wheel", lambda recipe, ws, force=False: Built())
+    monkeypatch.setattr(bench, "fresh_node", lambda *a: (6.0, 60.0))
+    monkeypatch.setattr(bench, "env_creation", lambda *a: {"uv": 2.0, "pip": 30.0})
+    monkeypatch.setattr(bench, "smoke_times", lambda *a: {"uv": 60.0, "pip": 90.0})
+    monkeypatch.setattr(bench, "config_costs", lambda *a: {"matrix": 30.0, "each": 900.0, "count": 91.0})
+    monkeypatch.setattr(bench, "fresh_clone", lambda *a: {"uv": 200.0, "pip": 300.0})
+    full = {"recipe": "cpu-all", "cores": 2, "ops": ["a"] * 8, "extra_op": "utils",
+            "seconds": {"units_cold": 180.0, "plain": 300.0, "one_op": 20.0},
+            "wheel_bytes": {"units": 4_000_000, "plain": 30_000_000}, "peak_memory_gb": 6.0,
+            "unit_seconds": {"cpu_adam": 90.0}, "projection_s": {1: 180, 4: 90, 16: 90, 64: 90},
+            "ratios": {"units_vs_plain": 0.6, "one_op_vs_cold": 0.11}}  # fmt: skip
+    asked: list[str] = []
+
+    def all_ops(recipe: Any, out: Path) -> dict[str, Any]:
+        asked.append(recipe.name)
+        return full
+
+    monkeypatch.setattr(bench, "bench_all_ops", all_ops)
+    cpu = load_recipe(ROOT / "recipes" / "cpu.toml")
+    with pytest.raises(ToolError, match='does not say ops = "all"'):
+        bench.bench(cpu, tmp_path / "refused", 1, full_ops=cpu)
+    assert not (tmp_path / "refused").exists()
+    bench.bench(cpu, tmp_path / "out", 1, full_ops=load_recipe(ROOT / "recipes" / "cpu-all.toml"))
+    assert asked == ["cpu-all"]
+    table = (tmp_path / "out" / "bench.md").read_text()
+    assert table.index("| cold build vs plain `setup.py build_ext -j bdist_wheel` | 90 s vs 110 s") < table.index(
+        "| cold, op units vs plain DeepSpeed (DS_BUILD_<OP>=1, ninja, MAX_JOBS=2) | 180 s vs 300 s | 0.60 | <= 0.6 |"
+    )
+    assert json.loads((tmp_path / "out" / "bench.json").read_text())["full_ops"]["recipe"] == "cpu-all"

@@ -121,3 +121,58 @@ def test_torch_index_is_part_of_the_environment_and_of_its_failure(
     # The site's mirror is always asked, without a question to uv first (this unit test may start no process).
     assert envs._index_args(Path(sys.executable), envs.PackageSources(), mirror) == ["--extra-index-url",
                                                                                      "file:///srv/whl/cpu"]  # fmt: skip
+
+
+def test_a_cached_build_environment_is_compiled_a_smoke_one_is_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every op unit and the probe start a Python that imports torch from the cached build env; with
+    PYTHONDONTWRITEBYTECODE (this machine's) each compiled torch's modules again (issue 39). uv is
+    asked to compile them when the env is made; a smoke env (made once, used once) is not."""
+    from builder import envs
+
+    calls: list[list[str]] = []
+    monkeypatch.setattr(envs, "backend", lambda: "uv")
+    monkeypatch.setattr(envs, "uv_binary", lambda tools: "uv")
+    monkeypatch.setattr(envs, "pip_sources", lambda: envs.PackageSources())
+
+    def run(argv: list[object], **kw: object) -> str:
+        calls.append([str(a) for a in argv])
+        if argv[1] == "venv":
+            Path(str(argv[-1])).mkdir(parents=True)
+        return ""
+
+    monkeypatch.setattr(cmd, "run", run)
+    built = envs.cached(tmp_path / "envs", ["torch==2.13.0+cpu"], tmp_path / "log")
+    assert (built / envs.COMPLETE).is_file()
+    assert "--compile-bytecode" in next(c for c in calls if c[1:3] == ["pip", "install"])
+    calls.clear()
+    envs.create(tmp_path / "smoke", ["torch==2.13.0+cpu"], tmp_path / "log")
+    assert "--compile-bytecode" not in next(c for c in calls if c[1:3] == ["pip", "install"])
+
+
+def test_the_op_probe_asks_py_cpuinfo_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DeepSpeed's CPU op builders ask py-cpuinfo twice each (2.2 s a call here); the probe asks once."""
+    import importlib.util
+    import types
+
+    from builder.wheelbuild.ops import PROBE_SCRIPT
+
+    asked: list[int] = []
+    fake = types.ModuleType("cpuinfo")
+
+    def get_cpu_info() -> dict[str, object]:
+        asked.append(1)
+        return {"arch": "X86_64", "flags": ["avx2"]}
+
+    fake.get_cpu_info = get_cpu_info  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "cpuinfo", fake)
+    spec = importlib.util.spec_from_file_location("ds_probe_under_test", PROBE_SCRIPT)
+    assert spec and spec.loader
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    probe._cpu_info_once()
+    import cpuinfo  # the fake: as DeepSpeed's builders find it, at each call
+
+    assert [cpuinfo.get_cpu_info()["arch"] for _ in range(10)] == ["X86_64"] * 10
+    assert len(asked) == 1

@@ -337,7 +337,7 @@ def test_units_that_make_no_header_start_first_and_results_keep_the_plans_order(
     started: list[str] = []
     seen_env: dict[str, str] = {}
 
-    def fake_run(unit: Unit, job: runner.UnitJob) -> runner.UnitResult:
+    def fake_run(unit: Unit, job: runner.UnitJob, sweeper: object) -> runner.UnitResult:
         started.append(unit.op.name)
         seen_env.update(job.env)
         return runner.UnitResult(unit, "built", None, 1.0, tmp_path / f"{unit.op.name}.log")
@@ -371,3 +371,22 @@ def test_only_sources_that_would_take_the_header_count_toward_making_one(
     assert runner.header_env([Unit(pin, "k", {}, {})], job)[runner.MAKERS_ENV] == ""
     without_src = dataclasses.replace(job, src=None)  # not known: every C++ source counts
     assert runner.header_env([Unit(pin, "k", {}, {})], without_src)[runner.MAKERS_ENV] == "pin_memory"
+
+
+def test_a_finished_units_folders_are_deleted_beside_the_build_not_in_its_way(tmp_path: Path) -> None:
+    """The unit's source tree is renamed aside at once and deleted by a thread the `with` waits for;
+    a tree a killed builder left aside is deleted by the next one; nothing else there is touched."""
+    from builder.files import Sweeper
+
+    unit = tmp_path / "cpu_adam"
+    (unit / "src" / "deep" / "er").mkdir(parents=True)
+    for i in range(200):
+        (unit / "src" / "deep" / "er" / f"f{i}.py").write_text("x")
+    (unit / ".gone-leftover" / "a").mkdir(parents=True)
+    (unit / "pch.log").write_text("kept")
+    with Sweeper() as sweeper:
+        sweeper.sweep_leftovers(unit)
+        sweeper.discard(unit / "src")
+        assert not (unit / "src").exists()  # out of the way before the deletion ends
+        sweeper.discard(unit / "raw")  # nothing there: nothing to do
+    assert sorted(p.name for p in unit.iterdir()) == ["pch.log"]

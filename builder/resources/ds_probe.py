@@ -11,6 +11,7 @@ while building (and narrows the list for the ops built after it).
 """
 
 import contextlib
+import functools
 import importlib.util
 import io
 import json
@@ -50,9 +51,21 @@ def _accepted(builder: Any, archs: list[str]) -> list[str] | None:
     return [a for a in archs if tuple(a.split("+")[0].split(".")) in kept_pairs]
 
 
+def _cpu_info_once() -> None:
+    """py-cpuinfo asked once for the whole probe: every CPU op builder asks it twice (cpu_arch,
+    simd_width) where the recipe's CPU target does not answer first, and each call starts a process
+    (2.2 s an op here). The machine does not change while the probe runs."""
+    try:
+        import cpuinfo
+    except ImportError:
+        return
+    cpuinfo.get_cpu_info = functools.lru_cache(maxsize=None)(cpuinfo.get_cpu_info)
+
+
 def main() -> None:
     archs = [a for a in (sys.argv[1] if len(sys.argv) > 1 else "").split(";") if a]
     sys.path.insert(0, ".")
+    _cpu_info_once()
     import torch
     from op_builder.all_ops import ALL_OPS, accelerator_name
 

@@ -25,7 +25,7 @@ from filelock import FileLock
 from builder import cmd, output
 from builder.detect import available_memory_gb
 from builder.errors import BuilderError, BuildError, ToolError
-from builder.files import make_dirs
+from builder.files import Sweeper, make_dirs
 from builder.units import cache, pch
 from builder.units.plan import Unit
 from builder.wheelbuild import artifacts, ccache, diagnose, source
@@ -122,8 +122,9 @@ def run_units(units: Sequence[Unit], parallel: int, job: UnitJob) -> list[UnitRe
         # Units that make no header start first: their compiles keep the cores busy while the first
         # compile of a header's flag set makes it (the set's other compiles wait for it).
         order = sorted(units, key=lambda u: u.op.name in makers)
-    with ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="unit") as pool:
-        done = dict(zip([u.op.name for u in order], pool.map(lambda u: run_unit(u, job), order), strict=True))
+    with Sweeper() as sweeper, ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="unit") as pool:
+        done = dict(zip([u.op.name for u in order], pool.map(lambda u: run_unit(u, job, sweeper), order),
+                        strict=True))  # fmt: skip
     return [done[u.op.name] for u in units]
 
 
@@ -159,7 +160,7 @@ def _takes_header(src: Path | None, source: str) -> bool:
 MAKERS_ENV = "DS_BUILDER_PCH_MAKERS"  # the units that may make a header (header_env)
 
 
-def run_unit(unit: Unit, job: UnitJob) -> UnitResult:
+def run_unit(unit: Unit, job: UnitJob, sweeper: Sweeper) -> UnitResult:
     name = unit.op.name
     log = job.logs / f"unit-{name}-{unit.key}.log"
     found = cache.lookup(job.cache, unit)
@@ -179,7 +180,7 @@ def run_unit(unit: Unit, job: UnitJob) -> UnitResult:
             with _COMPILING_LOCK:
                 _COMPILING[0] += 1
             try:
-                return _build(unit, job, folder, log)
+                return _build(unit, job, folder, log, sweeper)
             finally:
                 with _COMPILING_LOCK:
                     _COMPILING[0] -= 1
@@ -219,8 +220,9 @@ def room_for(unit: Unit, job_gb: float, free_gb: Callable[[], float | None] = av
         sleep(MEMORY_POLL_S)
 
 
-def _build(unit: Unit, job: UnitJob, folder: Path, log: Path) -> UnitResult:
+def _build(unit: Unit, job: UnitJob, folder: Path, log: Path, sweeper: Sweeper) -> UnitResult:
     name = unit.op.name
+    sweeper.sweep_leftovers(folder)
     start = time.monotonic()
     log.parent.mkdir(parents=True, exist_ok=True)
     log.unlink(missing_ok=True)
@@ -263,8 +265,8 @@ def _build(unit: Unit, job: UnitJob, folder: Path, log: Path) -> UnitResult:
     seconds = time.monotonic() - start
     _, cached = cache.store(job.cache, unit, raw, seconds)
     # The unit is in the cache: its objects are not reused (ccache keeps what is), only the path is.
-    shutil.rmtree(raw_dir, ignore_errors=True)
-    shutil.rmtree(folder / "src", ignore_errors=True)
+    sweeper.discard(raw_dir)
+    sweeper.discard(folder / "src")
     headers = pch.summarize([header_log]).describe() if header_log else None
     output.note(f"unit {name}: built in {seconds:.0f}s" + (f"; {stats.describe()}" if stats else "")
                 + (f"; {headers}" if headers else ""))  # fmt: skip

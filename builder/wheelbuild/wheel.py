@@ -224,7 +224,9 @@ def plan_target(
         output.note(f"needs: {supplied.describe()}")
         env = supplied.apply(env)
         inputs = {**inputs, "needs": supplied.fingerprint}  # the units' keys: what they were built against
-    report = ops.probe(env_python, src, env, log, archs)  # each op says which archs it accepts, before compiling
+    # Each op says which archs it accepts, before compiling; asked with the CPU target the units compile for,
+    # so its flags are theirs (and no op builder asks py-cpuinfo, 2 s a call, twice an op).
+    report = ops.probe(env_python, src, {**env, **cpu_target_env(recipe.cpu_target)}, log, archs)
     plan = plan_build(recipe, report, archs, kit.version if kit else None, os.environ)
     for op, why in plan.missing.items():
         output.warn(f"op {op} is left out: {why}")
