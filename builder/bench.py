@@ -698,13 +698,19 @@ def plain_all_ops(recipe: Recipe, ws: Workspace, out: Path, log: Path, op_names:
     return seconds, size
 
 
-def bench_all_ops(recipe: Recipe, out: Path, extra: str = "utils") -> dict[str, Any]:
+# The op the full-op bench leaves out of its cold build and then adds, per accelerator: one every
+# machine of it can build (utils is CUDA's alone; the CPU accelerator has no such op).
+ALL_OPS_EXTRA = {"cuda": "utils", "cpu": "pin_memory"}
+
+
+def bench_all_ops(recipe: Recipe, out: Path, extra: str | None = None) -> dict[str, Any]:
     """A full-op recipe (ops = "all"): built cold as units less one op, then with that op added
     (every other unit cached), against plain DeepSpeed building the same ops in one run; the peak
     memory of the cold build; and a projection of the cold build over 1 to 64 nodes from the unit
     times it recorded."""
     if not recipe.all_ops:
         raise ToolError(f'recipe {recipe.name} does not say ops = "all"', "pass an all-ops recipe with --all-ops")
+    extra = extra or ALL_OPS_EXTRA.get(recipe.accelerator, "utils")
     out.mkdir(parents=True, exist_ok=True)
     ws = Workspace(out / "work-all")
     log = out / "bench-all.log"

@@ -120,9 +120,10 @@ def enter_root(recipe: Recipe, python: Path, ws: Workspace, env: Mapping[str, st
     check_floor_fits_torch(recipe, python)
     facts = sandbox.resolve(recipe.root, os.environ)
     check_cxx20(facts, python)
-    # The Python's headers and where torch is (torch = "system": another environment's site-packages).
-    said = query([str(python), "-c", "import os, sysconfig, torch; print(sysconfig.get_path('include')); "
-                  "print(os.path.dirname(torch.__file__))"]).split("\n")  # fmt: skip
+    # The Python's headers and where torch is (torch = "system": another environment's site-packages),
+    # found without importing it (1.5 s of the serial start of every build).
+    said = query([str(python), "-c", "import os, sysconfig, importlib.util as u; print(sysconfig.get_path('include')); "
+                  "print(os.path.dirname(u.find_spec('torch').origin))"]).split("\n")  # fmt: skip
     include = [line.strip() for line in said if line.strip()]
     kit = report.chosen_toolkit if recipe.accelerator == "cuda" else None
     binds = [ws.root, ws.cache, python.parent.parent, os.environ.get("TMPDIR") or tempfile.gettempdir(),
