@@ -680,7 +680,7 @@ def plain_all_ops(recipe: Recipe, ws: Workspace, out: Path, log: Path, op_names:
     from builder.wheelbuild import buildkey
     from builder.wheelbuild.wheel import plan_target
 
-    src_root = out / "plain-all"
+    src_root = ws.root / "plain-all"  # inside the work folder: a build root sees that folder alone of the bench's
     shutil.rmtree(src_root, ignore_errors=True)
     target = Target(recipe, this_interpreter())
     inputs = buildkey.key_inputs(recipe, buildkey.gather(recipe, os.environ), os.environ)
