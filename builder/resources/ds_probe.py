@@ -38,6 +38,15 @@ def _cxx_args(builder: Any) -> list[str]:
             return []
 
 
+def _include_paths(builder: Any) -> list[str]:
+    """The -I folders the op's builder adds (relative ones are in the source tree): [] if it cannot say."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        try:
+            return [str(p) for p in builder.strip_empty_entries(builder.include_paths())]
+        except Exception:
+            return []
+
+
 def _accepted(builder: Any, archs: list[str]) -> list[str] | None:
     """The requested archs this op's builder keeps, in torch's spelling; None if it cannot say."""
     if not archs or not hasattr(builder, "filter_ccs"):
@@ -91,6 +100,7 @@ def main() -> None:
             "device_code": any(str(src).endswith(".cu") for src in _sources(builder)),
             "sources": [str(src) for src in _sources(builder)],
             "cxx_args": _cxx_args(builder),
+            "include_paths": _include_paths(builder),
             "accepted_archs": _accepted(builder, archs),
         }
     report = {

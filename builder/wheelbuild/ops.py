@@ -30,6 +30,7 @@ class OpInfo:
     sources: tuple[str, ...] = ()  # as DeepSpeed's builder lists them (csrc/adam/cpu_adam.cpp)
     accepted_archs: tuple[str, ...] | None = None  # of the requested archs, those its filter_ccs keeps
     cxx_args: tuple[str, ...] = ()  # the C++ flags its builder adds: ops alike here share a precompiled header
+    include_paths: tuple[str, ...] = ()  # the -I folders its builder adds (csrc/aio/common): where its headers are
 
     @property
     def so_prefix(self) -> str:
@@ -70,6 +71,7 @@ def parse_probe(output: str) -> ProbeReport:
                     **info,
                     "sources": tuple(info.get("sources", ())),
                     "cxx_args": tuple(info.get("cxx_args", ())),
+                    "include_paths": tuple(info.get("include_paths", ())),
                     "accepted_archs": None if info.get("accepted_archs") is None else tuple(info["accepted_archs"]),
                 },
             )
