@@ -101,14 +101,8 @@ def test_the_image_bench_table() -> None:
     assert "1190 MB / 363 MB" in table and "the same ID both times: True" in table
 
 
-def test_a_bench_that_fails_midway_keeps_every_row_it_measured(tmp_path: Path, monkeypatch: Any) -> None:
-    """FAKE measurements (each returns a fixed time; nothing is built): the smoke step fails, and
-    bench.md still holds the rows taken before it, and names the step that stopped it."""
-    import pytest
-
-    from builder import bench
-    from builder.errors import SmokeError
-    from builder.recipe import load_recipe
+def _fake_build_rows(bench: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    """FAKE measurements for the bench's rows up to the smoke: fixed times, nothing built."""
 
     class Built:
         seconds = 90.0
@@ -120,6 +114,18 @@ def test_a_bench_that_fails_midway_keeps_every_row_it_measured(tmp_path: Path, m
     monkeypatch.setattr(bench, "build_wheel", lambda recipe, ws, force=False: Built())
     monkeypatch.setattr(bench, "fresh_node", lambda *a: (6.0, 60.0))
     monkeypatch.setattr(bench, "env_creation", lambda *a: {"uv": 2.0, "pip": 30.0})
+
+
+def test_a_bench_that_fails_midway_keeps_every_row_it_measured(tmp_path: Path, monkeypatch: Any) -> None:
+    """FAKE measurements (each returns a fixed time; nothing is built): the smoke step fails, and
+    bench.md still holds the rows taken before it, and names the step that stopped it."""
+    import pytest
+
+    from builder import bench
+    from builder.errors import SmokeError
+    from builder.recipe import load_recipe
+
+    _fake_build_rows(bench, tmp_path, monkeypatch)
 
     def smoke_fails(*a: Any) -> dict[str, float]:
         raise SmokeError("config 17 failed: EADDRINUSE", "run it again")
@@ -149,16 +155,7 @@ def test_the_full_op_recipe_joins_the_same_run_and_table(tmp_path: Path, monkeyp
     from builder.errors import ToolError
     from builder.recipe import load_recipe
 
-    class Built:
-        seconds = 90.0
-        wheel = tmp_path / "w.whl"
-
-    Built.wheel.write_bytes(b"x" * 2000)
-    monkeypatch.setattr(bench, "plain_build", lambda *a: (110.0, 8000))
-    monkeypatch.setattr(bench, "root_making", lambda out: 41.0)
-    monkeypatch.setattr(bench, "build_wheel", lambda recipe, ws, force=False: Built())
-    monkeypatch.setattr(bench, "fresh_node", lambda *a: (6.0, 60.0))
-    monkeypatch.setattr(bench, "env_creation", lambda *a: {"uv": 2.0, "pip": 30.0})
+    _fake_build_rows(bench, tmp_path, monkeypatch)
     monkeypatch.setattr(bench, "smoke_times", lambda *a: {"uv": 60.0, "pip": 90.0})
     monkeypatch.setattr(bench, "config_costs", lambda *a: {"matrix": 30.0, "each": 900.0, "count": 91.0})
     monkeypatch.setattr(bench, "fresh_clone", lambda *a: {"uv": 200.0, "pip": 300.0})

@@ -29,20 +29,13 @@ def _sources(builder: Any) -> list[Any]:
         return []
 
 
-def _cxx_args(builder: Any) -> list[str]:
-    """The C++ flags the op's builder adds (its flag set, less torch's own): [] if it cannot say."""
+def _builder_list(builder: Any, method: str) -> list[str]:
+    """What the op's builder's `method` lists, empty entries dropped and its chatter silenced: [] if
+    it cannot say. cxx_args: its flag set, less torch's own; include_paths: its -I folders (relative
+    ones are in the source tree)."""
     with contextlib.redirect_stdout(io.StringIO()):
         try:
-            return [str(a) for a in builder.strip_empty_entries(builder.cxx_args())]
-        except Exception:
-            return []
-
-
-def _include_paths(builder: Any) -> list[str]:
-    """The -I folders the op's builder adds (relative ones are in the source tree): [] if it cannot say."""
-    with contextlib.redirect_stdout(io.StringIO()):
-        try:
-            return [str(p) for p in builder.strip_empty_entries(builder.include_paths())]
+            return [str(a) for a in builder.strip_empty_entries(getattr(builder, method)())]
         except Exception:
             return []
 
@@ -99,8 +92,8 @@ def main() -> None:
             "why": "" if compatible else why,
             "device_code": any(str(src).endswith(".cu") for src in _sources(builder)),
             "sources": [str(src) for src in _sources(builder)],
-            "cxx_args": _cxx_args(builder),
-            "include_paths": _include_paths(builder),
+            "cxx_args": _builder_list(builder, "cxx_args"),
+            "include_paths": _builder_list(builder, "include_paths"),
             "accepted_archs": _accepted(builder, archs),
         }
     report = {
