@@ -118,10 +118,14 @@ def wheel_env(wheel: Path, manifest: BuildManifest, tmp: Path, log: Path, verbos
         tmp / "venv", [torch.requirement, str(wheel), *extras], log, verbose, system_site_packages=system,
         base=interpreter_for(manifest.python_tag), index=envs.torch_index(torch),
     )  # fmt: skip
-    ext_dir = tmp / "torch_extensions"
+    ext_dir, scratch = tmp / "torch_extensions", tmp / "tmp"
     ext_dir.mkdir()
+    scratch.mkdir()
     env = envs.venv_environ(venv)
-    env.update({"TORCH_EXTENSIONS_DIR": str(ext_dir), "DS_ACCELERATOR": manifest.accelerator})
+    # TMPDIR: what DeepSpeed, torchrun and inductor write to a temporary folder stays in `tmp`,
+    # which the caller removes (91 configs left thousands of folders in /tmp before).
+    env.update({"TORCH_EXTENSIONS_DIR": str(ext_dir), "DS_ACCELERATOR": manifest.accelerator,
+                "TMPDIR": str(scratch)})  # fmt: skip
     if manifest.accelerator == "cuda":
         env = without_toolkit(env)
     return venv, env
@@ -180,9 +184,9 @@ def run_cases(cases: Sequence[configs.ConfigCase], ws: Workspace, wheel: Path | 
                                  "pass --python with the environment DeepSpeed is installed in, or --wheel WHEEL to "
                                  "check a wheel in a fresh environment")  # fmt: skip
             accelerator = None
-            env = dict(os.environ)
-            env["TORCH_EXTENSIONS_DIR"] = str(tmp / "torch_extensions")
+            env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp / "torch_extensions"), "TMPDIR": str(tmp / "tmp")}
             (tmp / "torch_extensions").mkdir()
+            (tmp / "tmp").mkdir()
         return configs.run(python, cases, accelerator, env=no_compiler(env, python), cwd=tmp, log=log,
                            verbose=verbose, timeout=timeout)  # fmt: skip
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import subprocess
@@ -24,6 +25,7 @@ os.environ.setdefault("DS_BUILDER_SDIST_CACHE", str(SDIST_CACHE))
 # The signing key and the node's record of accepted serials: the test run's own (each pytest worker
 # makes one key on its first publish), never the user's ~/.config or a node's /var/lib.
 _TRUST_HOME = Path(tempfile.mkdtemp(prefix="ds-builder-test-trust-"))
+atexit.register(shutil.rmtree, _TRUST_HOME, True)
 os.environ.setdefault("DS_BUILDER_KEYS", str(_TRUST_HOME / "keys"))
 os.environ.setdefault("DS_NODE_STATE_DIR", str(_TRUST_HOME / "node-state"))
 

@@ -4,6 +4,8 @@ runner's pure parts. The runner itself runs for real against real wheels in test
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -385,3 +387,19 @@ def test_a_config_that_hit_its_time_limit_beside_others_runs_again_alone(monkeyp
     runs.clear()  # one config at a time: nothing ran beside it, so nothing to run again
     alone = config_runner.run({"configs": entries[2:], "jobs": 1, "accelerator": "cpu"})
     assert runs == {"hangs": 1} and alone[0]["status"] == "failed"
+
+
+def test_a_configs_extensions_folder_is_removed_when_it_is_done(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each config gets an empty TORCH_EXTENSIONS_DIR of its own, removed when its result is made (a
+    node running the runner by hand, or the smoke's 91 configs a run, left a folder each in /tmp).
+    Here DeepSpeed is not installed, so the config fails to import it: the folder goes all the same."""
+    monkeypatch.setattr(config_runner, "_NAMES", [frozenset({"train_batch_size"})])
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    for name in ("RANK", "WORLD_SIZE", "TORCH_EXTENSIONS_DIR"):
+        monkeypatch.setenv(name, "0" if name == "RANK" else "1")
+    got = config_runner.run_launched("zero0.json", {"train_batch_size": 1})
+    assert got["status"] == "failed" and "deepspeed" in got["detail"], got
+    assert os.environ["TORCH_EXTENSIONS_DIR"].startswith(str(tmp_path / "config-ext-"))
+    assert list(tmp_path.iterdir()) == []

@@ -34,17 +34,20 @@ OPS = ("cpu_adam", "cpu_adagrad", "cpu_lion", "deepspeed_shm_comm", "fused_adam"
 OPTIMIZERS = OPS[:3]  # checked against torch's; shm comm is what the CPU engine loads at init
 
 
-def builder(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "builder", *args], cwd=ROOT, capture_output=True, text=True)
+def builder(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "builder", *args], cwd=ROOT, capture_output=True, text=True, env=env)
 
 
 @pytest.fixture(scope="module")
 def pipeline(
     workspace: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[Path, subprocess.CompletedProcess[str]]:
-    """`build-wheel` with no recipe (the default), as a new user runs it, into a fresh wheelhouse."""
+    """`build-wheel` with no recipe (the default), as a new user runs it, into a fresh wheelhouse, with
+    a TMPDIR of its own that must be empty after (the test below)."""
     house = tmp_path_factory.mktemp("wheelhouse")
-    result = builder("build-wheel", "--work-dir", str(workspace), "--wheelhouse", str(house))
+    tmp = tmp_path_factory.mktemp("pipeline-TMPDIR", numbered=False)
+    result = builder("build-wheel", "--work-dir", str(workspace), "--wheelhouse", str(house),
+                     env={**os.environ, "TMPDIR": str(tmp)})  # fmt: skip
     assert result.returncode == 0, result.stderr[-5000:]
     return house, result
 
@@ -77,6 +80,9 @@ def test_build_wheel_leaves_a_smoke_tested_wheel_in_the_wheelhouse(
 ) -> None:
     house, result = pipeline
     assert [p.name for p in house.glob("deepspeed-*.whl")] == [WHEEL]
+    # Nothing left in the temporary folder: the smoke's 91 configs, its engine check and its tiny model
+    # left a folder each in /tmp before (8,000 after a day of runs).
+    assert sorted(p.name for p in (house.parent / "pipeline-TMPDIR").iterdir()) == []
     # DeepSpeed's runtime closure rides along for air-gapped nodes: everything but torch.
     bundled = {p.name.split("-")[0].lower() for p in house.glob("*.whl")}
     assert {"einops", "hjson", "msgpack", "ninja", "numpy", "psutil", "py_cpuinfo", "pydantic", "tqdm"} <= bundled

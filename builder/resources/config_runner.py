@@ -188,23 +188,29 @@ def _chain(exc: BaseException | None) -> list[BaseException]:
 def run_rank(config: dict[str, Any], rank: int, world: int, port: int, send: Any) -> None:
     """One rank of one config, in a process of its own: initialize, STEPS steps, report."""
     result: dict[str, Any] = {"rank": rank}
-    ext = tempfile.mkdtemp(prefix="config-ext-")
-    os.environ.update({"TORCH_EXTENSIONS_DIR": ext, "RANK": str(rank), "LOCAL_RANK": str(rank),
-                       "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                        "TORCHELASTIC_USE_AGENT_STORE": "True"})  # fmt: skip
-    send.send(_one_rank(config, result, ext))
+    send.send(_one_rank(config, result))
     send.close()
 
 
-def _one_rank(config: dict[str, Any], result: dict[str, Any], ext: str) -> dict[str, Any]:
-    """Initialize and step in this process (its rank's environment set), every outcome a result."""
+def _one_rank(config: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    """Initialize and step in this process (its rank's environment set), every outcome a result;
+    with a TORCH_EXTENSIONS_DIR of its own, empty at the start and removed at the end (a config per
+    run: thousands of folders left in /tmp otherwise)."""
     del _loaded[:], _jit[:], _refused[:], _stack[:]
+    ext = tempfile.mkdtemp(prefix="config-ext-")
+    os.environ["TORCH_EXTENSIONS_DIR"] = ext
     try:
-        intercept()  # already done before a fork; a spawned process does it here
-        result.update(_steps(config))
-    except BaseException as exc:  # every outcome is reported
-        result["status"], result["detail"] = _classify(exc)
-    compiled = sorted(os.listdir(ext))
+        try:
+            intercept()  # already done before a fork; a spawned process does it here
+            result.update(_steps(config))
+        except BaseException as exc:  # every outcome is reported
+            result["status"], result["detail"] = _classify(exc)
+        compiled = sorted(os.listdir(ext))
+    finally:
+        shutil.rmtree(ext, ignore_errors=True)
     if _jit and result.get("status") == "passed":  # DeepSpeed caught the refusal and fell back
         result["status"] = "needs-op"
         result["detail"] = (f"needs {', '.join(_jit)}, which the installed wheel lacks: DeepSpeed tried to compile it "
@@ -228,9 +234,7 @@ def run_launched(name: str, config: dict[str, Any]) -> dict[str, Any]:
     invalid = unknown_keys(config)
     if invalid:
         return {**result, "status": "invalid", "ops": [], "jit": [], "detail": invalid}
-    ext = tempfile.mkdtemp(prefix="config-ext-")
-    os.environ["TORCH_EXTENSIONS_DIR"] = ext
-    result = _one_rank(config, result, ext)
+    result = _one_rank(config, result)
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():  # the backend that carried the steps, and where to
