@@ -956,8 +956,10 @@ def test_the_pages_node_installer_command_installs_on_an_air_gapped_node(
         PIP_INDEX_URL="http://127.0.0.1:9/simple/",
         PIP_NO_CACHE_DIR="1",
         PIP_DISABLE_PIP_VERSION_CHECK="1",
+        TMPDIR=str(tmp_path / "tmp"),  # the command's `mktemp -d` folders: the test's, not /tmp's
     )
     (tmp_path / "run").mkdir()
+    (tmp_path / "tmp").mkdir()
     done = subprocess.run(["bash", "-c", f'WH="{house.resolve().as_uri()}"\n{command}'], cwd=tmp_path / "run",
                           env=env, capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
