@@ -108,8 +108,7 @@ def without_toolkit(env: dict[str, str]) -> dict[str, str]:
 def wheel_env(wheel: Path, manifest: BuildManifest, tmp: Path, log: Path, verbose: bool,
               extras: Sequence[str] = ()) -> tuple[Path, dict[str, str]]:  # fmt: skip
     """A new venv in `tmp` holding the wheel and the torch it was built against (and `extras`), and
-    the environment to run in it: an empty TORCH_EXTENSIONS_DIR, the wheel's accelerator, and on
-    CUDA no toolkit."""
+    the environment to run in it: run_folders, the wheel's accelerator, and on CUDA no toolkit."""
     system = manifest.recipe_torch == "system"
     # The public version: pip's files may be named 2.14.1 while torch reports 2.14.1+cu130; a recipe
     # that named its build (variant) gets that build again, from the same index.
@@ -118,17 +117,20 @@ def wheel_env(wheel: Path, manifest: BuildManifest, tmp: Path, log: Path, verbos
         tmp / "venv", [torch.requirement, str(wheel), *extras], log, verbose, system_site_packages=system,
         base=interpreter_for(manifest.python_tag), index=envs.torch_index(torch),
     )  # fmt: skip
-    ext_dir, scratch = tmp / "torch_extensions", tmp / "tmp"
-    ext_dir.mkdir()
-    scratch.mkdir()
-    env = envs.venv_environ(venv)
-    # TMPDIR: what DeepSpeed, torchrun and inductor write to a temporary folder stays in `tmp`,
-    # which the caller removes (91 configs left thousands of folders in /tmp before).
-    env.update({"TORCH_EXTENSIONS_DIR": str(ext_dir), "DS_ACCELERATOR": manifest.accelerator,
-                "TMPDIR": str(scratch)})  # fmt: skip
+    env = {**envs.venv_environ(venv), **run_folders(tmp), "DS_ACCELERATOR": manifest.accelerator}
     if manifest.accelerator == "cuda":
         env = without_toolkit(env)
     return venv, env
+
+
+def run_folders(tmp: Path) -> dict[str, str]:
+    """An empty TORCH_EXTENSIONS_DIR (what DeepSpeed compiles at first use shows there) and a TMPDIR,
+    both in `tmp`, which the caller removes: what DeepSpeed, torchrun and inductor write to a
+    temporary folder goes with it (the smoke's 91 configs left thousands of folders in /tmp)."""
+    folders = {"TORCH_EXTENSIONS_DIR": tmp / "torch_extensions", "TMPDIR": tmp / "tmp"}
+    for folder in folders.values():
+        folder.mkdir()
+    return {name: str(folder) for name, folder in folders.items()}
 
 
 def no_compiler(env: Mapping[str, str], python: Path) -> dict[str, str]:
@@ -184,9 +186,7 @@ def run_cases(cases: Sequence[configs.ConfigCase], ws: Workspace, wheel: Path | 
                                  "pass --python with the environment DeepSpeed is installed in, or --wheel WHEEL to "
                                  "check a wheel in a fresh environment")  # fmt: skip
             accelerator = None
-            env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp / "torch_extensions"), "TMPDIR": str(tmp / "tmp")}
-            (tmp / "torch_extensions").mkdir()
-            (tmp / "tmp").mkdir()
+            env = {**os.environ, **run_folders(tmp)}
         return configs.run(python, cases, accelerator, env=no_compiler(env, python), cwd=tmp, log=log,
                            verbose=verbose, timeout=timeout)  # fmt: skip
     finally:

@@ -275,6 +275,9 @@ def _steps(config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+TIMED_OUT = "did not finish within"  # a config's detail when it hit its limit (again_alone reads it)
+
+
 class Running:
     """The processes of one config, started; `finish` waits for them within the config's time limit."""
 
@@ -337,7 +340,7 @@ class Running:
         if len(results) < self.world:
             codes = [p.exitcode for p in self.procs]
             why = (
-                f"did not finish within {self.timeout:g} s (its time limit)"
+                f"{TIMED_OUT} {self.timeout:g} s (its time limit)"
                 if timed_out
                 else f"died before reporting (exit codes {codes}; a negative code is the signal)"
             )
@@ -520,9 +523,6 @@ def run(spec: dict[str, Any]) -> list[dict[str, Any]]:
         if jobs > 1 and _timed_out(results[i]):
             results[i] = again_alone(entry, context, timeout, results[i])  # type: ignore[arg-type]
     return [r for r in results if r is not None]
-
-
-TIMED_OUT = "did not finish within"
 
 
 def _timed_out(result: dict[str, Any] | None) -> bool:
