@@ -63,6 +63,14 @@ class Outcome:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Blame:
+    """Whose failure a failed config is, from running it without the wheel (builder.reference)."""
+
+    whose: str  # "deepspeed": the same failure without the wheel; "wheel": only with the wheel; "unknown"
+    why: str  # one line, with the versions the reference ran
+
+
 def matrix(accelerator: str, ops: Sequence[str]) -> list[ConfigCase]:
     """optimizer x ZeRO stage x offload x dtype, the combinations DeepSpeed accepts."""
     cases = []
@@ -153,6 +161,17 @@ def run(python: Path | str, cases: Sequence[ConfigCase], accelerator: str | None
     return parse_outcomes(said)
 
 
+_PATH = re.compile(r"(?:/[^\s'\":,()]+)+/")
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
+
+
+def signature(detail: str) -> str:
+    """A failure's first line (the exception and its message), without folders and addresses,
+    which differ between two environments that fail the same way."""
+    first = detail.strip().splitlines()[0] if detail.strip() else ""
+    return _ADDRESS.sub("0x?", _PATH.sub("", first)).strip()
+
+
 def recipe_line(ops: Sequence[str]) -> str:
     return f"add {', '.join(json.dumps(o) for o in ops)} to the recipe's ops"
 
@@ -163,11 +182,16 @@ def explain(outcome: Outcome, accelerator: str) -> str:
                                   "jit": list(outcome.jit)}, accelerator)  # fmt: skip
 
 
-def as_check(outcome: Outcome, accelerator: str, site: bool) -> Check:
+def as_check(outcome: Outcome, accelerator: str, site: bool, blame: Blame | None = None,
+             known: str = "") -> Check:  # fmt: skip
     """A smoke check for a config. A site's config (the recipe names it) must run: anything but
     passed or DeepSpeed's own refusal fails the smoke. A matrix row is a statement about the wheel:
     a row needing an op the recipe does not build is skipped with the recipe line; a crash, time
-    limit, or invalid matrix config fails (those are the toolkit's or the wheel's faults)."""
+    limit, or invalid matrix config fails (those are the toolkit's or the wheel's faults).
+
+    A failure the reference run showed to be DeepSpeed's own (`blame`) is "upstream": it does not
+    block a matrix row, nor a site config the recipe lists as a known failure (`known`: its reason);
+    a site config not listed still fails, saying how to list it."""
     name = (SITE_PREFIX if site else MATRIX_PREFIX) + outcome.name
     text = explain(outcome, accelerator)
     if outcome.status == "passed":
@@ -176,6 +200,19 @@ def as_check(outcome: Outcome, accelerator: str, site: bool) -> Check:
         return Check(name, "skipped", text)
     if outcome.status == "needs-op" and not site:
         return Check(name, "skipped", text)
+    if outcome.status == "failed" and blame is not None:
+        said = f"{blame.why}: {signature(outcome.detail)}"
+        if blame.whose == "deepspeed" and not site:
+            return Check(name, "upstream", f"{said}\n{outcome.detail}")
+        if blame.whose == "deepspeed" and known:
+            return Check(name, "upstream", f"{said}; listed by the recipe as a known failure: {known}\n"
+                                           f"{outcome.detail}")  # fmt: skip
+        if blame.whose == "deepspeed":
+            return Check(name, "failed", f"{said}; the recipe names this config, so it blocks publishing: list it "
+                                         f'under [known_failures] with a reason ("{outcome.name}" = {{ reason = '
+                                         '"...", link = "..." }) to publish anyway, or take it out of configs\n'
+                                         f"{outcome.detail}")  # fmt: skip
+        return Check(name, "failed", f"{text} ({blame.why})\n{outcome.detail}")
     return Check(name, "failed", text + ("" if outcome.status == "needs-op" else "\n" + outcome.detail))
 
 

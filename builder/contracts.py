@@ -72,6 +72,8 @@ class BuildManifest:
     missing_ops: Mapping[str, str] = field(default_factory=dict)  # op asked for -> why it is not in the wheel
     torch_variant: str | None = None  # the recipe's named torch build (cpu, cu130): the smoke installs the same
     torch_index: str | None = None  # the recipe's own index for it (a site's mirror)
+    # site configs that fail for DeepSpeed's own reason: config file -> {"reason", "link"?} (the recipe's)
+    known_failures: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str) -> BuildManifest:
@@ -101,6 +103,7 @@ class BuildManifest:
             missing_ops=reason_table(f, "missing_ops"),
             torch_variant=torch.text("variant", TORCH_VARIANT_RE, optional=True),
             torch_index=torch.text("index", INDEX_URL_RE, optional=True),
+            known_failures=known_table(f),
         )
 
     def to_json(self) -> str:
@@ -118,10 +121,28 @@ class BuildManifest:
             raise ManifestError(f"cannot read {wheel}: {exc.strerror}", "pass the path of a built wheel") from exc
 
 
+_LINK = re.compile(r"^https?://[^\s<>\"']{1,500}$")
+_REASON = re.compile(r"^[^\x00-\x1f\x7f]{1,500}$")
+
+
+def known_table(f: Fields) -> dict[str, dict[str, str]]:
+    """The manifest's optional known_failures: each a config it embeds, a short reason, an http(s) link."""
+    table = f.table("known_failures", optional=True)
+    configs: dict[str, Any] = f.data["configs"] if isinstance(f.data.get("configs"), dict) else {}
+    out = {}
+    for name, entry in table.items():
+        e = Fields(entry, f"{f.where}: known_failures[{name[:60]!r}]")
+        if name not in configs:
+            raise f.fail("known_failures", f"names {name[:60]!r}, which is not one of its configs")
+        reason, link = e.text("reason", _REASON), e.text("link", _LINK, optional=True)
+        out[name] = {"reason": reason, **({"link": link} if link else {})}
+    return out
+
+
 @dataclass(frozen=True)
 class Check:
     name: str
-    status: str  # passed | failed | skipped
+    status: str  # passed | failed | skipped | upstream (DeepSpeed's own failure, shown without the wheel)
     detail: str = ""
 
 

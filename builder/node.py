@@ -61,7 +61,7 @@ BUILD_MANIFEST = "ds_builder.json"  # inside the wheel's *.dist-info/
 MANIFEST_SCHEMA = 4  # 3: each wheel lists its dependency files ("requires"); 4: the signed statement
 ACCELERATORS = ("cpu", "cuda")
 CPU_TARGETS = ("x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4", "native")
-CHECK_STATUSES = ("passed", "failed", "skipped")
+CHECK_STATUSES = ("passed", "failed", "skipped", "upstream")  # upstream: DeepSpeed's own failure, not the wheel's
 # CPU features each portable target needs (the ones DeepSpeed's SIMD code uses). "native" has no
 # fixed list: such a wheel needs every flag of the machine that built it (recorded in cpu_flags).
 TARGET_FLAGS: "dict[str, tuple[str, ...]]" = {
@@ -533,6 +533,8 @@ def config_category(status: str, detail: str) -> str:
         return "runs"
     if status == "failed":
         return "FAILED"
+    if status == "upstream":
+        return "fails in DeepSpeed itself"
     if detail.startswith("needs op "):
         return "needs " + detail[len("needs op ") :].split(", which")[0]
     if detail.startswith("not supported by DeepSpeed"):

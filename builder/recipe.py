@@ -49,6 +49,7 @@ _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
         "torch": dict,
         "slurm": dict,
         "configs": list,
+        "known_failures": dict,
         "label": str,
         "platform": str,
         "root": dict,
@@ -174,6 +175,8 @@ class Recipe:
     description: str = ""
     path: Path | None = None
     config_files: tuple[str, ...] = ()  # the site's DeepSpeed config files, relative to the recipe's folder
+    # configs that fail for DeepSpeed's own reason, with why (and a link): they do not block publishing
+    known_failures: tuple[tuple[str, str, str], ...] = ()  # (config file, reason, link or "")
     configs: tuple[tuple[str, str], ...] = ()  # (file name, the config as sorted JSON), read by load_recipe
     ops_from_configs: tuple[str, ...] = ()  # ops added to `ops` because a config loaded them (pipeline)
     label: str = ""  # ends the wheel's local version: two op sets of one target get two file names
@@ -184,6 +187,13 @@ class Recipe:
     def config_table(self) -> dict[str, Any]:
         """The site's configs, file name -> config object (embedded in the wheel's manifest)."""
         return {name: json.loads(text) for name, text in self.configs}
+
+    @property
+    def known_table(self) -> dict[str, dict[str, str]]:
+        """config file -> {"reason", "link"?}: embedded in the wheel's manifest beside the configs."""
+        return {
+            name: {"reason": reason, **({"link": link} if link else {})} for name, reason, link in self.known_failures
+        }
 
     @property
     def ops_spec(self) -> list[str] | dict[str, list[str]]:
@@ -259,6 +269,34 @@ def load_recipe(path: Path) -> Recipe:
                               "fix the config file, or take it out of the recipe's configs")  # fmt: skip
         read.append((name, json.dumps(case.config, sort_keys=True)))
     return dataclasses.replace(recipe, configs=tuple(read))
+
+
+_KNOWN_EXAMPLE = (
+    'e.g. [known_failures] "configs/x.json" = { reason = "DeepSpeed 0.19.8 steps LBFGS without its '
+    'closure", link = "https://github.com/deepspeedai/DeepSpeed/issues/N" }'
+)
+MAX_REASON = 500
+
+
+def _known_failures(table: Mapping[str, Any], config_files: list[str], where: str) -> tuple[tuple[str, str, str], ...]:
+    """[known_failures]: a site's configs that fail for DeepSpeed's own reason, each with why. Only
+    configs the recipe names; a reason of plain text; a link that is an https or http URL."""
+    out = []
+    for name, entry in table.items():
+        if name not in config_files:
+            raise RecipeError(f"{where}: known_failures names {name[:100]!r}, which is not one of the recipe's "
+                              f"configs{did_you_mean(name, config_files)}",
+                              "name a file exactly as configs lists it")  # fmt: skip
+        if not isinstance(entry, dict) or set(entry) - {"reason", "link"}:
+            raise RecipeError(f"{where}: known_failures.{name} must be a table of reason and link", _KNOWN_EXAMPLE)
+        reason, link = entry.get("reason"), entry.get("link", "")
+        if not isinstance(reason, str) or not reason.strip() or len(reason) > MAX_REASON:
+            raise RecipeError(f"{where}: known_failures.{name}.reason must say why it fails, in 1 to {MAX_REASON} "
+                              "characters", _KNOWN_EXAMPLE)  # fmt: skip
+        if not isinstance(link, str) or (link and not re.match(r"^https?://[^\s<>\"']{1,500}$", link)):
+            raise RecipeError(f"{where}: known_failures.{name}.link is not an http(s) URL", _KNOWN_EXAMPLE)
+        out.append((name, " ".join(reason.split()), link))
+    return tuple(sorted(out))
 
 
 def _control_characters(data: object, key: str = "") -> str | None:
@@ -345,6 +383,7 @@ def parse_recipe(data: Mapping[str, Any], path: Path | None = None) -> Recipe:
                           'e.g. configs = ["configs/adam-zero1.json"] (JSON, or a .py file of one dict)')  # fmt: skip
     if len({os.path.normpath(c) for c in config_files}) != len(config_files):
         raise RecipeError(f"{where}: configs names a file twice", "name each config once")
+    known = _known_failures(data.get("known_failures", {}), config_files, where)
     label = data.get("label", "")
     if label and not _LABEL.match(label):
         raise RecipeError(f'{where}: label "{label}" is not usable in a version',
@@ -355,6 +394,7 @@ def parse_recipe(data: Mapping[str, Any], path: Path | None = None) -> Recipe:
         root=root,
         label=label,
         config_files=tuple(config_files),
+        known_failures=known,
         slurm=tuple(sorted(slurm.items())),
         name=name,
         archs=archs,

@@ -20,8 +20,11 @@ The same key signs op-unit records in a shared unit cache (its own namespace).
 from __future__ import annotations
 
 import datetime
+import hashlib
+import hmac
 import json
 import os
+import secrets
 import shutil
 import tempfile
 import uuid
@@ -286,6 +289,56 @@ def _unusable_key(k: Keys, exc: ToolError) -> TrustError:
         return TrustError(f"the signing key {k.private} is not the pair of {k.public.name}: what it signed would be "
                           "refused as signed by another key", fix)  # fmt: skip
     return TrustError(f"cannot sign with {k.private}: {exc.message}", exc.fix or _SSH_KEYGEN_FIX)
+
+
+UNIT_SECRET_FILE = "unit-seal-secret"  # in the key folder, 0600: seals op-unit records where ssh-keygen is absent
+_SEAL = b"ds-wheel-builder unit seal hmac-sha256 "
+
+
+def seal_unit(data: bytes, k: Keys | None = None) -> bytes:
+    """The seal of an op-unit or header record in a cache others may write: an SSHSIG signature by
+    this host's key where ssh-keygen is here (hosts that trust the key accept it); else an
+    HMAC-SHA256 with a secret kept beside the key, which only this user (or a host sharing the key
+    folder) can make or check. A GPU node as it comes (no OpenSSH client) so builds with --no-publish
+    as safely; signing a wheelhouse still needs ssh-keygen."""
+    k = k or keys()
+    if shutil.which("ssh-keygen") is None:
+        return _SEAL + hmac.new(_unit_secret(k, make=True) or b"", data, hashlib.sha256).hexdigest().encode() + b"\n"
+    return sign(data, UNIT_NAMESPACE, k)
+
+
+def check_unit(data: bytes, seal: bytes, where: str, k: Keys | None = None) -> None:
+    """A record's seal (seal_unit) checked: TrustError, ManifestError or ToolError when it is not one
+    this host made or trusts (the unit is then built again)."""
+    k = k or keys()
+    if not seal.startswith(_SEAL):
+        check(data, seal, where, k.trust(), UNIT_NAMESPACE)
+        return
+    secret = _unit_secret(k, make=False)
+    want = _SEAL + hmac.new(secret, data, hashlib.sha256).hexdigest().encode() + b"\n" if secret else b""
+    if not secret or not hmac.compare_digest(seal, want):
+        raise TrustError(f"{where} is not sealed by this host's secret ({k.folder / UNIT_SECRET_FILE})",
+                         "remove the entry: it is built again")  # fmt: skip
+
+
+def _unit_secret(k: Keys, make: bool) -> bytes | None:
+    """The key folder's unit secret (32 random bytes, 0600, this user's), made on first use."""
+    path = k.folder / UNIT_SECRET_FILE
+    if not path.exists():
+        if not make:
+            return None
+        with _lock(k):
+            if not path.exists():
+                write_atomic(path, secrets.token_bytes(32), mode=0o600)
+                output.note(f"no ssh-keygen here: op units are sealed with the secret {path} instead of signed")
+    if path.is_symlink() or not path.is_file():
+        raise TrustError(f"the unit secret {path} is not a regular file", f"move {path} away; the toolkit writes it")
+    st = path.stat()
+    if st.st_mode & 0o077 or (hasattr(os, "getuid") and st.st_uid != os.getuid()):
+        raise TrustError(f"the unit secret {path} is another user's or others can read it "
+                         f"(mode {st.st_mode & 0o777:o})",
+                         f"remove {path} (a new one is made; the units it sealed are built again)")  # fmt: skip
+    return path.read_bytes()
 
 
 def check(data: bytes, signature: bytes, where: str, trust: Trust, namespace: str = node.NAMESPACE) -> Signature:

@@ -479,6 +479,55 @@ def test_a_unit_cache_entry_no_trusted_key_signed_is_built_again(tmp_path: Path,
     assert cache.lookup(store, unit) is None  # unsigned: the same
 
 
+def test_without_ssh_keygen_units_are_sealed_by_a_secret_and_a_planted_one_is_built_again(
+    tmp_path: Path, keys: signing.Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 49: a GPU image with no OpenSSH client builds with --no-publish. Its units are sealed
+    with an HMAC by a secret in the key folder (0600): reused by this host; a co-tenant's planted
+    entry (its own seal, no seal, an SSH signature that cannot be checked here) is built again."""
+    from test_units import plan_for, unit_wheel
+
+    from builder.units import cache
+    from builder.units.plan import plan_units
+
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))  # no ssh-keygen, no openssl
+    assert shutil.which("ssh-keygen") is None
+    (unit,), _ = plan_units(plan_for("cpu_lion"), {}, 2, None)
+    store = tmp_path / "units"
+    record, cached = cache.store(store, unit, unit_wheel(tmp_path / "built", "cpu_lion"), 12.0)
+    secret = keys.folder / signing.UNIT_SECRET_FILE
+    assert secret.stat().st_mode & 0o777 == 0o600 and len(secret.read_bytes()) == 32
+    assert not keys.private.exists()  # no signing key was made (nor could be)
+    seal = (store / unit.key / "unit.json.sig").read_bytes()
+    assert seal.startswith(b"ds-wheel-builder unit seal hmac-sha256 ")
+    assert cache.lookup(store, unit) == (record, cached)
+    # A planted wheel with its sha256 in the record: the seal no longer holds.
+    with zipfile.ZipFile(cached, "a") as zf:
+        zf.writestr("deepspeed/ops/lion/planted.py", b"import os")
+    data = json.loads((store / unit.key / "unit.json").read_text())
+    data["sha256"] = hashlib.sha256(cached.read_bytes()).hexdigest()
+    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+    (store / unit.key / "unit.json").write_text(text)
+    assert cache.lookup(store, unit) is None
+    # Sealed with another secret (the planter's own key folder): refused too.
+    import hmac
+
+    forged = (
+        b"ds-wheel-builder unit seal hmac-sha256 " + hmac.new(b"x" * 32, text.encode(), "sha256").hexdigest().encode()
+    )
+    (store / unit.key / "unit.json.sig").write_bytes(forged + b"\n")
+    assert cache.lookup(store, unit) is None
+    (store / unit.key / "unit.json.sig").write_bytes(
+        b"-----BEGIN SSH SIGNATURE-----\nAAAA\n-----END SSH SIGNATURE-----\n"
+    )
+    assert cache.lookup(store, unit) is None  # an SSH signature nothing here can check: built again, no traceback
+    # A secret others can read is refused, with the fix.
+    secret.chmod(0o644)
+    with pytest.raises(TrustError, match="others can read it") as err:
+        signing.seal_unit(b"x", keys)
+    assert f"remove {secret}" in err.value.fix
+
+
 def test_a_unit_cache_in_a_system_folder_or_behind_another_users_link_is_refused(tmp_path: Path) -> None:
     from builder.units.cache import UNIT_CACHE_ENV, cache_folder
 

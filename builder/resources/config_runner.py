@@ -97,11 +97,31 @@ def _refuse_cpp_load(name: str, *args: Any, **kwargs: Any) -> Any:
     raise JitRefused(f"torch.utils.cpp_extension was asked to compile {name} at first use")
 
 
+# The reference run (the smoke's blame of a failure): DeepSpeed with none of the wheel's ops, compiling
+# at first use what it needs as upstream does, into one extensions folder every config shares. On the CPU
+# accelerator the engine compiles deepspeed_shm_comm at initialize: with JIT refused no config runs at all.
+ALLOW_JIT_ENV = "DS_CONFIG_RUNNER_ALLOW_JIT"  # the shared TORCH_EXTENSIONS_DIR; set: compiles are recorded, run
+
+
+def _allow_jit() -> str:
+    return os.environ.get(ALLOW_JIT_ENV, "")
+
+
+def _record_jit(jit_load: Any) -> Any:
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.name not in _jit:
+            _jit.append(self.name)
+        return jit_load(self, *args, **kwargs)
+
+    wrapper.__wrapped__ = jit_load  # type: ignore[attr-defined]
+    return wrapper
+
+
 def _wrap(cls: Any) -> None:
     if "load" in cls.__dict__ and not hasattr(cls.__dict__["load"], "__wrapped__"):
         cls.load = _record_load(cls.__dict__["load"])
-    if "jit_load" in cls.__dict__:
-        cls.jit_load = _refuse_jit
+    if "jit_load" in cls.__dict__ and not hasattr(cls.__dict__["jit_load"], "__wrapped__"):
+        cls.jit_load = _record_jit(cls.__dict__["jit_load"]) if _allow_jit() else _refuse_jit
 
 
 def intercept() -> None:
@@ -127,8 +147,9 @@ def intercept() -> None:
         _wrap(cls)
 
     OpBuilder.__init_subclass__ = classmethod(on_subclass)  # type: ignore[arg-type]
-    cpp.load = _refuse_cpp_load
-    cpp.load_inline = _refuse_cpp_load
+    if not _allow_jit():
+        cpp.load = _refuse_cpp_load
+        cpp.load_inline = _refuse_cpp_load
 
 
 def held_store(world: int) -> Any:
@@ -159,7 +180,7 @@ def _batch(config: dict[str, Any]) -> int:
 
 def _classify(exc: BaseException) -> tuple[str, str]:
     text = f"{type(exc).__name__}: {exc}".strip()
-    if _jit:
+    if _jit and not _allow_jit():
         return "needs-op", f"needs {', '.join(_jit)}, which the installed wheel lacks ({text.splitlines()[0]})"
     if "InvalidCxxCompiler" in text or "No working C++ compiler" in text:
         return "needs-compiler", (
@@ -200,7 +221,8 @@ def _one_rank(config: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
     with a TORCH_EXTENSIONS_DIR of its own, empty at the start and removed at the end (a config per
     run: thousands of folders left in /tmp otherwise)."""
     del _loaded[:], _jit[:], _refused[:], _stack[:]
-    ext = tempfile.mkdtemp(prefix="config-ext-")
+    shared = _allow_jit()
+    ext = shared or tempfile.mkdtemp(prefix="config-ext-")
     os.environ["TORCH_EXTENSIONS_DIR"] = ext
     try:
         try:
@@ -208,10 +230,11 @@ def _one_rank(config: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
             result.update(_steps(config))
         except BaseException as exc:  # every outcome is reported
             result["status"], result["detail"] = _classify(exc)
-        compiled = sorted(os.listdir(ext))
+        compiled = [] if shared else sorted(os.listdir(ext))
     finally:
-        shutil.rmtree(ext, ignore_errors=True)
-    if _jit and result.get("status") == "passed":  # DeepSpeed caught the refusal and fell back
+        if not shared:
+            shutil.rmtree(ext, ignore_errors=True)
+    if _jit and result.get("status") == "passed" and not shared:  # DeepSpeed caught the refusal and fell back
         result["status"] = "needs-op"
         result["detail"] = (f"needs {', '.join(_jit)}, which the installed wheel lacks: DeepSpeed tried to compile it "
                             f"and fell back when refused ({result.get('detail', '')})")  # fmt: skip

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from builder import output, signing
-from builder.errors import FolderError
+from builder.errors import BuilderError, FolderError
 from builder.files import is_system_folder, make_dirs, write_atomic
 from builder.node import SHA256_RE, Fields, ManifestError, check_wheel_name, read_bounded
 from builder.units.plan import UNIT_SCHEMA, Unit
@@ -29,8 +29,8 @@ from builder.wheelbuild.source import sha256_of
 
 UNIT_CACHE_ENV = "DS_BUILDER_UNIT_CACHE"
 RECORD = "unit.json"
-SIGNATURE = "unit.json.sig"  # the record signed by the build host's key (builder.signing): a cache
-# others can write cannot hand this build a unit no trusted host built
+SIGNATURE = "unit.json.sig"  # the record's seal (builder.signing.seal_unit): a cache others can write
+# cannot hand this build a unit no trusted host built
 
 
 # Folders a unit cache must never be (or, for the trees, be inside): the toolkit would write its
@@ -100,10 +100,10 @@ def lookup(cache: Path, unit: Unit) -> tuple[UnitRecord, Path] | None:
     if not (folder / RECORD).is_file():
         return None
     try:
-        signing.check(read_bounded(folder / RECORD, "report"), read_bounded(folder / SIGNATURE, "signature"),
-                      str(folder / SIGNATURE), signing.keys().trust(), signing.UNIT_NAMESPACE)  # fmt: skip
+        signing.check_unit(read_bounded(folder / RECORD, "report"), read_bounded(folder / SIGNATURE, "signature"),
+                           str(folder / SIGNATURE))  # fmt: skip
         record = load_record(folder)
-    except (OSError, ValueError, ManifestError) as exc:
+    except (OSError, ValueError, ManifestError, BuilderError) as exc:
         output.warn(f"unit {unit.op.name}: the cached record in {folder} is not one this host trusts "
                     f"({getattr(exc, 'message', exc)}): building it again")  # fmt: skip
         return None
@@ -134,7 +134,7 @@ def _store(cache: Path, unit: Unit, wheel: Path, seconds: float) -> tuple[UnitRe
         os.chmod(tmp / wheel.name, 0o644)
         text = record.to_json(unit.inputs)
         write_atomic(tmp / RECORD, text)
-        write_atomic(tmp / SIGNATURE, signing.sign(text.encode("utf-8"), signing.UNIT_NAMESPACE))
+        write_atomic(tmp / SIGNATURE, signing.seal_unit(text.encode("utf-8")))
         os.chmod(tmp, 0o755)
         final = cache / unit.key
         if final.exists():  # a stale or damaged entry lookup refused: replaced whole

@@ -268,8 +268,7 @@ def read_record(folder: Path) -> HeaderRecord:
     from builder.node import SHA256_RE, Fields, read_bounded
 
     text = read_bounded(folder / RECORD, "report")
-    signing.check(text, read_bounded(folder / SIGNATURE, "signature"), str(folder / SIGNATURE),
-                  signing.keys().trust(), signing.UNIT_NAMESPACE)  # fmt: skip
+    signing.check_unit(text, read_bounded(folder / SIGNATURE, "signature"), str(folder / SIGNATURE))
     f = Fields(json.loads(text), str(folder / RECORD))
     if f.get("schema", int) != SCHEMA or f.get("kind", str) != "precompiled header":
         raise f.fail("kind", "is not a precompiled header's record")
@@ -554,7 +553,7 @@ def _make(here: str, tool: str, compile_: Compile, folder: Path, k: str) -> None
                               compile_.flags, tuple(h for h in headers if not h.startswith(str(tmp))))  # fmt: skip
         text = record.to_json()
         (tmp / RECORD).write_text(text)
-        (tmp / SIGNATURE).write_bytes(signing.sign(text.encode(), signing.UNIT_NAMESPACE))
+        (tmp / SIGNATURE).write_bytes(signing.seal_unit(text.encode()))
         (tmp / "source.h").unlink()
         (tmp / "deps.d").unlink()
         for path in tmp.iterdir():

@@ -238,7 +238,8 @@ def _build(unit: Unit, job: UnitJob, folder: Path, log: Path, sweeper: Sweeper) 
     source.patch_build_tree(src)
     env = {**job.env, **unit.env}
     env.update(reproducible_env(env, src, job.python.parent.parent))
-    env.update(ccache.environment(job.ccache_dir, job.use_ccache, env, folder / "ccache-stats.log"))
+    env.update(ccache.environment(job.ccache_dir, job.use_ccache, env, folder / "ccache-stats.log",
+                                  front=folder / "ccache-front"))  # fmt: skip
     ccache.zero(env)
     header_log = folder / "pch.log" if pch.PCH_ENV in env else None
     if header_log:
@@ -275,7 +276,8 @@ def _build(unit: Unit, job: UnitJob, folder: Path, log: Path, sweeper: Sweeper) 
     sweeper.discard(raw_dir)
     sweeper.discard(folder / "src")
     headers = pch.summarize([header_log]).describe() if header_log else None
-    output.note(f"unit {name}: built in {seconds:.0f}s" + (f"; {stats.describe()}" if stats else "")
+    uncached = "" if stats else f"; no compiler cache ({'--no-ccache' if not job.use_ccache else 'no ccache found'})"
+    output.note(f"unit {name}: built in {seconds:.0f}s" + (f"; {stats.describe()}" if stats else uncached)
                 + (f"; {headers}" if headers else ""))  # fmt: skip
     return UnitResult(unit, "built", cached, seconds, log, "", (stats.hits, stats.misses) if stats else None,
                       header_log=header_log)  # fmt: skip

@@ -58,6 +58,7 @@ def key_inputs(recipe: Recipe, machine: MachineFacts, env: Mapping[str, str]) ->
         **({"label": recipe.label} if recipe.label else {}),
         # The site's configs are embedded in the wheel's manifest (the smoke proves each one).
         **({"configs": recipe.config_table} if recipe.configs else {}),
+        **({"known_failures": recipe.known_table} if recipe.known_failures else {}),
         **({"on_op_failure": recipe.on_op_failure} if recipe.on_op_failure != "fail" else {}),
         "archs": list(recipe.archs) if not recipe.auto_arch else ["auto:" + ";".join(machine.gpu_archs)],
         "cpu_target": recipe.cpu_target,

@@ -1,8 +1,11 @@
 """ccache in front of g++ and nvcc, in a cache folder the toolkit owns.
 
-torch's extension builder already prefixes its compilers with ccache when it is on PATH
-(`_wrap_compiler`, torch >= 2.x), so the toolkit only points ccache at its own folder and reads
-the hit rate back after the build. No CCACHE_BASEDIR: it rewrites absolute include paths to
+The toolkit puts ccache in front itself, for every torch: CXX names a small script that runs
+`ccache <the real C++ compiler>`, and PYTORCH_NVCC (read by torch's ninja builds since 2.1) is
+`ccache <nvcc>`; torch's own wrapper is turned off (TORCH_NO_COMPILER_WRAPPER). torch's wrapper
+(`_wrap_compiler`) arrived after 2.11: a build for torch 2.11, what most GPU images hold, got no
+compiler cache at all, silently ("ccache: 0 hits, 0 misses" on an H100 node). The hit rate is read
+back after the build. No CCACHE_BASEDIR: it rewrites absolute include paths to
 relative ones, which then reach the .so through __FILE__ past the -ffile-prefix-map rewrites and
 make a ccache build differ from a plain one. Sources unpack to the same path in a work folder on
 every build, so hits need no rewriting. Without ccache, or with it turned off, torch's wrapper is
@@ -12,6 +15,7 @@ disabled so the build is plain.
 from __future__ import annotations
 
 import hashlib
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,13 +50,16 @@ NVCC_ENV = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN")
 
 
 def environment(
-    cache_dir: Path, enabled: bool, env: Mapping[str, str], stats_log: Path | None = None
-) -> dict[str, str]:
+    cache_dir: Path, enabled: bool, env: Mapping[str, str], stats_log: Path | None = None,
+    front: Path | None = None,
+) -> dict[str, str]:  # fmt: skip
     """ccache's settings for a build; the nvcc flags given through the environment (-Xfatbin
     -compress-all, -ccbin) go into its namespace, which ccache hashes with every compile, so an
     object built with other flags is never a hit. The build's own hits and misses go to
-    `stats_log`: the cache's counters are shared by every build using it at the same time."""
-    if not enabled or which("ccache", env) is None:
+    `stats_log`: the cache's counters are shared by every build using it at the same time. With
+    `front` (a folder of the build's own) the compilers are wrapped there (see the module's note)."""
+    program = which("ccache", env)
+    if not enabled or program is None:
         return {"TORCH_NO_COMPILER_WRAPPER": "1"}
     flags = "\n".join(f"{k}={env.get(k, '')}" for k in NVCC_ENV)
     namespace = "nvcc-" + hashlib.sha256(flags.encode()).hexdigest()[:16]
@@ -64,6 +71,23 @@ def environment(
            "CCACHE_COMPILERCHECK": "content", "CCACHE_SLOPPINESS": "include_file_ctime"}  # fmt: skip
     if stats_log is not None:
         out["CCACHE_STATSLOG"] = str(stats_log)
+    if front is not None:
+        out.update(compiler_front(front, program, env))
+    return out
+
+
+def compiler_front(folder: Path, ccache: str, env: Mapping[str, str]) -> dict[str, str]:
+    """CXX as a script running ccache before the real compiler (the build's CXX, else the c++ on its
+    PATH), and PYTORCH_NVCC as ccache before the toolkit's nvcc where CUDA_HOME names one."""
+    real = env.get("CXX") or which("c++", env) or "c++"
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / "c++"
+    script.write_text(f'#!/bin/sh\nexec {shlex.quote(ccache)} {shlex.quote(real)} "$@"\n', encoding="utf-8")
+    script.chmod(0o755)
+    out = {"CXX": str(script), "TORCH_NO_COMPILER_WRAPPER": "1"}
+    nvcc = Path(env.get("CUDA_HOME", "")) / "bin" / "nvcc" if env.get("CUDA_HOME") else None
+    if nvcc is not None and nvcc.is_file():
+        out["PYTORCH_NVCC"] = f"{shlex.quote(ccache)} {shlex.quote(str(nvcc))}"
     return out
 
 

@@ -513,6 +513,7 @@ def build_manifest(
         "stripped": recipe.strip,
         # The site's DeepSpeed configs (file name -> config) the smoke runs, each of which must pass.
         **({"configs": recipe.config_table} if recipe.configs else {}),
+        **({"known_failures": recipe.known_table} if recipe.known_failures else {}),
         # Ops the recipe did not name that its configs loaded when run from the wheel (added by the build).
         **({"ops_from_configs": list(recipe.ops_from_configs)} if recipe.ops_from_configs else {}),
     }

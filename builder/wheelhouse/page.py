@@ -19,6 +19,7 @@ from pathlib import Path
 from builder.coverage import Report, parse_report
 from builder.files import write_atomic
 from builder.node import (
+    CHECK_STATUSES,
     CONFIG_SITE,
     INSTALLER,
     MANIFEST_FILE,
@@ -79,6 +80,9 @@ class PageFacts:
 
 def _e(value: object) -> str:
     return html.escape(str(value), quote=True)
+
+
+_STATUS_WORDS = {"upstream": "DeepSpeed's own failure (not the wheel's)"}
 
 
 def _status(status: str) -> str:
@@ -226,8 +230,8 @@ def _checks(manifest: WheelhouseManifest) -> str:
     for name, e in sorted(manifest.wheels.items()):
         rows = [_row("check", check, [_e(check), _status(status), _e(detail)])
                 for check, (status, detail) in sorted(e.smoke.checks.items())]  # fmt: skip
-        counts = {s: sum(1 for st, _ in e.smoke.checks.values() if st == s) for s in ("passed", "failed", "skipped")}
-        summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+        counts = {s: sum(1 for st, _ in e.smoke.checks.values() if st == s) for s in CHECK_STATUSES}
+        summary = ", ".join(f"{n} {_STATUS_WORDS.get(s, s)}" for s, n in counts.items() if n)
         parts.append(f'<details data-wheel="{_e(name)}"><summary>{_e(target_label(e))}: {_e(summary)} '
                      f'(finished {_e(e.smoke.finished_at)})</summary>'
                      f'{_table("checks-" + name, ["check", "result", "reason"], rows)}</details>')  # fmt: skip

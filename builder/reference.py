@@ -1,0 +1,113 @@
+"""Whose failure is it: a config that fails from the wheel, run again without the wheel.
+
+The reference is the same DeepSpeed (the recipe's sdist, sha256 checked) and the same torch, with
+none of the wheel's ops: DeepSpeed installed with DS_BUILD_OPS=0, compiling at first use what a
+config asks for, the way upstream ships it (on the CPU accelerator the engine compiles
+deepspeed_shm_comm at initialize, so with compiles refused not one config would run: measured).
+A config that fails there with the same error is DeepSpeed's own (or torch's) failure, not the
+wheel's; one that passes there, or fails differently, is the wheel's. The environment and what it
+compiled are kept in the work folder's cache, made once per DeepSpeed, torch and Python.
+
+`judge` is pure; `blame` makes the environment and runs the configs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from packaging.version import Version
+
+from builder import configs, envs, output
+from builder.contracts import BuildManifest
+from builder.errors import BuilderError
+from builder.recipe import DeepSpeedSource, TorchSpec
+from builder.resources import config_runner
+from builder.wheelbuild import source
+from builder.workspace import Workspace
+
+TIMEOUT = 900.0  # seconds per config: its first one may compile an op or two at first use (60 s each here)
+EXTENSIONS = "torch_extensions"  # in the reference venv: what DeepSpeed compiled there, kept for the next run
+
+
+def judge(failed: configs.Outcome, reference: configs.Outcome | None, versions: str) -> configs.Blame:
+    """Whose failure `failed` is, given the same config's outcome in the reference (pure)."""
+    said = configs.signature(failed.detail)
+    if reference is None:
+        return configs.Blame("unknown", f"the reference ({versions}) did not report on this config")
+    if reference.status == "passed":
+        return configs.Blame("wheel", f"the config passes with {versions}: this failure happens only with the wheel")
+    if reference.status == "failed" and said and configs.signature(reference.detail) == said:
+        compiled = f"; it compiled {', '.join(reference.jit)} at first use" if reference.jit else ""
+        return configs.Blame("deepspeed", f"DeepSpeed's own failure, not the wheel's: the same error with {versions}"
+                                  f"{compiled}")  # fmt: skip
+    there = configs.signature(reference.detail) or reference.status
+    return configs.Blame("unknown", f"with {versions} the config ends otherwise ({reference.status}: "
+                                    f"{there[:300]}), so this failure is not shown to be DeepSpeed's own")  # fmt: skip
+
+
+def describe(manifest: BuildManifest) -> str:
+    return (f"DeepSpeed {Version(manifest.version).public} from its sdist with no op prebuilt and torch "
+            f"{manifest.torch_version}")  # fmt: skip
+
+
+def environment(manifest: BuildManifest, ws: Workspace, base: Path | None, log: Path, verbose: bool = False) -> Path:
+    """The reference venv for the wheel's DeepSpeed, torch and Python (`base`: the interpreter the
+    smoke uses, None for the builder's own), made once, then reused."""
+    from filelock import FileLock
+
+    version = Version(manifest.version).public
+    sdist = source.fetch(DeepSpeedSource(version, manifest.source_sha256), source.sdist_folder(ws.cache, os.environ),
+                         log, verbose)  # fmt: skip
+    torch = TorchSpec(Version(manifest.torch_version).public, manifest.torch_variant, manifest.torch_index)
+    system = manifest.recipe_torch == "system"
+    index = envs.torch_index(torch)
+    requirements = [torch.requirement, "setuptools", "wheel", "ninja"]
+    root = ws.cache / "reference"
+    key = envs.env_key([*requirements, f"deepspeed-sdist={manifest.source_sha256}",
+                        f"accelerator={manifest.accelerator}"], system, base, index)  # fmt: skip
+    venv = root / key
+    if (venv / envs.COMPLETE).is_file():
+        output.note(f"reference: reusing {venv}")
+        return venv
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(venv) + ".lock"):
+        if (venv / envs.COMPLETE).is_file():
+            return venv
+        output.step(f"reference: {describe(manifest)}, in {venv}")
+        envs.create(venv, requirements, log, verbose, system, base, index, bytecode=True)
+        # DeepSpeed's setup.py imports torch: no build isolation (it would hide torch, DeepSpeed issue 7286).
+        envs.install_source(venv, sdist, {"DS_BUILD_OPS": "0", "DS_ACCELERATOR": manifest.accelerator}, log, verbose)
+        (venv / EXTENSIONS).mkdir(exist_ok=True)
+        (venv / envs.COMPLETE).write_text(f"{sdist.name}\n", encoding="utf-8")
+    return venv
+
+
+def blame(failed: Sequence[configs.Outcome], cases: Sequence[configs.ConfigCase], manifest: BuildManifest,
+          ws: Workspace, base: Path | None, folders: Mapping[str, str], work: Path, log: Path,
+          verbose: bool = False) -> dict[str, configs.Blame]:  # fmt: skip
+    """Each failed config's blame, from running it in the reference (in `work`, with `folders`: an
+    empty TMPDIR and extensions folder). A reference that cannot be made (no index, no sdist) leaves
+    every failure the wheel's to answer for, and says why."""
+    if not failed:
+        return {}
+    names = {o.name for o in failed}
+    versions = describe(manifest)
+    output.step(f"smoke: {len(names)} config(s) failed from the wheel; running them with {versions} to tell "
+                "whose failure each is")  # fmt: skip
+    try:
+        venv = environment(manifest, ws, base, log, verbose)
+        python = envs.python_in(venv)
+        env = {**envs.venv_environ(venv), **folders, "DS_ACCELERATOR": manifest.accelerator,
+               config_runner.ALLOW_JIT_ENV: str(venv / EXTENSIONS)}  # fmt: skip
+        ran = configs.run(python, [c for c in cases if c.name in names], manifest.accelerator, env=env, cwd=work,
+                          log=log, verbose=verbose, timeout=TIMEOUT)  # fmt: skip
+    except BuilderError as exc:
+        output.warn(f"reference: could not run ({exc.message}); the failures stay the wheel's")
+        return {o.name: configs.Blame("unknown", f"the reference could not be run: {exc.message}") for o in failed}
+    by_name = {o.name: o for o in ran}
+    out = {o.name: judge(o, by_name.get(o.name), versions) for o in failed}
+    for name, b in out.items():
+        output.note(f"  {name}: {b.whose}: {b.why}")
+    return out
