@@ -35,15 +35,15 @@ from pathlib import Path
 from typing import Any
 
 from builder import cmd, envs, output
+from builder.build import build_wheel, prepare, toolchain_env
 from builder.errors import ToolError
 from builder.files import write_atomic
+from builder.glibc import HOST
 from builder.recipe import Recipe
 from builder.units import pch
 from builder.units.cache import cache_folder as unit_cache
 from builder.wheelbuild import ops, source
-from builder.wheelbuild.glibc import HOST
 from builder.wheelbuild.plan import plan_build
-from builder.wheelbuild.wheel import build_wheel, prepare, toolchain_env
 from builder.workspace import Workspace
 
 FIRST_OP = {
@@ -109,7 +109,7 @@ def root_making(out: Path) -> float:
     """Seconds to make the toolkit's build root from nothing (in a folder of the bench's own, then
     removed); nan where this user cannot make one (debootstrap takes root)."""
     from builder.buildroot import make, spec
-    from builder.images.base import host_mirror
+    from builder.debian import host_mirror
 
     if os.geteuid() != 0:
         return float("nan")
@@ -215,17 +215,22 @@ def smoke_times(wheel: Path, ws: Workspace) -> dict[str, float]:
 
 
 CONFIG_SAMPLE = 6  # configs run one process each, as a user runs them, to scale to the whole matrix
+SPAWN_SAMPLE = 12  # configs run with spawned processes, without and with the bytecode folder
 
 
 def config_costs(wheel: Path, ws: Workspace, log: Path) -> dict[str, float]:
     """Seconds for the smoke's config matrix in one runner (forked after one import of DeepSpeed)
     and for the same configs each in a process of its own, as a user runs them one `python train.py`
-    at a time (a sample of CONFIG_SAMPLE, every sixth, scaled to the matrix: the whole takes minutes)."""
+    at a time (a sample of CONFIG_SAMPLE, every sixth, scaled to the matrix: the whole takes minutes).
+    Then the GPU node's setting on CPU: every config's processes spawned (as CUDA needs), torch with
+    no .pyc and PYTHONDONTWRITEBYTECODE=1, against the same with the run's bytecode folder
+    (smoke.run_folders: compiled once, read by every process); a sample of SPAWN_SAMPLE each."""
     import tempfile
 
     from builder import configs
     from builder.contracts import BuildManifest
-    from builder.smoke import config_cases, no_compiler, wheel_env
+    from builder.resources import config_runner
+    from builder.smoke import WRITE_BYTECODE, config_cases, no_compiler, wheel_env
 
     manifest = BuildManifest.from_wheel(wheel)
     cases = config_cases(manifest)
@@ -239,9 +244,16 @@ def config_costs(wheel: Path, ws: Workspace, log: Path) -> dict[str, float]:
         matrix, _ = _timed(functools.partial(run, cases))
         sample = cases[:: max(1, len(cases) // CONFIG_SAMPLE)][:CONFIG_SAMPLE]
         each = [_timed(functools.partial(run, [c]))[0] for c in sample]
+        spawned = cases[:: max(1, len(cases) // SPAWN_SAMPLE)][:SPAWN_SAMPLE]
+        setting = {**env, config_runner.START_ENV: "spawn", "PYTHONDONTWRITEBYTECODE": "1"}
+        image = {k: v for k, v in setting.items() if k != "PYTHONPYCACHEPREFIX"}  # as the image runs them
+        once = {**setting, **WRITE_BYTECODE}  # the toolkit's: compiled once into the run's own folder
+        spawn_plain, _ = _timed(lambda: configs.run(python, spawned, manifest.accelerator, env=image, cwd=tmp, log=log))
+        spawn_once, _ = _timed(lambda: configs.run(python, spawned, manifest.accelerator, env=once, cwd=tmp, log=log))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return {"matrix": matrix, "each": statistics.mean(each) * len(cases), "count": float(len(cases))}
+    return {"matrix": matrix, "each": statistics.mean(each) * len(cases), "count": float(len(cases)),
+            "spawn_plain": spawn_plain, "spawn_once": spawn_once, "spawn_count": float(len(spawned))}  # fmt: skip
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -298,6 +310,8 @@ def bench(recipe: Recipe, out: Path, runs: int, full_ops: Recipe | None = None) 
             "clone_pip",
             "configs_matrix",
             "configs_each",
+            "configs_spawn_plain",
+            "configs_spawn_once",
             "cold_host",
             "root_make",
             "cold_no_header",
@@ -372,6 +386,9 @@ def bench(recipe: Recipe, out: Path, runs: int, full_ops: Recipe | None = None) 
             sizes["configs"] = int(costs["count"])
             record("configs_matrix", costs["matrix"])
             record("configs_each", costs["each"])
+            record("configs_spawn_plain", costs["spawn_plain"])
+            record("configs_spawn_once", costs["spawn_once"])
+            sizes["spawned"] = int(costs["spawn_count"])
             if run == 0:
                 at["step"] = "fresh clone"
                 for name, seconds in fresh_clone(out, log).items():
@@ -434,6 +451,7 @@ def _result(name: str, runs: int, extra: str | None, samples: dict[str, list[flo
             "smoke_uv_vs_pip": ratio(med["smoke_uv"], med["smoke_pip"]),
             "clone_uv_vs_pip": ratio(med["clone_uv"], med["clone_pip"]),
             "configs_vs_each": ratio(med["configs_matrix"], med["configs_each"]),
+            "bytecode_once_vs_each": ratio(med["configs_spawn_once"], med["configs_spawn_plain"]),
             "root_vs_host": ratio(med["cold"], med["cold_host"]),
             "header_vs_none": ratio(med["cold"], med["cold_no_header"]),
         },
@@ -451,12 +469,17 @@ TARGETS = {
     "smoke_uv_vs_pip": ("smoke, uv environments vs venv + pip", None),
     "clone_uv_vs_pip": ("fresh clone -> published wheel (`nox -s build-wheel`): uv vs pip environments", None),
     "configs_vs_each": ("the smoke's DeepSpeed config matrix: one forked runner vs a process per config", None),
+    "bytecode_once_vs_each": (
+        "configs spawned as on a GPU node, torch without .pyc and PYTHONDONTWRITEBYTECODE=1: "
+        "bytecode compiled once into the run's folder vs in every process",
+        None,
+    ),
     "root_vs_host": ('cold build compiled in the Debian 11 root vs the same on the host (`platform = "host"`)', 1.1),
 }
 # Absolute targets on 2 cores (seconds), for the rows that have one.
 ABSOLUTE_TARGETS = {"unchanged_vs_cold": "< 2 s for the build step", "smoke_uv_vs_pip": "smoke <= 50 s",
                     "clone_uv_vs_pip": "<= 150 s", "env_uv_vs_pip": "-", "configs_vs_each": "-",
-                    "header_vs_none": "-"}  # fmt: skip
+                    "header_vs_none": "-", "bytecode_once_vs_each": "-"}  # fmt: skip
 
 
 def render_table(result: dict[str, Any]) -> str:
@@ -475,6 +498,8 @@ def render_table(result: dict[str, Any]) -> str:
         "configs_vs_each": f"{med['configs_matrix']:.0f} s vs {med['configs_each']:.0f} s "
         f"({sizes.get('configs', '?')} configs)",
         "root_vs_host": f"{med['cold']:.0f} s vs {med['cold_host']:.0f} s",
+        "bytecode_once_vs_each": f"{med.get('configs_spawn_once', float('nan')):.0f} s vs "
+        f"{med.get('configs_spawn_plain', float('nan')):.0f} s ({sizes.get('spawned', '?')} configs)",
         "header_vs_none": f"{med['cold']:.0f} s vs {med.get('cold_no_header', float('nan')):.0f} s",
     }
     lines = [
@@ -676,9 +701,9 @@ def plain_all_ops(recipe: Recipe, ws: Workspace, out: Path, log: Path, op_names:
     DS_BUILD_<OP>=1 each, DS_ENABLE_NINJA=1 and MAX_JOBS = cores, in the environment the toolkit's
     own planning makes (toolchain and supplied needs: it cannot build them otherwise), with no
     compiler cache. Seconds and wheel bytes."""
+    from builder.build import plan_target
     from builder.targets import Target, this_interpreter
     from builder.wheelbuild import buildkey
-    from builder.wheelbuild.wheel import plan_target
 
     src_root = ws.root / "plain-all"  # inside the work folder: a build root sees that folder alone of the bench's
     shutil.rmtree(src_root, ignore_errors=True)
@@ -772,8 +797,9 @@ def bench_image(wheelhouse: Path, out: Path) -> dict[str, Any]:
     """The CI image of the wheelhouse's newest wheel for this Python: cold (the toolkit's own
     debootstrap base removed from podman first, so it is made again) and rebuilt with that base
     cached; each with its steps' times. Nothing is published."""
-    from builder.images import podman
-    from builder.images.base import debootstrap_ref, host_mirror
+    from builder import podman
+    from builder.debian import host_mirror
+    from builder.images.base import debootstrap_ref
     from builder.images.build import build_image
 
     out.mkdir(parents=True, exist_ok=True)

@@ -258,11 +258,11 @@ def publish(args: argparse.Namespace) -> int:
 
 
 def detect(args: argparse.Namespace) -> int:
+    from builder.build import prepare, toolchain_env
     from builder.detect import detect as detect_machine
     from builder.detect import render_table
     from builder.recipe import load_recipe
     from builder.wheelbuild.ops import probe
-    from builder.wheelbuild.wheel import prepare, toolchain_env
 
     if args.recipe:  # the recipe's build environment, and DeepSpeed's own answer for its ops
         ws = _workspace(args)
@@ -280,10 +280,10 @@ def detect(args: argparse.Namespace) -> int:
 
 
 def toolchain(args: argparse.Namespace) -> int:
+    from builder.build import prepare
     from builder.detect import detect as detect_machine
     from builder.recipe import load_recipe
     from builder.wheelbuild.toolchain import apply, compose_env, plan_toolchain
-    from builder.wheelbuild.wheel import prepare
 
     ws = _workspace(args)
     python, need_cuda = args.python or sys.executable, None

@@ -68,9 +68,9 @@ def wheel_ops(wheel: Path) -> list[dict[str, str]]:
     (when that report is for these bytes); [] for a wheel whose manifest does not load."""
     from builder.contracts import BuildManifest
     from builder.errors import SmokeError
+    from builder.files import sha256_of
     from builder.node import host_ops_of, op_rows
     from builder.smoke import load_report
-    from builder.wheelbuild.source import sha256_of
 
     try:
         manifest = BuildManifest.from_wheel(wheel)

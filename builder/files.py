@@ -9,6 +9,7 @@ names are `.<name>.<random>.tmp`, so leftovers of a killed process are recognisa
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -24,6 +25,15 @@ from builder import node
 FILE_MODE = 0o644
 DIR_MODE = 0o755
 _TEMP = re.compile(r"^\..+\.[A-Za-z0-9_]{6,}\.tmp$")
+
+
+def sha256_of(path: Path) -> str:
+    """The file's sha256, read in 1 MiB blocks (wheels, sdists, images: every handoff is tied to one)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def is_temp_name(name: str) -> bool:

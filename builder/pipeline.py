@@ -24,7 +24,7 @@ from builder.targets import Target
 from builder.workspace import Workspace, check_writable
 
 if TYPE_CHECKING:
-    from builder.wheelbuild.wheel import BuildResult
+    from builder.build import BuildResult
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,21 @@ def smoke_passed(wheel: Path) -> bool:
         return True
     except PublishError:
         return False
+
+
+def check_can_sign() -> None:
+    """Publishing signs the manifest with ssh-keygen: without one, say so before minutes of building
+    (GPU images often have no OpenSSH client; `--no-publish` builds and smokes without it)."""
+    import shutil
+
+    from builder.errors import TrustError
+    from builder.signing import SSH_KEYGEN_FIX
+
+    if shutil.which("ssh-keygen") is None:
+        raise TrustError(
+            "publishing signs the wheelhouse's manifest with ssh-keygen, which is not on PATH",
+            f"{SSH_KEYGEN_FIX}; or build and smoke with --no-publish (they need no ssh-keygen)",
+        )
 
 
 def publish(wheels: Sequence[Path], wheelhouse: Path, ws: Workspace, variants: bool = False) -> list[Path]:
@@ -93,6 +108,7 @@ def run(
     ws.check_writable()
     if stages.smoke and stages.publish:
         check_writable(wheelhouse, "--wheelhouse")  # before minutes of building, not after
+        check_can_sign()
     jobs = max(1, min(jobs, len(targets)))
     given = cores
     cores = max(1, (given or os.cpu_count() or 1) // jobs)
@@ -181,8 +197,8 @@ def build_for_configs(target: Target, ws: Workspace, stages: Stages, cores: int 
     An op DeepSpeed cannot build here fails the build, naming the config."""
     import dataclasses
 
+    from builder.build import build_wheel
     from builder.smoke import run_cases
-    from builder.wheelbuild.wheel import build_wheel
 
     recipe = target.recipe
     cases = [configs.ConfigCase(name, json.loads(text), name) for name, text in recipe.configs]

@@ -22,10 +22,10 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
+from builder.archs import normalize_all
 from builder.buildroot.spec import DEFAULT_FLOOR, RootSpec
 from builder.errors import RecipeError
 from builder.node import INDEX_URL_RE, TORCH_VARIANT_RE
-from builder.wheelbuild.archs import normalize_all
 
 ACCELERATORS = ("cpu", "cuda")
 SYSTEM = "system"
@@ -422,7 +422,7 @@ IMAGE_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}$")  # registry/nam
 
 def _platform(data: Mapping[str, Any], where: str) -> tuple[str, RootSpec | None]:
     """platform (a manylinux_2_N floor auditwheel knows, or "host") and [root] (folder or image)."""
-    from builder.wheelbuild.glibc import HOST, known_floors
+    from builder.glibc import HOST, known_floors
 
     platform = data.get("platform", DEFAULT_FLOOR)
     floors = known_floors()

@@ -45,7 +45,7 @@ KEY_FILE = "wheelhouse-signing-key"
 TRUST_FILE = "allowed_signers"
 SERIALS_FILE = "signed-serials.json"
 UNIT_NAMESPACE = "ds-wheel-builder-unit"  # op-unit records; a manifest signature is not one
-_SSH_KEYGEN_FIX = "install OpenSSH's client (Debian: apt-get install openssh-client), version 8.1 or newer"
+SSH_KEYGEN_FIX = "install OpenSSH's client (Debian: apt-get install openssh-client), version 8.1 or newer"
 
 
 def key_dir(env: Mapping[str, str] | None = None) -> Path:
@@ -190,7 +190,7 @@ def _make(k: Keys) -> PublicKey:
     with tempfile.TemporaryDirectory(dir=k.folder, prefix=".new-key.") as tmp:
         new = Path(tmp) / KEY_FILE
         cmd.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"ds-wheel-builder@{os.uname().nodename}",
-                 "-f", new], fix=_SSH_KEYGEN_FIX)  # fmt: skip
+                 "-f", new], fix=SSH_KEYGEN_FIX)  # fmt: skip
         os.chmod(new, 0o600)
         os.replace(new, k.private)  # the private half first: a kill in between loses no private key
         os.replace(f"{new}.pub", k.public)
@@ -265,7 +265,7 @@ def sign(data: bytes, namespace: str, k: Keys | None = None) -> bytes:
         message.write_bytes(data)
         try:
             cmd.run(["ssh-keygen", "-q", "-Y", "sign", "-f", k.private, "-n", namespace, message],
-                    fix=_SSH_KEYGEN_FIX)  # fmt: skip
+                    fix=SSH_KEYGEN_FIX)  # fmt: skip
         except ToolError as exc:
             raise _unusable_key(k, exc) from exc
         return (Path(tmp) / "message.sig").read_bytes()
@@ -277,7 +277,7 @@ def _unusable_key(k: Keys, exc: ToolError) -> TrustError:
     """Why ssh-keygen would not sign: no ssh-keygen, a private key it cannot read, or one that is not
     the public key's pair (what it signed would be refused as another key's)."""
     if shutil.which("ssh-keygen") is None:
-        return TrustError(f"cannot sign with {k.private}: {exc.message}", _SSH_KEYGEN_FIX)
+        return TrustError(f"cannot sign with {k.private}: {exc.message}", SSH_KEYGEN_FIX)
     derived = cmd.query(["ssh-keygen", "-y", "-f", str(k.private)]).split()[:2]
     fix = (
         "restore the key pair from a backup, or make a new key (`python -m builder key rotate`) and give nodes its line"
@@ -288,7 +288,7 @@ def _unusable_key(k: Keys, exc: ToolError) -> TrustError:
     if derived != k.public.read_text(encoding="ascii", errors="replace").split()[:2]:
         return TrustError(f"the signing key {k.private} is not the pair of {k.public.name}: what it signed would be "
                           "refused as signed by another key", fix)  # fmt: skip
-    return TrustError(f"cannot sign with {k.private}: {exc.message}", exc.fix or _SSH_KEYGEN_FIX)
+    return TrustError(f"cannot sign with {k.private}: {exc.message}", exc.fix or SSH_KEYGEN_FIX)
 
 
 UNIT_SECRET_FILE = "unit-seal-secret"  # in the key folder, 0600: seals op-unit records where ssh-keygen is absent

@@ -99,7 +99,7 @@ def _sbatch_flags(opts: SlurmOptions) -> list[str]:
 
 def smoke_partitions(target: Target, gpu: Mapping[str, GpuSmoke]) -> list[tuple[str, GpuSmoke]]:
     """The GPU partitions a target is smoked on: one per GPU type its archs run on (pure)."""
-    from builder.wheelbuild.archs import gpu_of
+    from builder.archs import gpu_of
 
     if target.recipe.accelerator != "cuda":
         return []
@@ -518,7 +518,7 @@ def _cores() -> int:
 def run_units_task(run: Path, name: str, group: int, groups: int) -> list[dict[str, Any]]:
     """A unit task: build its share of the target's op units into the shared unit cache (in the
     target's folder, beside the other tasks of that target) and write what became of each."""
-    from builder.wheelbuild.wheel import build_unit_group
+    from builder.build import build_unit_group
     from builder.workspace import Workspace
 
     record, item, target = _task_target(run, name)
@@ -547,7 +547,7 @@ def run_task(run: Path, name: str) -> TargetResult:
     from filelock import FileLock
 
     from builder import pipeline
-    from builder.wheelbuild.source import sha256_of
+    from builder.files import sha256_of
     from builder.workspace import Workspace
 
     _, item, target = _task_target(run, name)
@@ -573,8 +573,8 @@ def saw_no_gpu(details: Sequence[str]) -> bool:
 def run_smoke(run: Path, name: str, partition: str) -> SmokeResult:
     """The GPU smoke job of one target: the full smoke on this node's GPUs, then the result."""
     from builder.errors import SmokeError
+    from builder.files import sha256_of
     from builder.smoke import load_report, smoke
-    from builder.wheelbuild.source import sha256_of
     from builder.workspace import Workspace
 
     record = load_run(run)
@@ -709,7 +709,7 @@ def _gpu_smoke(run: Path, item: Mapping[str, Any], sha: str | None) -> StageResu
 def collect(run: Path, wheelhouse: Path) -> list[TargetResult]:
     """Publish every target whose smoke passed (this job is the wheelhouse's single writer)."""
     from builder import pipeline
-    from builder.wheelbuild.source import sha256_of
+    from builder.files import sha256_of
     from builder.workspace import Workspace
 
     record = load_run(run)

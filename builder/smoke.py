@@ -23,11 +23,10 @@ from packaging.version import Version
 from builder import cmd, configs, envs, output, reference
 from builder.contracts import BuildManifest, Check, SmokeReport, verdict
 from builder.errors import SmokeError, UsageError
-from builder.files import is_file_here, write_atomic
+from builder.files import is_file_here, sha256_of, write_atomic
 from builder.node import CHECK_STATUSES, Fields, ManifestError, TooLarge, format_configs, read_bounded
 from builder.recipe import TorchSpec
 from builder.resources import report_after, resource
-from builder.wheelbuild.source import sha256_of
 from builder.workspace import Workspace
 
 CHECKS_SCRIPT = resource("smoke_checks.py")

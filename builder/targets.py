@@ -242,7 +242,7 @@ def parse_matrix(data: Mapping[str, Any], path: Path) -> Matrix:
 
 def _gpu_table(table: Any, path: Path) -> dict[str, GpuSmoke]:
     """[slurm.gpu]: each arch (torch's spelling, "9.0") to the partition its smoke job runs on."""
-    from builder.wheelbuild.archs import gpu_of, normalize
+    from builder.archs import gpu_of, normalize
 
     if not isinstance(table, dict):
         raise RecipeError(f"{path}: slurm.gpu must be a table", '[slurm.gpu] "9.0" = { partition = "h100" }')

@@ -142,7 +142,7 @@ def _local_sources() -> tuple[list[str], list[str]]:
 
 def mirror() -> str:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from builder.images.base import host_mirror
+    from builder.debian import host_mirror
 
     return host_mirror()
 

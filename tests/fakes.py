@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from builder.contracts import Check, SmokeReport
+from builder.files import sha256_of
 from builder.smoke import report_path
-from builder.wheelbuild.source import sha256_of
 
 NAME = "deepspeed-0.19.8+cpu.torch2.13-cp311-cp311-linux_x86_64.whl"
 BUILD: dict[str, Any] = {

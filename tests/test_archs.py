@@ -5,8 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.errors import RecipeError
-from builder.wheelbuild.archs import (
+from builder.archs import (
     FatbinCode,
     label,
     missing_archs,
@@ -16,6 +15,7 @@ from builder.wheelbuild.archs import (
     so_archs,
     so_compressed,
 )
+from builder.errors import RecipeError
 
 DATA = Path(__file__).with_name("data")
 

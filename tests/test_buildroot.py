@@ -24,9 +24,9 @@ from builder.buildroot.spec import (
     wrapper_files,
 )
 from builder.errors import RecipeError, RootError
+from builder.glibc import Needed, above_floor, known_floors, ops_floor, tag_for, wheel_floor
 from builder.node import describe_floor, floor_systems
 from builder.recipe import parse_recipe
-from builder.wheelbuild.glibc import Needed, above_floor, known_floors, ops_floor, tag_for, wheel_floor
 
 GOOD: dict[str, Any] = {
     "name": "cpu",

@@ -254,10 +254,10 @@ def test_a_recipes_configs_add_the_ops_they_load_round_by_round(
     real ones are in test_pipeline) and adds what they loaded, until they run or nothing can be added."""
     import dataclasses
 
+    from builder import build as wheelbuild
     from builder import pipeline
     from builder.errors import BuildError
     from builder.targets import Target, this_interpreter
-    from builder.wheelbuild import wheel as wheelbuild
     from builder.workspace import Workspace
 
     base = dataclasses.replace(load_recipe(ROOT / "recipes" / "cpu.toml"), ops=("cpu_adam",))

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
+from builder import build as build_module
 from builder import coverage, pipeline
 from builder.errors import BuildError
 from builder.recipe import load_recipe
 from builder.results import STAGES, StageResult, TargetResult
 from builder.targets import targets_for
-from builder.wheelbuild import wheel as build_module
 from builder.workspace import Workspace
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from fakes import host_platform
 
-from builder.wheelbuild.archs import so_compressed
+from builder.archs import so_compressed
 
 ROOT = Path(__file__).resolve().parents[1]
 VERSION = "0.19.8+cu130.torch2.14.sm80.sm90"

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from builder.glibc import needed_versions, newest, platform_tags, retag
 from builder.node import Node, glibc_floor, glibc_mismatch
-from builder.wheelbuild.glibc import needed_versions, newest, platform_tags, retag
 
 # What the cpu recipe's .so files need when built on this Debian 12 host with gcc 12 (read with
 # auditwheel show): GLIBC_2.34 and GLIBCXX_3.4.30 are newer than manylinux_2_28 allows.

@@ -1078,8 +1078,8 @@ def test_the_build_key_holds_what_names_the_wheel() -> None:
 def test_two_recipe_files_with_one_name_never_replace_each_others_wheel(tmp_path: Path) -> None:
     """Two recipe files (named alike or not) whose wheels get the same file name: the second build is
     refused before compiling; the same recipe file rebuilds (replacing its own wheel), --force replaces."""
+    from builder.build import built_from, refuse_name_clash
     from builder.targets import Target, this_interpreter
-    from builder.wheelbuild.wheel import built_from, refuse_name_clash
 
     first = tmp_path / "a" / "cpu.toml"
     second = tmp_path / "b" / "cpu.toml"

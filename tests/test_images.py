@@ -21,9 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from builder.debian import host_mirror
 from builder.errors import ImageError
-from builder.images import archive, plan
-from builder.images.base import debootstrap_ref, host_mirror
+from builder.images import plan
+from builder.images.base import debootstrap_ref
 from builder.images.build import seccomp_for
 from builder.node import (
     FileEntry,
@@ -34,6 +35,7 @@ from builder.node import (
     parse_manifest,
     parse_wheel_entry,
 )
+from builder.wheelhouse import archive
 
 WHEEL = "deepspeed-0.19.8+cpu.torch2.13-cp311-cp311-manylinux_2_28_x86_64.whl"
 TORCH = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
@@ -444,7 +446,8 @@ def test_a_layer_that_would_write_outside_is_refused(
 @pytest.mark.spawns
 @pytest.mark.skipif(shutil.which("mksquashfs") is None, reason="needs mksquashfs: apt-get install squashfs-tools")
 def test_the_same_archive_gives_the_same_squashfs_bytes(tmp_path: Path) -> None:
-    from builder.images.squashfs import SQUASHFS_MAGIC, make_squashfs
+    from builder.images.squashfs import make_squashfs
+    from builder.wheelhouse.archive import SQUASHFS_MAGIC
 
     arc = tmp_path / "a.oci.tar"
     _layered_oci(arc, [LOWER])

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
+from builder.build import dropped_reason
 from builder.errors import BuildError, RecipeError
 from builder.node import Fields, ManifestError, SmokeSummary, WheelEntry, op_table, reason_table
 from builder.recipe import load_recipe, parse_recipe
 from builder.wheelbuild import graft, needs
 from builder.wheelbuild.ops import OpInfo, ProbeReport, parse_probe
 from builder.wheelbuild.plan import plan_build, select_ops
-from builder.wheelbuild.wheel import dropped_reason
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).with_name("data")

@@ -15,8 +15,8 @@ from fakes import NAME, fake_wheel
 from builder import node
 from builder.contracts import Check, SmokeReport
 from builder.errors import PublishError, WheelhouseError
+from builder.files import sha256_of
 from builder.smoke import report_path
-from builder.wheelbuild.source import sha256_of
 from builder.wheelhouse import publish, verify
 from builder.wheelhouse.layout import load_manifest
 from builder.wheelhouse.page import PAGE, gather, install_commands, render

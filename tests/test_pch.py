@@ -292,7 +292,7 @@ def test_a_header_that_does_not_fit_is_refused_by_gcc_and_the_compile_goes_on_wi
     from builder import signing
 
     record = pch.read_record(folder)
-    from builder.wheelbuild.source import sha256_of
+    from builder.files import sha256_of
 
     text = (folder / pch.RECORD).read_text().replace(record.sha256, sha256_of(folder / f"{pch.STUB}.gch"))
     text = text.replace(f'"size": {record.size}', f'"size": {(folder / f"{pch.STUB}.gch").stat().st_size}')

@@ -23,7 +23,7 @@ import pytest
 from fakes import default_recipe_text
 
 from builder.buildroot import sandbox
-from builder.wheelbuild.glibc import above_floor, needed_symbols
+from builder.glibc import above_floor, needed_symbols
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [
@@ -153,7 +153,7 @@ def test_an_oci_image_is_a_root_a_recipe_can_name(own_workspace: Path) -> None:
     """No registry is reachable here, so the image is made from the toolkit's own Debian 11 root
     (podman import), standing in for pypa's manylinux_2_28: the build exports it into the roots folder
     once, finds its compilers on the image's PATH, and the wheel holds the floor."""
-    from builder.images import podman
+    from builder import podman
 
     facts = sandbox.resolve(None, os.environ)
     if podman.image_id(TEST_IMAGE) is None:

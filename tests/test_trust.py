@@ -29,8 +29,8 @@ from fakes import METADATA, NAME, dep_wheel, fake_wheel, write_wheel
 
 from builder import node, signing
 from builder.errors import FolderError, TrustError, WheelhouseError
+from builder.files import sha256_of
 from builder.node import INSTALLER, InstallError, ManifestError
-from builder.wheelbuild.source import sha256_of
 from builder.wheelhouse import publish, verify
 from builder.wheelhouse.layout import load_manifest, read_manifest, signed_manifest, write_manifest
 from builder.wheelhouse.provision import Host, host_script
@@ -579,8 +579,7 @@ def test_the_installer_on_the_pythons_nodes_have(house: Path, keys: signing.Keys
 
 def _locks(house: Path) -> dict[str, str]:
     """What `lock` writes for the published wheel: its lock, the PEP 751 twin and the Containerfile."""
-    from builder.images.plan import render_containerfile
-    from builder.wheelhouse.lockfile import render_lock, render_pylock, served_files
+    from builder.wheelhouse.lockfile import render_containerfile, render_lock, render_pylock, served_files
 
     files = served_files(load_manifest(house))
     return {"locks/cpu.lock": render_lock(NAME, files), "locks/pylock.cpu.toml": render_pylock(NAME, files),

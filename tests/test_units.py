@@ -247,9 +247,9 @@ def test_a_compiler_the_kernel_killed_is_memory_not_the_op() -> None:
 
 
 def test_a_killed_unit_stops_the_build_with_the_memory_fix_even_where_ops_may_be_dropped(tmp_path: Path) -> None:
+    from builder.build import refuse_failed
     from builder.errors import BuildError
     from builder.units.runner import UnitResult
-    from builder.wheelbuild.wheel import refuse_failed
 
     (adam, lion), _ = plan_units(plan_for("cpu_adam", "cpu_lion"), {}, 2, None)
     built = UnitResult(adam, "built", tmp_path / "a.whl", 1.0, tmp_path / "a.log")

@@ -25,8 +25,8 @@ from fakes import BUILD, fake_wheel
 from builder import node
 from builder.envs import uv_binary
 from builder.errors import WheelhouseError
+from builder.files import sha256_of
 from builder.node import ManifestError, WheelEntry, parse_manifest
-from builder.wheelbuild.source import sha256_of
 from builder.wheelhouse import publish, verify
 from builder.wheelhouse.layout import load_manifest
 from builder.wheelhouse.page import PAGE, install_commands

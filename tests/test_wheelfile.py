@@ -103,9 +103,10 @@ def test_arch_leak_is_caught_per_op(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     """verify_archs with a stubbed fatbin reader (FAKE .so contents; the real reader is tested in test_archs)."""
     import dataclasses
 
+    from builder import archs
+    from builder.archs import FatbinCode
     from builder.recipe import load_recipe
-    from builder.wheelbuild import archs, artifacts
-    from builder.wheelbuild.archs import FatbinCode
+    from builder.wheelbuild import artifacts
     from builder.wheelbuild.plan import BuildPlan
 
     ops_dir = tmp_path / "deepspeed" / "ops" / "adam"

@@ -12,9 +12,9 @@ from fakes import METADATA, NAME, fake_wheel, links
 
 from builder import node
 from builder.errors import PublishError
+from builder.files import sha256_of
 from builder.node import normalize
 from builder.smoke import report_path
-from builder.wheelbuild.source import sha256_of
 from builder.wheelhouse import IndexEntry, project_page, publish, root_page, verify
 
 
@@ -208,9 +208,8 @@ def test_prune_keeps_current_recipes_and_locked_wheels(tmp_path: Path) -> None:
 
 
 def test_lock_rendering() -> None:
-    from builder.images.plan import render_containerfile
     from builder.wheelhouse.lock import default_base
-    from builder.wheelhouse.lockfile import render_lock, requirement_of
+    from builder.wheelhouse.lockfile import render_containerfile, render_lock, requirement_of
 
     assert requirement_of(NAME) == "deepspeed==0.19.8+cpu.torch2.13"
     assert requirement_of("py_cpuinfo-9.0.0.tar.gz") == "py-cpuinfo==9.0.0"

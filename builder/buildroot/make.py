@@ -18,9 +18,9 @@ from filelock import FileLock
 
 from builder import cmd, output
 from builder.buildroot.spec import RootFacts, RootSpec, identity_of, root_name
+from builder.debian import debootstrap_stage
 from builder.errors import RootError
 from builder.files import make_dirs, write_atomic
-from builder.images.base import debootstrap_stage
 
 ROOTS_ENV = "DS_BUILDER_ROOTS"
 
@@ -212,7 +212,7 @@ def folder_facts(spec: RootSpec, root: Path, gcc: str) -> RootFacts:
 def export_image(spec: RootSpec, roots: Path) -> Path:
     """An OCI image's filesystem, exported once into the roots folder (named by the image's ID) with
     podman: create a container of it, export its files, remove the container."""
-    from builder.images import podman
+    from builder import podman
 
     assert spec.image
     if cmd.which("podman") is None:
@@ -260,7 +260,7 @@ def export_image(spec: RootSpec, roots: Path) -> Path:
 
 def image_path(image: str) -> str:
     """The PATH an image's own configuration sets (pypa's manylinux images put gcc-toolset first)."""
-    from builder.images import podman
+    from builder import podman
 
     said = podman.ask(["image", "inspect", "--format", "{{json .Config.Env}}", image])
     try:

@@ -83,7 +83,7 @@ _RESOLVED: dict[tuple[RootSpec, Path], RootFacts] = {}
 def resolve(spec: RootSpec | None, env: Mapping[str, str]) -> RootFacts:
     """The root a build compiles in, made or exported if needed, checked, its facts known (once a
     process: the build key and the toolchain both ask)."""
-    from builder.images.base import host_mirror
+    from builder.debian import host_mirror
 
     spec = spec if spec is not None else default_spec(host_mirror())
     roots = make.roots_folder(env)

@@ -9,49 +9,21 @@ went into it: it is made once and reused by every image built from it.
 from __future__ import annotations
 
 import hashlib
-import re
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
-from builder import cmd, output
+from builder import cmd, output, podman
+from builder.debian import debootstrap_stage, host_mirror
 from builder.errors import ImageError
-from builder.images import podman
 from builder.images.plan import SEARCH_PATH
 
 SUITE = "bookworm"
 PACKAGES = ("python3", "python3-venv", "ca-certificates")
-DEFAULT_MIRROR = "http://deb.debian.org/debian"
 BASE_REPO = "localhost/ds-builder-base"
 # What debootstrap leaves that no image needs and that differs run to run.
 SCRUB = ("var/cache/apt", "var/lib/apt/lists", "var/log", "tmp", "var/tmp")
-
-
-def host_mirror(sources: Path = Path("/etc/apt")) -> str:
-    """The Debian mirror the host's apt uses (deb822 .sources or sources.list), else deb.debian.org."""
-    candidates = [*sorted(sources.glob("sources.list.d/*.sources")), sources / "sources.list"]
-    candidates += sorted(sources.glob("sources.list.d/*.list"))
-    for path in candidates:
-        try:
-            text = path.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            continue
-        for stanza in re.split(r"\n\s*\n", text):
-            uris = re.search(r"^URIs:\s*(\S+)", stanza, re.M)
-            if uris and re.search(rf"^Suites:.*\b{SUITE}\b", stanza, re.M) and "security" not in uris[1]:
-                return uris[1]
-        for line in text.splitlines():
-            m = re.match(rf"^deb\s+(?:\[[^]]*\]\s+)?(\S+)\s+{SUITE}\s", line.strip())
-            if m and "security" not in m[1]:
-                return m[1]
-    return DEFAULT_MIRROR
-
-
-def debootstrap_stage(line: str) -> str | None:
-    """debootstrap's stages (not its one line per package retrieved, validated or unpacked)."""
-    per_package = ("I: Retrieving ", "I: Validating ", "I: Extracting ", "I: Unpacking ", "I: Configuring ")
-    return line[3:] if line.startswith("I: ") and not line.startswith(per_package) else None
 
 
 def debootstrap_ref(mirror: str) -> str:

@@ -19,17 +19,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder import cmd, node, output
+from builder import cmd, node, output, podman
 from builder.contracts import Check, verdict
 from builder.errors import BuilderError, ImageError, ToolError
+from builder.files import sha256_of
 from builder.images import base as bases
 from builder.images import plan as plans
-from builder.images import podman
-from builder.images.archive import ArchiveError, make_reproducible, read_facts
 from builder.node import LOCK_NAME_RE, ImageEntry, SmokeSummary, WheelhouseManifest
 from builder.resources import RESOURCES
 from builder.smoke import parse_checks
-from builder.wheelbuild.source import sha256_of
+from builder.wheelhouse.archive import ArchiveError, make_reproducible, read_facts
 from builder.wheelhouse.layout import LOCKS, load_manifest
 from builder.workspace import Workspace
 

@@ -24,11 +24,10 @@ from typing import IO, Any
 
 from builder import cmd
 from builder.errors import ImageError, ToolError
-from builder.images.archive import _DIGEST, ArchiveError, _json, _member
+from builder.wheelhouse.archive import _DIGEST, SQUASHFS_MAGIC, ArchiveError, _json, _member
 
 # zstd: about a third of the root filesystem's size, and quick to read; Linux 4.14+ and squashfuse read it.
 MKSQUASHFS_OPTIONS = ("-noappend", "-all-root", "-no-xattrs", "-comp", "zstd", "-no-progress")
-SQUASHFS_MAGIC = b"hsqs"
 
 
 @dataclass(frozen=True)

@@ -474,6 +474,11 @@ WARM = ("deepspeed.runtime.engine", "deepspeed.runtime.zero.stage_1_and_2", "dee
         "deepspeed.ops.lion", "deepspeed.ops.lamb", "torch._dynamo")  # fmt: skip
 
 
+# spawn: each config's processes start a new Python, as on CUDA (a CUDA context cannot be forked); the
+# bench runs the CPU matrix so to measure what compiling torch's modules in every process costs there.
+START_ENV = "DS_CONFIG_RUNNER_START"
+
+
 def _gpu_visible() -> bool:
     import torch
 
@@ -489,7 +494,7 @@ def prepare(accelerator: str) -> Any:
     import deepspeed  # noqa: F401
 
     intercept()
-    if accelerator != "cpu":
+    if accelerator != "cpu" or os.environ.get(START_ENV) == "spawn":
         return multiprocessing.get_context("spawn")
     for name in WARM:
         try:

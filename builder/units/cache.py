@@ -22,10 +22,9 @@ from typing import Any
 
 from builder import output, signing
 from builder.errors import BuilderError, FolderError
-from builder.files import is_system_folder, make_dirs, write_atomic
+from builder.files import is_system_folder, make_dirs, sha256_of, write_atomic
 from builder.node import SHA256_RE, Fields, ManifestError, check_wheel_name, read_bounded
 from builder.units.plan import UNIT_SCHEMA, Unit
-from builder.wheelbuild.source import sha256_of
 
 UNIT_CACHE_ENV = "DS_BUILDER_UNIT_CACHE"
 RECORD = "unit.json"

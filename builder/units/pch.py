@@ -504,7 +504,7 @@ def _stamp(stamp: Path, folder: Path) -> None:
 def _check(folder: Path, k: str) -> str | None:
     """Why the header in `folder` may not be used (None: it may): its record signed by a key this host
     trusts, naming this key, and the .gch of the record's size and sha256, the stub as made."""
-    from builder.wheelbuild.source import sha256_of
+    from builder.files import sha256_of
 
     try:
         record = read_record(folder)
@@ -531,7 +531,7 @@ def _stub_text(k: str) -> str:
 def _make(here: str, tool: str, compile_: Compile, folder: Path, k: str) -> None:
     """Make the header into a new folder, then swap it in (a reader sees a whole header or none)."""
     from builder import signing
-    from builder.wheelbuild.source import sha256_of
+    from builder.files import sha256_of
 
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{k}.", suffix=".tmp"))
     try:

@@ -17,11 +17,11 @@ from typing import Any
 
 from packaging.version import Version
 
-from builder import cmd
+from builder import archs, cmd
 from builder.contracts import BuildManifest
 from builder.errors import BuildError
 from builder.node import BUILD_MANIFEST
-from builder.wheelbuild import archs, buildid
+from builder.wheelbuild import buildid
 from builder.wheelbuild.ops import OpInfo
 from builder.wheelbuild.plan import BuildPlan
 

@@ -19,9 +19,9 @@ from builder import __version__
 from builder.buildroot import sandbox
 from builder.cmd import query
 from builder.detect import arch_list, probe_compilers, probe_gpus, probe_toolkits
+from builder.glibc import HOST
 from builder.recipe import Recipe
 from builder.wheelbuild.cudakit import search_roots
-from builder.wheelbuild.glibc import HOST
 
 # Variables that change what the compilers produce (MAX_JOBS and friends only change how fast).
 RELEVANT_ENV = (

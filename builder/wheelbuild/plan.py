@@ -10,12 +10,12 @@ from dataclasses import dataclass, field, replace
 
 from packaging.version import Version
 
+from builder.archs import label as arch_label
+from builder.archs import normalize_all
 from builder.errors import BuildError
 from builder.node import torch_variant
 from builder.recipe import PYTORCH_INDEX, Recipe
 from builder.wheelbuild import needs
-from builder.wheelbuild.archs import label as arch_label
-from builder.wheelbuild.archs import normalize_all
 from builder.wheelbuild.ops import OpInfo, ProbeReport, check_archs, check_requested
 
 

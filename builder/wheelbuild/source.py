@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import re
 import shutil
 import sys
@@ -13,17 +12,9 @@ from pathlib import Path
 
 from builder import cmd
 from builder.errors import SourceError, ToolError
+from builder.files import sha256_of
 from builder.recipe import DeepSpeedSource
 from builder.resources import resource
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
 
 SDIST_CACHE_ENV = "DS_BUILDER_SDIST_CACHE"
 

@@ -14,11 +14,10 @@ from pathlib import Path
 
 from builder import cmd, node, output
 from builder.errors import WheelhouseError
-from builder.images.plan import python_version, render_containerfile
+from builder.files import sha256_of
 from builder.node import WheelhouseManifest, version_key
-from builder.wheelbuild.source import sha256_of
 from builder.wheelhouse.layout import load_manifest, lock_headers
-from builder.wheelhouse.lockfile import render_lock, render_pylock
+from builder.wheelhouse.lockfile import python_version, render_containerfile, render_lock, render_pylock
 from builder.wheelhouse.publish import add_files, publish_locks
 
 LOCKS = "locks"

@@ -134,3 +134,33 @@ def _pylock_problems(rel: str, text: str, manifest: WheelhouseManifest) -> list[
             elif wheel.get("hashes") != {"sha256": served[name]}:
                 problems.append(f"{rel}: {who}: the hash of {name} is not the served file's")
     return problems
+
+
+# The Containerfile `lock` writes beside a lock (images builds it with podman: builder.images).
+VENV = "/opt/deepspeed"
+IMAGE_LOCK = f"{VENV}/ds-image.lock"  # the lock the image was installed from, kept inside it
+DEFAULT_EPOCH = 0  # SOURCE_DATE_EPOCH when none is set: 1970-01-01, the usual reproducible choice
+SEARCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def python_version(tag: str) -> str:
+    return f"{tag[2]}.{tag[3:]}"
+
+
+def render_containerfile(base: str, lock: str, wheel: str, epoch: int = DEFAULT_EPOCH) -> str:
+    """The Containerfile of an image, with the wheelhouse (or a folder holding the lock's files
+    and the lock at the same paths) as the build context."""
+    return (
+        f"# CI image of {wheel}, written by ds-wheel-builder: python -m builder image --lock {lock}\n"
+        f"# builds it with podman, runs the smoke checks inside and publishes it. By hand, with the\n"
+        f"# wheelhouse as the build context (nothing is fetched):\n"
+        f"#   podman build --network none --timestamp {epoch} -f {lock.removesuffix('.lock')}.Containerfile .\n"
+        f"FROM {base}\n"
+        f"RUN --mount=type=bind,source=.,target=/wheelhouse,ro \\\n"
+        f"    export SOURCE_DATE_EPOCH={epoch} PIP_CONFIG_FILE=/dev/null && \\\n"
+        f"    python3 -m venv {VENV} && \\\n"
+        f"    {VENV}/bin/python -m pip install --no-index --no-cache-dir --disable-pip-version-check \\\n"
+        f"        --require-hashes --find-links /wheelhouse -r /wheelhouse/{lock} && \\\n"
+        f"    cp /wheelhouse/{lock} {IMAGE_LOCK}\n"
+        f"ENV VIRTUAL_ENV={VENV} PATH={VENV}/bin:{SEARCH_PATH}\n"
+    )

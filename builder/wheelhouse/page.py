@@ -430,7 +430,7 @@ def render(facts: PageFacts) -> str:
 def gather(wheelhouse: Path, manifest: WheelhouseManifest) -> PageFacts:
     """What the page shows, read from the wheelhouse: the coverage report only when its sha256 is
     the one the manifest lists."""
-    from builder.wheelbuild.source import sha256_of
+    from builder.files import sha256_of
     from builder.wheelhouse.layout import lock_headers
 
     report, problem = None, ""

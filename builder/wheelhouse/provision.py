@@ -19,9 +19,8 @@ from pathlib import Path
 
 from builder import cmd, output
 from builder.errors import BuilderError, ToolError, WheelhouseError
-from builder.files import make_dirs, write_atomic
+from builder.files import make_dirs, sha256_of, write_atomic
 from builder.node import INSTALLER, NAMESPACE, ManifestError, Trust, check_wheel_name, read_bounded
-from builder.wheelbuild.source import sha256_of
 
 _HOST_LINE = re.compile(r"^\s*([A-Za-z0-9._-]+)((?:\s+\w+=\S+)*)\s*$")
 

@@ -33,7 +33,7 @@ from builder import node, output
 from builder.contracts import BuildManifest, SmokeReport
 from builder.coverage import parse_report
 from builder.errors import FolderError, PublishError, WheelhouseError
-from builder.files import copy_atomic, is_temp_name, make_dirs, write_atomic
+from builder.files import copy_atomic, is_temp_name, make_dirs, sha256_of, write_atomic
 from builder.node import (
     CONFIG_CHECK,
     IMAGES,
@@ -52,7 +52,6 @@ from builder.node import (
 )
 from builder.resources import resource
 from builder.smoke import load_report, report_path
-from builder.wheelbuild.source import sha256_of
 from builder.wheelhouse import closure, variants
 from builder.wheelhouse.index import (
     write_index,

@@ -15,8 +15,7 @@ from urllib.parse import quote, unquote
 
 from builder.contracts import BuildManifest, SmokeReport
 from builder.errors import WheelhouseError
-from builder.files import is_temp_name
-from builder.images.squashfs import SQUASHFS_MAGIC
+from builder.files import is_temp_name, sha256_of
 from builder.node import (
     IMAGES,
     ManifestError,
@@ -28,7 +27,7 @@ from builder.node import (
     image_files,
     read_bounded,
 )
-from builder.wheelbuild.source import sha256_of
+from builder.wheelhouse.archive import SQUASHFS_MAGIC
 from builder.wheelhouse.index import (
     parse_links,
 )
@@ -185,7 +184,7 @@ def _verify_page(wheelhouse: Path, manifest: WheelhouseManifest) -> list[str]:
 def _verify_images(wheelhouse: Path, manifest: WheelhouseManifest) -> list[str]:
     """Each image archive: a regular file with its sha256, holding the image (ID and manifest
     digest) its entry names; and nothing in images/ the manifest does not list."""
-    from builder.images.archive import ArchiveError, read_facts
+    from builder.wheelhouse.archive import ArchiveError, read_facts
 
     problems = []
     for name, entry in sorted(manifest.images.items()):

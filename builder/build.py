@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder import __version__, envs, output
+from builder import __version__, envs, glibc, output
 from builder.buildroot import sandbox
 from builder.buildroot.spec import RootFacts, march_flags, path_list
 from builder.cmd import query
@@ -37,7 +37,7 @@ from builder.units.cache import cache_folder as unit_cache
 from builder.units.plan import Unit, plan_units
 from builder.units.plan import describe as describe_units
 from builder.units.runner import DEFAULT_SOURCE_DATE_EPOCH, UnitJob, UnitResult, run_units
-from builder.wheelbuild import artifacts, buildkey, ccache, cudakit, glibc, graft, needs, ops, source
+from builder.wheelbuild import artifacts, buildkey, ccache, cudakit, graft, needs, ops, source
 from builder.wheelbuild.artifacts import verify
 from builder.wheelbuild.plan import BuildPlan, check_torch_build, cpu_target_env, job_memory, plan_build, resolve_archs
 from builder.wheelbuild.toolchain import ToolchainPlan, apply, compose_env, plan_toolchain

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+SQUASHFS_MAGIC = b"hsqs"  # the first bytes of a squashfs (images/<name>.sqsh)
+
 SMALL = 1 << 20  # index.json and an image manifest are a few hundred bytes
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 
