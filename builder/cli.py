@@ -146,6 +146,30 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--json", action="store_true", help="print each target's result (wheel, smoke, install command) as JSON"
     )
+    b.add_argument(
+        "--offline",
+        type=Path,
+        metavar="DIR",
+        help="an air-gapped build host: install only from DIR, a folder `gather` made on a connected machine "
+        "(its sdist and wheels; no index is asked)",
+    )
+
+    g = sub.add_parser(
+        "gather",
+        parents=[common],
+        help="gather what a recipe's build, smoke and publish install, for an air-gapped build host",
+        description="On a connected machine: fetch the recipe's sdist (sha256 checked) and every wheel its build, "
+        "smoke and publish install on a node of the given Python (build tools, DeepSpeed's dependencies, the "
+        "smoke's checks, the toolkit's own), except the torch a 'system' recipe's node already has, into DEST "
+        "with offline.json listing each with its size. On the node: build-wheel --recipe R --offline DEST.",
+    )
+    g.add_argument("--recipe", type=Path, default=Path(DEFAULT_RECIPE), metavar="PATH",
+                   help=f"recipe TOML (default: {DEFAULT_RECIPE})")  # fmt: skip
+    g.add_argument("--dest", type=Path, required=True, metavar="DIR", help="the folder to fill (made if missing)")
+    g.add_argument("--python", default=f"{sys.version_info.major}.{sys.version_info.minor}", metavar="X.Y",
+                   help="the node's CPython version (default: this one's)")  # fmt: skip
+    g.add_argument("--have", type=Path, metavar="FREEZE",
+                   help="the node's `python -m pip freeze`: what it already holds is left out")  # fmt: skip
 
     def slurm_command(name: str, help: str, description: str) -> argparse.ArgumentParser:
         """A command about one matrix run on Slurm: its RUN folder first. The ones Slurm's jobs run

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from builder import DEFAULT_RECIPE, output
-from builder.errors import ConfigError, PublishError, SmokeError, ToolError, WheelhouseError
+from builder.errors import ConfigError, PublishError, SmokeError, ToolError, UsageError, WheelhouseError
 from builder.workspace import Workspace
 
 
@@ -38,6 +38,10 @@ def build_wheel(args: argparse.Namespace) -> int:
     matrix = load_matrix(args.matrix) if args.matrix else None
     recipes = list(matrix.recipes) if matrix else [load_recipe(p) for p in (args.recipes or [Path(DEFAULT_RECIPE)])]
     pythons = args.pythons or (list(matrix.python) if matrix else [])
+    if args.offline is not None:  # before the first install: every later pip and uv reads only the folder
+        from builder import offline
+
+        offline.use(args.offline, recipes)
     targets = targets_for(recipes, pythons)  # every recipe and interpreter checked before the first build
     if args.target:
         targets = [select(targets, args.target)]
@@ -636,8 +640,26 @@ def _passed_wheels(dist: Path) -> list[Path]:
     return passed
 
 
+def gather(args: argparse.Namespace) -> int:
+    from builder import offline
+    from builder.recipe import load_recipe
+
+    recipe = load_recipe(args.recipe)
+    try:
+        text = args.have.read_text(encoding="utf-8", errors="replace") if args.have else ""
+    except OSError as exc:
+        raise UsageError(f"cannot read --have {args.have}: {exc.strerror or exc}",
+                         "pass a file holding the node's `python -m pip freeze`") from exc  # fmt: skip
+    have = offline.parse_freeze(text, str(args.have)) if args.have else {}
+    ws = _workspace(args, check=False)
+    ws.logs.mkdir(parents=True, exist_ok=True)
+    offline.gather(recipe, args.dest.resolve(), args.python, have, ws.logs / "gather.log", args.verbose)
+    return 0
+
+
 HANDLERS = {
     "build-wheel": build_wheel,
+    "gather": gather,
     "slurm-collect": slurm_collect,
     "slurm-task": slurm_task,
     "slurm-units": slurm_units,

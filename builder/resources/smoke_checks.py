@@ -186,6 +186,65 @@ def check_fused_adam() -> str:
     )
 
 
+def check_fused_lion() -> str:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise _Skip("no GPU visible: FusedLion runs only on CUDA tensors")
+    from deepspeed.ops.lion import FusedLion
+
+    return _compare(
+        lambda ps: FusedLion(ps, lr=1e-3, betas=(0.9, 0.99), weight_decay=0.0),
+        lambda ps: _ReferenceLion(ps, lr=1e-3, betas=(0.9, 0.99)),
+        device="cuda",
+    )
+
+
+class _ReferenceLamb:
+    """DeepSpeed's FusedLamb written out in torch, as csrc/lamb/fused_lamb_cuda_kernel.cu computes it
+    (torch ships no Lamb): Adam's moments without bias correction in the update, eps added to the
+    root (eps_inside_sqrt=False), the trust ratio ||w|| / ||update|| clamped to [min, max] (1 where
+    either is 0), and the bias corrections folded into the step size."""
+
+    def __init__(self, params: Any, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, max_coeff: float = 10.0, min_coeff: float = 0.01) -> None:  # fmt: skip
+        import torch
+
+        self.params, self.lr, self.betas, self.eps, self.wd = params, lr, betas, eps, weight_decay
+        self.max_coeff, self.min_coeff, self.t = max_coeff, min_coeff, 0
+        self.m = [torch.zeros_like(p) for p in params]
+        self.v = [torch.zeros_like(p) for p in params]
+
+    def step(self) -> None:
+        import torch
+
+        b1, b2 = self.betas
+        self.t += 1
+        step_size = self.lr * (1 - b2**self.t) ** 0.5 / (1 - b1**self.t)
+        with torch.no_grad():
+            for p, m, v in zip(self.params, self.m, self.v, strict=True):
+                m.mul_(b1).add_(p.grad, alpha=1 - b1)
+                v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+                update = m / (v.sqrt() + self.eps) + self.wd * p
+                w_norm, u_norm = p.norm().item(), update.norm().item()
+                coeff = min(max(w_norm / u_norm, self.min_coeff), self.max_coeff) if w_norm and u_norm else 1.0
+                p.sub_(step_size * coeff * update)
+
+
+def check_fused_lamb() -> str:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise _Skip("no GPU visible: FusedLamb runs only on CUDA tensors")
+    from deepspeed.ops.lamb import FusedLamb
+
+    return _compare(
+        lambda ps: FusedLamb(ps, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01),
+        lambda ps: _ReferenceLamb(ps, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01),
+        device="cuda",
+    )
+
+
 def parse_ds_report(text: str) -> set[str]:
     """The ops ds_report's 'installed' column marks [YES] (colour codes removed)."""
     plain = re.sub(r"\x1b\[[0-9;]*m", "", text)
@@ -616,6 +675,8 @@ NUMERICS = {
     "cpu_adagrad": check_cpu_adagrad,
     "cpu_lion": check_cpu_lion,
     "fused_adam": check_fused_adam,
+    "fused_lion": check_fused_lion,
+    "fused_lamb": check_fused_lamb,
 }
 
 

