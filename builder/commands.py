@@ -323,7 +323,7 @@ def _trust_arg(args: argparse.Namespace) -> Any:
 
 def verify(args: argparse.Namespace) -> int:
     from builder import signing
-    from builder.node import fingerprint_of
+    from builder.node import fingerprint_of, printable
     from builder.wheelhouse import verify as verify_wheelhouse
     from builder.wheelhouse.layout import read_manifest
     from builder.wheelhouse.verify import signature_problems
@@ -337,7 +337,12 @@ def verify(args: argparse.Namespace) -> int:
         found = read_manifest(house) if house.is_dir() and (house / "manifest.json").is_file() else None
         signature = found is not None and any("interrupted publish" not in p for p in
                                               signature_problems(house, *found, trust))  # fmt: skip
-        if not house.is_dir() or not (house / "manifest.json").is_file():
+        placed = house / "manifest.json"
+        if house.is_dir() and (placed.is_symlink() or (placed.exists() and not placed.is_file())):
+            fix = "restore the wheelhouse from the build host, or move it away and re-publish into a new one"
+        elif any("interrupted publish" in p for p in problems) and not (house / "manifest.json").exists():
+            fix = "run `python -m builder repair` to remove what the interrupted publish left, then publish again"
+        elif not house.is_dir() or not (house / "manifest.json").is_file():
             fix = "pass --wheelhouse with the folder publish wrote (build-wheel publishes into ./wheelhouse)"
         elif any("publish is in progress" in p for p in problems):
             fix = "wait for the publish to finish, then run verify again"
@@ -356,7 +361,8 @@ def verify(args: argparse.Namespace) -> int:
                    "re-publish the affected wheels from their builds into a new wheelhouse")  # fmt: skip
         else:
             fix = "re-publish the affected wheels into a new wheelhouse; remove files you did not publish"
-        raise WheelhouseError(f"{house} failed verification:\n    " + "\n    ".join(problems), fix)
+        shown = [printable(p) for p in problems]  # a planted file's name may hold a newline or ESC
+        raise WheelhouseError(f"{house} failed verification:\n    " + "\n    ".join(shown), fix)
     found = read_manifest(house)  # verified above: its signer is the key that signed it (check_signer)
     assert found is not None
     manifest = found[1]

@@ -72,10 +72,11 @@ class PackageSources:
         parts = [f"index {self.index_url}" if self.index_url else ("no index" if self.no_index else "PyPI")]
         parts += [f"extra index {u}" for u in self.extra_index_urls]
         parts += [f"find-links {f}" for f in self.find_links]
-        return _USERINFO.sub(r"\1***@", ", ".join(parts))
+        return _QUERY.sub("?***", _USERINFO.sub(r"\1***@", ", ".join(parts)))
 
 
 _USERINFO = re.compile(r"(://)[^/@\s]+@")
+_QUERY = re.compile(r"\?[^\s,]*")  # ?token=...: a machine's own pip configuration may carry one
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import shutil
 import tempfile
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
@@ -48,6 +48,23 @@ def is_file_here(path: Path) -> bool:
         return path.is_file()
     except OSError:
         return False
+
+
+def env_folder(env: Mapping[str, str], name: str, what: str) -> Path | None:
+    """The folder an environment variable names (None where unset), refused (FolderError, exit 10)
+    where it is a system folder or inside one: the toolkit would write `what` there, as root into the
+    system (DS_BUILDER_ROOTS=/opt once made roots, their lock and a temporary tree in /opt)."""
+    value = env.get(name)
+    if not value:
+        return None
+    resolved = Path(os.path.abspath(value)).resolve()
+    if is_system_folder(resolved):
+        from builder.errors import FolderError
+
+        raise FolderError(f"{name}={value[:200]} is the system folder {resolved}: the toolkit would write {what} there",
+                          f"point {name} at a folder of its own (e.g. /var/tmp/ds-builder or /shared/ds-builder), or "
+                          "unset it for the default")  # fmt: skip
+    return Path(value)
 
 
 def is_system_folder(resolved: Path) -> bool:

@@ -436,8 +436,22 @@ KEY_LINE_RE = re.compile(r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|s
 CUDA_RE = re.compile(r"^\d{1,2}\.\d{1,2}(\.\d+)?$")
 # A torch build as PyTorch's indexes name it (cpu, cu126, cu130), and where one comes from: an index URL.
 TORCH_VARIANT_RE = re.compile(r"^(cpu|cu[1-9][0-9][0-9])$")
-# An index URL: printable, no credentials (user:TOKEN@host would be printed, logged and embedded).
-INDEX_URL_RE = re.compile(r"^(https?|file)://(?![^/]*@)[^\s\x00-\x1f\x7f]{1,400}$")
+# An index URL: printable, no credentials (user:TOKEN@host or ?token=... would be printed, logged and embedded).
+INDEX_URL_RE = re.compile(r"^(https?|file)://(?![^/]*@)[^\s\x00-\x1f\x7f?#]{1,400}$")
+
+
+def url_secret(url: str) -> "str | None":
+    """What in `url` may be a secret, in words (None: nothing): a user name or password, a query
+    string (?token=..., a signed URL's signature) or a fragment. None of them belongs in a package
+    index's or a wheelhouse's URL, and each would be printed, logged and embedded where the URL goes."""
+    rest = url.partition("://")[2] if "://" in url else ""
+    if "@" in rest.partition("/")[0]:
+        return "a user name or password (user:TOKEN@host)"
+    if "?" in url:
+        return "a query string (?token=..., a signed URL's signature)"
+    if "#" in url:
+        return "a fragment (#...)"
+    return None
 
 
 def torch_variant(cuda: "str | None") -> str:
@@ -1819,6 +1833,11 @@ def wheelhouse_base(source: str) -> str:
         raise InstallError(f"--wheelhouse {printable(source)[:300]}: not a URL ({exc})",
                            "give a folder, file:///path, or http(s)://host/path/") from exc  # fmt: skip
     if parsed.scheme in ("http", "https"):
+        secret = url_secret(source)
+        if secret:
+            raise InstallError(f"--wheelhouse: the URL holds {secret}, which would be printed and logged, and no "
+                               "wheelhouse file is named by it", "name the wheelhouse without it; give credentials "
+                               "in ~/.netrc (a token: as the password for the host)")  # fmt: skip
         return source.rstrip("/") + "/"
     if parsed.scheme == "file":
         if parsed.netloc not in ("", "localhost"):

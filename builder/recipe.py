@@ -25,7 +25,7 @@ from packaging.version import InvalidVersion, Version
 from builder.archs import normalize_all
 from builder.buildroot.spec import DEFAULT_FLOOR, RootSpec
 from builder.errors import RecipeError
-from builder.node import INDEX_URL_RE, TORCH_VARIANT_RE
+from builder.node import INDEX_URL_RE, TORCH_VARIANT_RE, url_secret
 
 ACCELERATORS = ("cpu", "cuda")
 SYSTEM = "system"
@@ -75,7 +75,7 @@ CUDA_TOOLKITS = ("auto", "system", "pip")
 PYTORCH_INDEX = "https://download.pytorch.org/whl"  # PyTorch's indexes, one per build: /cpu, /cu126, /cu130
 ALL_OPS = "all"  # ops = "all": every op DeepSpeed offers for the accelerator (see build.needs)
 ON_OP_FAILURE = ("fail", "drop")
-_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")  # 64 at most: it names files (the build log) and a version
 # A local version segment of letters and digits, starting with a letter so it never reads as a number.
 _LABEL = re.compile(r"^[a-z][a-z0-9]{0,15}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -327,8 +327,9 @@ def parse_recipe(data: Mapping[str, Any], path: Path | None = None) -> Recipe:
     name = data["name"]
     if not _NAME.match(name):
         raise RecipeError(
-            f'{where}: name "{name}" is not usable in file and version names',
-            "use lowercase letters, digits, '.', '_' and '-'",
+            f'{where}: name "{name[:80]}{"..." if len(name) > 80 else ""}" is not usable in file and version names'
+            + (f" ({len(name)} characters)" if len(name) > 64 else ""),
+            "use 1 to 64 lowercase letters, digits, '.', '_' and '-'",
         )
     accelerator = data["accelerator"]
     if accelerator not in ACCELERATORS:
@@ -487,9 +488,9 @@ def _torch(table: Mapping[str, Any], accelerator: str, where: str) -> TorchSpec:
             raise RecipeError(f'{where}: torch.variant "{variant}" does not fit accelerator "{accelerator}"',
                               f"use a {accelerator} build of torch: variant = {wanted}")  # fmt: skip
     if index is not None:
-        if isinstance(index, str) and "@" in index.partition("://")[2].partition("/")[0]:
-            raise RecipeError(f"{where}: torch.index holds a user name or password (user:TOKEN@host): it would be "
-                              "printed, logged and embedded in every wheel's build manifest",
+        if isinstance(index, str) and (secret := url_secret(index)):
+            raise RecipeError(f"{where}: torch.index holds {secret}: it would be printed, logged and embedded in "
+                              "every wheel's build manifest",
                               "keep credentials out of the recipe: put them in ~/.netrc (pip and uv read it) or a "
                               "keyring, and name the index without them")  # fmt: skip
         if not INDEX_URL_RE.match(index):

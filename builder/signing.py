@@ -278,7 +278,13 @@ def _unusable_key(k: Keys, exc: ToolError) -> TrustError:
     the public key's pair (what it signed would be refused as another key's)."""
     if shutil.which("ssh-keygen") is None:
         return TrustError(f"cannot sign with {k.private}: {exc.message}", SSH_KEYGEN_FIX)
-    derived = cmd.query(["ssh-keygen", "-y", "-f", str(k.private)]).split()[:2]
+    asked = cmd.ask(["ssh-keygen", "-y", "-P", "", "-f", str(k.private)], timeout=30)
+    if asked.returncode != 0 and "passphrase" in asked.stderr.lower():
+        return TrustError(f"the signing key {k.private} is protected by a passphrase: the toolkit signs with no "
+                          "terminal to ask for it (provisioning, Slurm jobs)", f"remove the passphrase (ssh-keygen -p "
+                          f"-N '' -f {k.private}), or make a key without one (`python -m builder key rotate`) and "
+                          "give nodes its line")  # fmt: skip
+    derived = asked.stdout.split()[:2] if asked.returncode == 0 else []
     fix = (
         "restore the key pair from a backup, or make a new key (`python -m builder key rotate`) and give nodes its line"
     )

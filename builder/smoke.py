@@ -189,11 +189,11 @@ def run_cases(cases: Sequence[configs.ConfigCase], ws: Workspace, wheel: Path | 
         else:
             python = Path(python or sys.executable)
             if not is_file_here(python):
-                raise SmokeError(f"no such interpreter: {python}", "pass --python with the node environment's python")
+                raise UsageError(f"no such interpreter: {python}", "pass --python with the node environment's python")
             has = cmd.ask([str(python), "-c", "import deepspeed"], timeout=600)
             if has.returncode != 0:
                 said = (has.stderr or has.stdout or "").strip().splitlines()
-                raise SmokeError(f"{python} cannot import DeepSpeed ({said[-1][:200] if said else 'no output'}): "
+                raise UsageError(f"{python} cannot import DeepSpeed ({said[-1][:200] if said else 'no output'}): "
                                  "there is nothing installed to check the configs against",
                                  "pass --python with the environment DeepSpeed is installed in, or --wheel WHEEL to "
                                  "check a wheel in a fresh environment")  # fmt: skip

@@ -222,6 +222,20 @@ def test_the_runner_sorts_deepspeeds_errors() -> None:
         raise KeyError("ours")
     except KeyError as exc:
         assert config_runner._classify(exc)[0] == "failed"
+    # Issue 51: DeepSpeed's checks of a config's contents are "invalid", not "not supported on this
+    # accelerator": its config module's asserts (train_batch_size NaN), an optimizer it does not have.
+    try:
+        raise AssertionError("FooOpt is not a supported DeepSpeed Optimizer")
+    except AssertionError as exc:
+        assert config_runner._classify(exc)[0] == "invalid"
+    namespace: dict[str, Any] = {}
+    exec(compile("def _batch_assertion():\n    assert False, 'Train batch size: nan has to be greater than 0'\n",
+                 os.path.join("site-packages", "deepspeed", "runtime", "config.py"), "exec"), namespace)  # fmt: skip
+    try:
+        namespace["_batch_assertion"]()
+    except AssertionError as exc:
+        status, detail = config_runner._classify(exc)
+        assert (status, detail) == ("invalid", "AssertionError: Train batch size: nan has to be greater than 0")
 
 
 def test_parse_outcomes_refuses_a_bad_report() -> None:

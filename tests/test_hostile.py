@@ -1002,6 +1002,9 @@ def test_repair_cleans_a_wheelhouse_whose_first_publish_was_killed(tmp_path: Pat
     assert start_publish(wheel, house, "die").wait() == -9
     left = sorted(p.name for p in house.iterdir())
     assert ".publish-journal.json" in left and NAME in left and any(n.startswith(".deps.") for n in left)
+    # Issue 51: verify points at repair (it said "nothing was published there").
+    (said,) = verify(house)
+    assert said.startswith(f"{house} has no manifest.json but holds ") and "python -m builder repair" in said, said
     removed = repair(house)  # no manifest.json yet: it was refused before
     assert NAME in removed and ".publish-journal.json" in removed
     assert sorted(p.name for p in house.iterdir() if p.is_file()) == [".publish.lock"]
@@ -1747,7 +1750,7 @@ def test_settings_that_were_tracebacks_are_one_line_and_their_exit_code(house: P
         assert done.returncode == 2 and "is not a number of seconds above 0, at most 86400" in done.stderr, done.stderr
     venv.create(tmp_path / "bare", with_pip=False)
     done = builder("check-config", str(config), "--python", str(tmp_path / "bare" / "bin" / "python"))
-    assert done.returncode == 6 and "cannot import DeepSpeed (ModuleNotFoundError" in done.stderr, done.stderr
+    assert done.returncode == 2 and "cannot import DeepSpeed (ModuleNotFoundError" in done.stderr, done.stderr
     for run in (*runs.values(), done):
         assert "Traceback" not in run.stderr
 

@@ -20,7 +20,7 @@ from builder import cmd, output
 from builder.buildroot.spec import RootFacts, RootSpec, identity_of, root_name
 from builder.debian import debootstrap_stage
 from builder.errors import RootError
-from builder.files import make_dirs, write_atomic
+from builder.files import env_folder, make_dirs, write_atomic
 
 ROOTS_ENV = "DS_BUILDER_ROOTS"
 
@@ -28,8 +28,9 @@ ROOTS_ENV = "DS_BUILDER_ROOTS"
 def roots_folder(env: Mapping[str, str]) -> Path:
     """Where roots are kept, once per machine: DS_BUILDER_ROOTS, else /var/tmp/ds-builder-roots for
     root (the folder the cluster test's node images share), else the user's cache."""
-    if env.get(ROOTS_ENV):
-        return Path(env[ROOTS_ENV])
+    named = env_folder(env, ROOTS_ENV, "build roots, their lock, log and a temporary tree")
+    if named is not None:
+        return named
     if os.geteuid() == 0:
         return Path("/var/tmp/ds-builder-roots")
     return Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ds-builder" / "roots"

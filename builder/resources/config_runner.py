@@ -190,12 +190,25 @@ def _classify(exc: BaseException) -> tuple[str, str]:
     if _refused or NOT_IMPLEMENTED in text:
         return "unsupported", text
     names = {type(e).__name__ for e in _chain(exc)}
-    if names & {"ValidationError", "DeepSpeedConfigError"}:
-        return "invalid", " ".join(text.split())[:600]
     frames = traceback.extract_tb(exc.__traceback__)
+    if names & {"ValidationError", "DeepSpeedConfigError"} or _checks_the_config(frames, text):
+        return "invalid", " ".join(text.split())[:600]
     if frames and f"{os.sep}deepspeed{os.sep}" in frames[-1].filename:
         return "unsupported", text
     return "failed", text + "\n" + "".join(traceback.format_exception(exc, limit=-4))[-1500:]
+
+
+_CONFIG_FILE = os.path.join("deepspeed", "runtime", "config.py")
+
+
+def _checks_the_config(frames: Any, text: str) -> bool:
+    """Whether the error came from DeepSpeed checking the config's contents, not from running it: its
+    config module's asserts (`train_batch_size: NaN`), an optimizer name it does not have. Its other
+    sanity checks (Lamb needs dynamic loss scaling) say what DeepSpeed supports, and stay so."""
+    return any(f.filename.endswith(_CONFIG_FILE) for f in frames[-2:]) or UNKNOWN_OPTIMIZER in text
+
+
+UNKNOWN_OPTIMIZER = "is not a supported DeepSpeed Optimizer"
 
 
 def _chain(exc: BaseException | None) -> list[BaseException]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.cmd import query, which
+from builder.files import env_folder
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,8 @@ CACHE_DIR_ENV = "DS_BUILDER_CCACHE_DIR"
 
 
 def cache_dir(work_cache: Path, env: Mapping[str, str]) -> Path:
-    return Path(env[CACHE_DIR_ENV]) if env.get(CACHE_DIR_ENV) else work_cache / "ccache"
+    named = env_folder(env, CACHE_DIR_ENV, "ccache's objects and its lock files")
+    return named if named is not None else work_cache / "ccache"
 
 
 # Variables nvcc reads that change its output but never appear on the command line ccache hashes.

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from builder import cmd
 from builder.errors import SourceError, ToolError
-from builder.files import sha256_of
+from builder.files import env_folder, sha256_of
 from builder.recipe import DeepSpeedSource
 from builder.resources import resource
 
@@ -22,8 +22,8 @@ SDIST_CACHE_ENV = "DS_BUILDER_SDIST_CACHE"
 def sdist_folder(cache: Path, env: Mapping[str, str]) -> Path:
     """Where sdists are kept: DS_BUILDER_SDIST_CACHE (one folder shared by several work folders,
     e.g. the test suite's, or a cluster's shared filesystem), else the work folder's cache."""
-    shared = env.get(SDIST_CACHE_ENV)
-    return Path(shared) if shared else cache / "sdists"
+    shared = env_folder(env, SDIST_CACHE_ENV, "DeepSpeed sdists and their temporary folders")
+    return shared if shared is not None else cache / "sdists"
 
 
 def fetch(source: DeepSpeedSource, sdists: Path, log: Path, verbose: bool = False) -> Path:

@@ -25,6 +25,7 @@ from builder.node import (
     check_expiry,
     entry_differences,
     image_files,
+    printable,
     read_bounded,
 )
 from builder.wheelhouse.archive import SQUASHFS_MAGIC
@@ -82,6 +83,9 @@ def _in_progress(wheelhouse: Path) -> str:
         return INTERRUPTED
 
 
+REPLACED = "someone replaced it: restore the wheelhouse from the build host, or move it away and re-publish"
+
+
 def verify(wheelhouse: Path, trust: Trust | None = None, signature: bool = True) -> list[str]:
     """Everything wrong with a wheelhouse; empty only when every file is listed, linked and hash-checked.
 
@@ -91,7 +95,16 @@ def verify(wheelhouse: Path, trust: Trust | None = None, signature: bool = True)
     if not wheelhouse.is_dir():
         return [f"{wheelhouse} does not exist or is not a folder"]
     if not (wheelhouse / MANIFEST).exists() and not (wheelhouse / MANIFEST).is_symlink():
+        left = sorted(p.name for p in wheelhouse.iterdir() if p.name != LOCK)
+        if left:  # a first publish killed before its manifest: what it left is repair's to remove
+            shown = ", ".join(printable(n) for n in left[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
+            return [f"{wheelhouse} has no {MANIFEST} but holds {shown}: {INTERRUPTED}"]
         return [f"{wheelhouse} has no {MANIFEST}: nothing was published there"]
+    if not (wheelhouse / MANIFEST).is_file():
+        return [
+            f"{wheelhouse / MANIFEST} is not a regular file (a folder, a FIFO, a device or a dangling link): "
+            f"not what publish writes; {REPLACED}"
+        ]
     try:
         found = read_manifest(wheelhouse)
     except WheelhouseError as exc:

@@ -1,0 +1,101 @@
+"""Round 5 of hostile and bad inputs (issue 51): each case as it was tried, failing before its fix."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_recipe import GOOD
+
+from builder import node
+from builder.buildroot.make import ROOTS_ENV, roots_folder
+from builder.envs import PackageSources
+from builder.errors import FolderError, RecipeError
+from builder.recipe import parse_recipe
+from builder.wheelbuild import ccache, source
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(
+    ("name", "folder"),
+    [
+        (ROOTS_ENV, roots_folder),
+        (source.SDIST_CACHE_ENV, lambda env: source.sdist_folder(Path("/tmp/work/cache"), env)),
+        (ccache.CACHE_DIR_ENV, lambda env: ccache.cache_dir(Path("/tmp/work/cache"), env)),
+    ],
+)
+def test_a_system_folder_from_the_environment_is_refused_wherever_one_is_read(name: str, folder: Any) -> None:
+    """Item 3: DS_BUILDER_ROOTS=/opt made roots, their lock, log and a temporary tree in /opt. Every
+    folder the environment names goes through one check (files.env_folder), as the unit cache and the
+    key folder already did."""
+    for bad in ("/opt", "/usr/lib", "/etc/x", "/"):
+        with pytest.raises(FolderError, match=f"{name}={bad} is the system folder") as err:
+            folder({name: bad})
+        assert err.value.exit_code == 10 and f"point {name} at a folder of its own" in err.value.fix
+    assert folder({name: "/var/tmp/ds-own"}) == Path("/var/tmp/ds-own")
+
+
+def test_a_secret_in_an_index_url_is_found_wherever_a_url_can_carry_it() -> None:
+    """Item 4: a token in the query string passed the credentials check (only user:password@ was
+    looked for), was printed by the plan and embedded in the wheel's ds_builder.json."""
+    for url, said in (
+        ("https://mirror.example/whl/cpu?token=SECRET", "a query string"),
+        ("https://u:SECRET@mirror.example/whl/cpu", "a user name or password"),
+        ("https://mirror.example/whl/cpu#SECRET", "a fragment"),
+    ):
+        data: dict[str, Any] = copy.deepcopy(GOOD)
+        data["torch"] = {"version": "2.13.0", "variant": "cpu", "index": url}
+        with pytest.raises(RecipeError) as err:
+            parse_recipe(data)
+        assert f"torch.index holds {said}" in err.value.message and "SECRET" not in err.value.message
+        assert err.value.exit_code == 2 and "~/.netrc" in err.value.fix
+        with pytest.raises(node.InstallError, match=said):  # a node's --wheelhouse URL
+            node.wheelhouse_base(url)
+        assert not node.INDEX_URL_RE.match(url)
+    assert node.url_secret("https://download.pytorch.org/whl/cpu") is None
+    # A machine's own pip configuration may carry one: shown masked wherever the sources are printed.
+    shown = PackageSources("https://u:p@idx.example/simple?token=SECRET", ("https://x/?sig=S",)).describe()
+    assert "SECRET" not in shown and "sig=S" not in shown and "p@" not in shown
+    assert shown == "index https://***@idx.example/simple?***, extra index https://x/?***"
+
+
+def test_a_recipe_name_too_long_for_a_file_name_is_refused_at_load() -> None:
+    """Item 14: a name of 250 characters passed, then the build log's file name was too long (OSError
+    traceback, exit 1)."""
+    with pytest.raises(RecipeError) as err:
+        parse_recipe({**copy.deepcopy(GOOD), "name": "a" * 250})
+    assert err.value.exit_code == 2 and "(250 characters)" in err.value.message and "1 to 64" in err.value.fix
+    assert parse_recipe({**copy.deepcopy(GOOD), "name": "a" * 64}).name == "a" * 64
+
+
+def test_readmes_node_step_names_the_cpu_build_of_torch() -> None:
+    """Item 12: `pip install torch==2.13.0` installs PyPI's CUDA build (gigabytes of nvidia packages)
+    for a `+cpu` wheel; the step names the CPU build's index, as recipes/cpu.toml does."""
+    readme = (ROOT / "README.md").read_text()
+    lines = [line for line in readme.splitlines() if line.startswith("pip install torch==")]
+    assert lines and all("--index-url https://download.pytorch.org/whl/cpu" in line for line in lines), lines
+
+
+def test_a_passphrase_protected_signing_key_is_named_so_not_damaged(tmp_path: Path) -> None:
+    """Item 11: a key with a passphrase was called damaged, with "restore the key pair from a backup"."""
+    import os
+    import shutil
+    import subprocess
+
+    from builder import signing
+    from builder.errors import TrustError
+
+    if shutil.which("ssh-keygen") is None:
+        pytest.skip("needs OpenSSH's ssh-keygen")
+    k = signing.Keys(tmp_path / "keys")
+    k.folder.mkdir(mode=0o700)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "a passphrase", "-C", "x", "-f", str(k.private)],
+                   check=True)  # fmt: skip
+    os.chmod(k.private, 0o600)
+    with pytest.raises(TrustError) as err:
+        signing.sign(b"manifest", signing.UNIT_NAMESPACE, k)
+    assert "is protected by a passphrase" in err.value.message and "damaged" not in err.value.message
+    assert "ssh-keygen -p -N ''" in err.value.fix and err.value.exit_code == 13
