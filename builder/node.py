@@ -1429,6 +1429,7 @@ class Trust:
 
     keys: "tuple[PublicKey, ...]"
     revoked: "tuple[PublicKey, ...]" = ()
+    ignored: "tuple[str, ...]" = ()  # lines that grant nothing now, each with why (expired, another namespace)
 
     def describe(self) -> str:
         return ", ".join(k.fingerprint() for k in self.keys if k not in self.revoked) or "none"
@@ -1453,13 +1454,14 @@ def _signers_time(value: str, where: str) -> "datetime.datetime":
     return stamp.replace(tzinfo=datetime.timezone.utc) if m[4] else stamp.astimezone()
 
 
-def _grants(options: str, where: str, now: "datetime.datetime") -> bool:
+def _grants(options: str, where: str, now: "datetime.datetime") -> "str | None":
     """Whether an allowed-signers line's options let its key sign for this toolkit now. Read as
     `ssh-keygen -Y verify` reads them; an option the toolkit cannot honour the same way is refused
-    (the OpenSSL path must agree with ssh-keygen line for line)."""
+    (the OpenSSL path must agree with ssh-keygen line for line). None where it does; else why not."""
     import fnmatch
 
-    grants, pos = True, 0
+    why: list[str] = []
+    pos = 0
     while pos < len(options):
         m = _SIGNERS_OPTION.match(options, pos)
         if not m or m.end() == pos:
@@ -1478,12 +1480,13 @@ def _grants(options: str, where: str, now: "datetime.datetime") -> bool:
         if name == "namespaces":
             patterns = [p.strip() for p in value.split(",") if p.strip()]
             denied = any(p.startswith("!") and fnmatch.fnmatchcase(NAMESPACE, p[1:]) for p in patterns)
-            grants &= not denied and any(not p.startswith("!") and fnmatch.fnmatchcase(NAMESPACE, p) for p in patterns)
-        elif name == "valid-after":
-            grants &= now >= _signers_time(value, where)
-        else:
-            grants &= now < _signers_time(value, where)
-    return grants
+            if denied or not any(not p.startswith("!") and fnmatch.fnmatchcase(NAMESPACE, p) for p in patterns):
+                why.append(f'namespaces="{value[:60]}" leaves out {NAMESPACE}')
+        elif name == "valid-after" and now < _signers_time(value, where):
+            why.append(f'valid-after="{value[:20]}" is still to come (not yet valid)')
+        elif name == "valid-before" and now >= _signers_time(value, where):
+            why.append(f'valid-before="{value[:20]}" has passed (expired)')
+    return "; ".join(why) or None
 
 
 def parse_trust(text: str, where: str, now: "datetime.datetime | None" = None) -> "Trust":
@@ -1494,6 +1497,7 @@ def parse_trust(text: str, where: str, now: "datetime.datetime | None" = None) -
     now = now or datetime.datetime.now(datetime.timezone.utc)
     keys: list[PublicKey] = []
     revoked: list[PublicKey] = []
+    ignored: list[str] = []
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
         if not line or line.startswith("#"):
@@ -1510,11 +1514,14 @@ def parse_trust(text: str, where: str, now: "datetime.datetime | None" = None) -
             raise InstallError(f"{at_line}: {' '.join(fields[:at])[:80]!r} before the key is not `principals "
                                "[options]`", "one principals field, then one options field at most")  # fmt: skip
         key = key_from_line(fields[at], fields[at + 1], at_line)
+        why = _grants(fields[1], at_line, now) if fields[0] != "@revoked" and at >= 2 else None
         if fields[0] == "@revoked":
             revoked.append(key)
-        elif at < 2 or _grants(fields[1], at_line, now):
+        elif why is None:
             keys.append(key)
-    return Trust(tuple(keys), tuple(revoked))
+        else:
+            ignored.append(f"{at_line} ({key.fingerprint()}): {why}")
+    return Trust(tuple(keys), tuple(revoked), tuple(ignored))
 
 
 SKIP_FLAG = "--skip-signature-check"
@@ -1540,6 +1547,7 @@ def load_trust(values: "Sequence[str]") -> "Trust | None":
         values = [DEFAULT_TRUST]
     keys: list[PublicKey] = []
     revoked: list[PublicKey] = []
+    ignored: list[str] = []
     for value in values:
         if any(t in value.split() for t in (*KEY_TYPES, "@revoked")):
             trust = parse_trust(value, "--trust")
@@ -1558,10 +1566,18 @@ def load_trust(values: "Sequence[str]") -> "Trust | None":
             trust = parse_trust(text, value)
         keys += trust.keys
         revoked += trust.revoked
+        ignored += trust.ignored
     if not [k for k in keys if k not in revoked]:
-        raise InstallError(f"--trust {' '.join(values)[:200]} holds no key that is not revoked",
+        raise InstallError(f"--trust {' '.join(values)[:200]} holds no key that may sign now: "
+                           + no_key_because(Trust(tuple(keys), tuple(revoked), tuple(ignored))),
                            "give the build host's key: the line `python -m builder key show` prints")  # fmt: skip
-    return Trust(tuple(keys), tuple(revoked))
+    return Trust(tuple(keys), tuple(revoked), tuple(ignored))
+
+
+def no_key_because(trust: "Trust") -> str:
+    """Why a trust grants no key, line by line: revoked, expired, not yet valid, another namespace."""
+    said = [*trust.ignored, *(f"{k.fingerprint()} is revoked" for k in dict.fromkeys(trust.revoked))]
+    return "; ".join(said)[:1200] if said else "it lists no key"
 
 
 def _run_verifier(args: "Sequence[str]", stdin: "bytes | None" = None) -> "tuple[int, str] | None":

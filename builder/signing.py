@@ -99,9 +99,11 @@ class Keys:
                              "make one: `python -m builder key create`") from exc  # fmt: skip
 
     def trust(self) -> Trust:
-        """The keys this host accepts signatures from (its own, and those added), less revoked ones."""
+        """The keys this host accepts signatures from, read from allowed_signers exactly as nodes read
+        it (an expired line, one scoped to another namespace, a removed one grant nothing here either);
+        its own key alone where a key folder predates allowed_signers."""
         check_folder(self)
-        own = (self.key(),) if self.exists() else ()
+        own = (self.key(),) if self.exists() and not self.trust_file.is_file() else ()
         try:
             text = self.trust_file.read_text(encoding="utf-8") if self.trust_file.is_file() else ""
             listed = node.parse_trust(text, str(self.trust_file))
@@ -111,7 +113,7 @@ class Keys:
                 "fix or remove the line it names (`python -m builder key show` lists the keys)",
             ) from exc
         keys = tuple(dict.fromkeys((*own, *listed.keys)))
-        return Trust(tuple(k for k in keys if k not in listed.revoked), listed.revoked)
+        return Trust(tuple(k for k in keys if k not in listed.revoked), listed.revoked, listed.ignored)
 
 
 def keys(env: Mapping[str, str] | None = None) -> Keys:

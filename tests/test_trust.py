@@ -358,11 +358,21 @@ def test_the_trust_given_to_a_node_is_checked() -> None:
         node.parse_trust("ds-wheelhouse not-a-key\n", "trusted")
     with pytest.raises(InstallError, match="is not a public key"):
         node.parse_trust("ssh-ed25519 !!!!\n", "trusted")
-    with pytest.raises(InstallError, match="holds no key that is not revoked"):
-        node.load_trust(["@revoked ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAILF4WHI7T5v/sYCfwHBDEp/UDmc1973dx9ZYD7xGdfok"])
-    scoped = node.parse_trust('x namespaces="git" ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAILF4WHI7T5v/sYCfwHBDEp/'
-                              "UDmc1973dx9ZYD7xGdfok\n", "t")  # fmt: skip
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAILF4WHI7T5v/sYCfwHBDEp/UDmc1973dx9ZYD7xGdfok"
+    with pytest.raises(InstallError, match="holds no key that may sign now: SHA256:.* is revoked"):
+        node.load_trust([f"@revoked {key}"])
+    scoped = node.parse_trust(f'x namespaces="git" {key}\n', "t")
     assert scoped.keys == ()  # a key trusted for git signs no wheelhouse
+    # Issue 51: each line that grants nothing says why (all three were "holds no key that is not revoked").
+    cases = (('namespaces="git"', 'namespaces="git" leaves out ds-wheelhouse'),
+             ('valid-before="20200101"', 'valid-before="20200101" has passed (expired)'),
+             ('valid-after="20991231"', 'valid-after="20991231" is still to come (not yet valid)'))  # fmt: skip
+    for options, why in cases:
+        with pytest.raises(InstallError) as err:
+            node.load_trust([f"ds-wheelhouse {options} {key}"])
+        assert err.value.message.startswith("--trust ds-wheelhouse") and f": {why}" in err.value.message, (
+            err.value.message
+        )
 
 
 @pytest.mark.parametrize(
@@ -442,6 +452,27 @@ def test_a_proxy_swapping_the_wheel_and_manifest_is_refused(swapping_proxy: str,
     done = installer(swapping_proxy, "--trust", keys.key().line(), "--dry-run", tool=tool)
     assert done.returncode == 8 and "does not match what it signs" in done.stderr
     assert f"==> chosen: {NAME}" not in done.stderr
+
+
+def test_the_build_host_reads_its_allowed_signers_as_nodes_do(house: Path, keys: signing.Keys) -> None:
+    """Issue 51, item 5: verify and sign on the build host trusted the host's own key whatever its
+    allowed_signers line said; with that line expired, scoped to git, or removed, verify passed a
+    wheelhouse that nodes and `ssh-keygen -Y verify` refuse. Now it reads the file as they do."""
+    line = keys.trust_file.read_text()
+    own = next(t for t in line.splitlines() if t.startswith(node.NAMESPACE))
+    assert verify(house) == []
+    for options in ('valid-before="20200101"', 'namespaces="git"', None):
+        changed = "" if options is None else own.replace(own.split()[1], options, 1)
+        keys.trust_file.write_text(line.replace(own, changed))
+        problems = verify(house)
+        assert problems and any("not trusted" in p or "no key" in p or "signed by" in p for p in problems), (
+            options,
+            problems,
+        )
+        node_said = installer(house, "--trust", str(keys.trust_file), "--dry-run")  # a node refuses it too
+        assert node_said.returncode == 9 and "holds no key that may sign now" in node_said.stderr, node_said.stderr
+    keys.trust_file.write_text(line)
+    assert verify(house) == []
 
 
 def test_a_copied_wheelhouse_verifies_and_installs_unchanged(house: Path, keys: signing.Keys, tmp_path: Path) -> None:
