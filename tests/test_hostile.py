@@ -1862,6 +1862,29 @@ def test_serve_answers_hundreds_of_nodes_at_once_and_drops_idle_clients(house: P
             start = time.monotonic()
             assert idle.recv(1) == b""  # closed by the server
             assert time.monotonic() - start < 8
+        # Issue 51: a head sent a byte at a time, never silent for the 1 s timeout, is cut at the head
+        # deadline (3 s here) instead of holding its thread for as long as the client likes.
+        server.head_deadline = 3.0
+        with socket.create_connection(("127.0.0.1", int(server.server_address[1])), timeout=20) as drip:
+            stop = threading.Event()
+
+            def dripping() -> None:
+                for byte in b"GET /simple/index.html HTTP/1.1\r\nX-Slow: " + b"a" * 400:
+                    if stop.wait(0.2):
+                        return
+                    try:
+                        drip.send(bytes([byte]))
+                    except OSError:
+                        return
+
+            threading.Thread(target=dripping, daemon=True).start()
+            start = time.monotonic()
+            try:
+                said = drip.recv(1024)  # nothing until the server gives up on the head
+            finally:
+                stop.set()
+            took = time.monotonic() - start
+            assert not said.startswith(b"HTTP/1.0 200") and 2.5 < took < 10, (said[:80], took)
     finally:
         server.shutdown()
         server.server_close()

@@ -17,8 +17,11 @@ from __future__ import annotations
 import errno
 import http.server
 import os
+import socket
 import stat
 import sys
+import threading
+import time
 import urllib.parse
 from pathlib import Path
 from typing import Any
@@ -61,6 +64,26 @@ class WheelhouseHandler(http.server.SimpleHTTPRequestHandler):
 
     root: Path  # resolved wheelhouse folder, set by `handler_for`
     timeout = 30  # seconds a client may stay silent (idle, or a request sent a byte at a time): its thread ends
+    server: Any  # the WheelhouseServer that holds the head deadline
+
+    def handle_one_request(self) -> None:
+        """Each request's head (its line and headers) within the server's head deadline, however
+        slowly it arrives: the timeout above is per silent period, and 800 clients dripping a byte
+        every 25 s held 800 threads for as long as they liked."""
+        deadline = self.server if isinstance(self.server, WheelhouseServer) else None  # another server: none
+        if deadline is not None:
+            deadline.watch(self.connection)
+        try:
+            super().handle_one_request()
+        finally:
+            if deadline is not None:
+                deadline.unwatch(self.connection)
+
+    def parse_request(self) -> bool:
+        done = super().parse_request()
+        if isinstance(self.server, WheelhouseServer):
+            self.server.unwatch(self.connection)  # the head is in: the transfer is the timeout's alone
+        return done
 
     def send_head(self) -> Any:
         candidate, why = resolve_request(self.root, self.path)
@@ -93,6 +116,42 @@ class WheelhouseServer(http.server.ThreadingHTTPServer):
 
     daemon_threads = True
     request_queue_size = 1024  # the listen backlog (socketserver's default is 5): a cluster's nodes at once
+    head_deadline = 60.0  # seconds from a request's first byte awaited to its last header
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._heads: dict[Any, float] = {}
+        self._heads_lock = threading.Lock()
+        self._closed = threading.Event()
+        super().__init__(*args, **kwargs)  # binds: a busy port raises here, and closes what it made
+        threading.Thread(target=self._reap, daemon=True, name="serve-head-deadline").start()
+
+    def server_close(self) -> None:
+        self._closed.set()
+        super().server_close()
+
+    def watch(self, sock: Any) -> None:
+        with self._heads_lock:
+            self._heads[sock] = time.monotonic() + self.head_deadline
+
+    def unwatch(self, sock: Any) -> None:
+        with self._heads_lock:
+            self._heads.pop(sock, None)
+
+    def _reap(self) -> None:
+        """Once a second: shut the connections whose request head is past its deadline (their handler's
+        read then ends and its thread with it)."""
+        while not self._closed.wait(min(1.0, self.head_deadline / 4)):
+            now = time.monotonic()
+            with self._heads_lock:
+                late = [sock for sock, deadline in self._heads.items() if deadline < now]
+                for sock in late:
+                    del self._heads[sock]
+            for sock in late:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                output.note(f"serve: closed a connection whose request head took over {self.head_deadline:g} s")
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         exc = sys.exc_info()[1]
