@@ -106,13 +106,26 @@ def run(
                 _call_off(dog, proc)
         log_file.write(f"# exit status {code} after {time.monotonic() - start:.1f}s\n")
     if code != 0 and check:
-        shown_tail = "" if verbose else "".join(tail)
         where = f"\n  full log: {log}" if log is not None else ""
+        full = "".join(lines)
+        room = next((said for said in NO_ROOM if said in full), None)
+        if room is not None:  # its own words about a full disk: the one line that matters, not its traceback
+            line = next(x for x in reversed(full.splitlines()) if room in x).strip()[-300:]
+            raise ToolError(
+                f"{os.path.basename(program)} ran out of room: {line}{where}",
+                "free space where it writes (df -h; a temporary folder: TMPDIR), or raise the quota, then run "
+                "the command again; nothing half-written was kept",
+            )
+        shown_tail = "" if verbose else "".join(tail)
         raise ToolError(
             f"command failed with exit status {code}: {quote(argv)}\n{shown_tail}{where}".rstrip(),
             fix or "read the output above; rerun with --verbose to stream it",
         )
     return "".join(lines)
+
+
+# What a program says when its disk is full, its quota spent or its folder read-only (errno's words).
+NO_ROOM = ("No space left on device", "Disk quota exceeded", "Read-only file system")
 
 
 def signal_session(sid: int, sig: int) -> None:

@@ -9,6 +9,7 @@ names are `.<name>.<random>.tmp`, so leftovers of a killed process are recognisa
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
@@ -143,7 +144,34 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def _replace(target: Path, fill: Callable[[BinaryIO], object], mode: int) -> Path:
-    """The guarantee itself: a temporary file beside `target`, filled, fsynced, chmodded, renamed."""
+    """The guarantee itself: a temporary file beside `target`, filled, fsynced, chmodded, renamed. A
+    full disk, a quota or a read-only mount is one message (FolderError, exit 10), not a traceback."""
+    try:
+        return _replace_file(target, fill, mode)
+    except OSError as exc:
+        if exc.errno not in NO_ROOM:
+            raise
+        raise no_room(target, exc) from exc
+
+
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
+
+
+def no_room(target: Path, exc: OSError) -> Exception:
+    """The one message for a write that found no room: a full disk, a quota, a read-only mount."""
+    from builder.errors import FolderError
+
+    where = target.parent
+    if exc.errno == errno.EROFS:
+        fix = f"{where} is on a read-only mount: write somewhere writable (--work-dir, --wheelhouse, --prefix)"
+    else:
+        fix = (f"free space on the filesystem holding {where} (df -h {where}) or raise the quota, then run the "
+               "command again")  # fmt: skip
+    return FolderError(f"cannot write {target}: {exc.strerror or exc}; nothing half-written was left there",
+                       fix)  # fmt: skip
+
+
+def _replace_file(target: Path, fill: Callable[[BinaryIO], object], mode: int) -> Path:
     make_dirs(target.parent)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:

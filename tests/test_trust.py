@@ -475,6 +475,48 @@ def test_the_build_host_reads_its_allowed_signers_as_nodes_do(house: Path, keys:
     assert verify(house) == []
 
 
+def test_a_full_disk_is_one_message_with_its_exit_code_and_nothing_half_written(
+    keys: signing.Keys, tmp_path: Path
+) -> None:
+    """Issue 51, item 9: sign, publish and lock on a full wheelhouse ended in a raw OSError traceback
+    (ENOSPC from the atomic write), exit 1. A wheelhouse on a tmpfs of 2 MiB, filled to the last block."""
+    if os.getuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("a small filesystem needs root to mount a tmpfs")
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(small)], check=True)
+    try:
+        dist = tmp_path / "dist"
+        dist.mkdir()
+        house = small / "house"
+        publish([fake_wheel(dist, metadata=NO_TORCH, cpu_target="x86-64")], house, fetch_closure=no_deps)
+        before = {p.relative_to(house): p.read_bytes() for p in house.rglob("*") if p.is_file()}
+        filler = small / "filler"
+        with open(filler, "wb") as f:  # every free block taken
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            except OSError:
+                pass
+        done = builder("sign", "--wheelhouse", str(house))
+        assert done.returncode == 10, (done.returncode, done.stderr[-2000:])
+        assert "No space left on device; nothing half-written was left there" in done.stderr
+        assert "df -h" in done.stderr and "Traceback" not in done.stderr
+        another = fake_wheel(dist, name=NAME.replace("0.19.8", "0.19.9"), metadata=NO_TORCH, payload=b"x" * 4096)
+        with pytest.raises(FolderError, match="No space left on device; nothing half-written") as err:
+            publish([another], house, fetch_closure=no_deps)
+        assert err.value.exit_code == 10
+        after = {p.relative_to(house): p.read_bytes() for p in house.rglob("*") if p.is_file()}
+        assert {k: v for k, v in after.items() if k.name != ".publish.lock"} == {
+            k: v for k, v in before.items() if k.name != ".publish.lock"
+        }  # nothing half-written, nothing lost
+        filler.unlink()
+        assert verify(house) == []
+    finally:
+        subprocess.run(["umount", str(small)], check=False)
+
+
 def test_a_copied_wheelhouse_verifies_and_installs_unchanged(house: Path, keys: signing.Keys, tmp_path: Path) -> None:
     """Sites rsync a wheelhouse to each cluster's share: the copy, signature included, is valid as is."""
     copy = tmp_path / "elsewhere" / "mirror"
