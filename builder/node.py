@@ -32,6 +32,7 @@ if sys.version_info < (3, 8):  # noqa: UP036  (written for the interpreters it r
 import argparse
 import base64
 import datetime
+import errno
 import hashlib
 import html.parser
 import http.client
@@ -2886,6 +2887,23 @@ def _terminated(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)  # unwinds: every temporary folder is removed, pip or a config run killed
 
 
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
+def no_room(exc: OSError, module: bool) -> InstallError:
+    """A full disk, a quota or a read-only mount met while installing: one message with what to do."""
+    where = exc.filename or "the target folder"
+    if exc.errno == errno.EROFS and module:
+        fix = (f"{where} is on a read-only mount here: install the module from a node that mounts the tree "
+               "read-write (its file server)")  # fmt: skip
+    elif exc.errno == errno.EROFS:
+        fix = f"{where} is read-only: install where it can be written"
+    else:
+        fix = f"free space where {where} is (df -h), or raise the quota, then run it again"
+    said = f"cannot write {where}: {exc.strerror or exc}"
+    return ModuleError(said, fix) if module else InstallError(said, fix)
+
+
 def main(argv: "Sequence[str] | None" = None, prog: "str | None" = None, module_only: bool = False) -> int:
     import signal
 
@@ -2901,9 +2919,10 @@ def main(argv: "Sequence[str] | None" = None, prog: "str | None" = None, module_
         result = install(args.wheelhouse, args.python, args.dry_run, args.pip_args, trust, ops,
                          args.skip_signature_check, args.wheelhouse_id, args.module, args.modulefiles,
                          args.replace_module)  # fmt: skip
-    except InstallError as exc:
-        if args.debug:
+    except (InstallError, OSError) as caught:
+        if args.debug or (isinstance(caught, OSError) and caught.errno not in _NO_ROOM):
             raise
+        exc = caught if isinstance(caught, InstallError) else no_room(caught, bool(args.module))
         say(f"error: {exc}")
         if args.json:
             print(json.dumps({"error": exc.message, "fix": exc.fix, "exit_code": exc.exit_code}))

@@ -334,3 +334,23 @@ def test_a_full_disk_leaves_no_half_module(house: Path, tmp_path: Path) -> None:
     assert "No space left" in done.stderr or "venv failed" in done.stderr or "could not install" in done.stderr
     assert done.stdout.split() == ["deepspeed"], done.stdout  # the version folder only: no venv, no modulefiles
     assert stat.S_ISDIR(prefix.stat().st_mode)
+
+
+@pytest.mark.spawns
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root to mount a read-only folder")
+def test_a_prefix_on_a_read_only_mount_is_one_message(house: Path, tmp_path: Path) -> None:
+    """Issue 51, item 10: `module --prefix P` where P/deepspeed is a read-only mount (a node that mounts
+    the software tree read-only) ended in an EROFS traceback. Now: exit 16, what to do, nothing written."""
+    prefix = tmp_path / "sw"
+    (prefix / "deepspeed").mkdir(parents=True)
+    keys = os.environ[signing.KEYS_ENV]
+    script = (f"mount --bind -o ro {prefix / 'deepspeed'} {prefix / 'deepspeed'} && mount -o remount,bind,ro "
+              f"{prefix / 'deepspeed'} && {sys.executable} -m builder module --wheelhouse {house} --prefix {prefix} "
+              f"--python {sys.executable}")  # fmt: skip
+    env = {**os.environ, signing.KEYS_ENV: keys, "PYTHONPATH": str(Path(__file__).parents[1])}
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script], capture_output=True,
+                          text=True, env=env)  # fmt: skip
+    assert done.returncode == EXIT_MODULE, done.stderr[-3000:]
+    assert "Read-only file system" in done.stderr and "mounts the tree read-write" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert list((prefix / "deepspeed").iterdir()) == [] and not (prefix / "modulefiles").exists()
