@@ -68,6 +68,51 @@ def env_folder(env: Mapping[str, str], name: str, what: str) -> Path | None:
     return Path(value)
 
 
+class LinkOnTheWay(Exception):
+    """A path inside a tree another made passes through a link (write_inside refuses to follow it)."""
+
+
+def write_inside(root: Path, rel: str, data: bytes, mode: int = FILE_MODE) -> None:
+    """Write `root/rel` without following a link anywhere on the way: each folder is opened from the
+    one above it with O_NOFOLLOW (made where missing) and the file is created fresh. For trees the
+    toolkit did not make (an image's layers, a root): `etc` made a link to a host folder there sent
+    Enroot's files into that host folder (as root: the build host's /etc). LinkOnTheWay names the link."""
+    parts = [p for p in rel.split("/") if p]
+    if not parts or any(p in (".", "..") for p in parts):
+        raise LinkOnTheWay(f"{rel!r} is not a path inside {root}")
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(root, flags)
+    try:
+        for i, part in enumerate(parts[:-1]):
+            try:
+                os.mkdir(part, 0o755, dir_fd=fd)
+            except FileExistsError:
+                pass
+            try:
+                below = os.open(part, flags, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise LinkOnTheWay(f"{'/'.join(parts[: i + 1])} in {root} is a link or not a folder") from exc
+                raise
+            os.close(fd)
+            fd = below
+        try:
+            os.unlink(parts[-1], dir_fd=fd)  # a link or a file there: replaced, never followed
+        except FileNotFoundError:
+            pass
+        except IsADirectoryError as exc:
+            raise LinkOnTheWay(f"{rel} in {root} is a folder") from exc
+        out = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
+                      dir_fd=fd)  # fmt: skip
+        try:
+            os.write(out, data)
+            os.fchmod(out, mode)
+        finally:
+            os.close(out)
+    finally:
+        os.close(fd)
+
+
 def is_system_folder(resolved: Path) -> bool:
     """Whether a resolved path is a system folder, inside a system tree, or the user's home itself."""
     return node.is_system_folder(str(resolved))

@@ -427,6 +427,9 @@ def test_layers_are_applied_in_order_with_their_whiteouts(tmp_path: Path) -> Non
         (_member("/etc/passwd", b"x"), "does not stay inside the image"),
         (_member("bin/evil", b"x"), "through the link bin"),
         (_member("etc/shadow", kind=tarfile.LNKTYPE, link="../../etc/shadow"), "does not stay inside the image"),
+        # Issue 51: a whiteout naming `..` removed the folder above (the scratch folder with the archive).
+        (_member("opt/.wh.."), "names '.', which is no file of the image"),
+        (_member(".wh..."), "names '..', which is no file of the image"),
     ],
 )
 def test_a_layer_that_would_write_outside_is_refused(
@@ -441,6 +444,31 @@ def test_a_layer_that_would_write_outside_is_refused(
     with pytest.raises(archive.ArchiveError, match=re.escape(said)):
         flatten(arc, root)
     assert not (tmp_path / "escape").exists() and not (root / "usr/bin/evil").exists()
+    assert arc.is_file() and (root / "opt").is_dir()  # nothing above the whiteout's folder was removed
+
+
+@pytest.mark.parametrize("target", ["absolute", "relative"])
+def test_enroots_files_are_never_written_through_a_link_in_the_image(tmp_path: Path, target: str) -> None:
+    """Issue 51, item 1: a base whose layer makes `etc` a link to a folder of the build host: Enroot's
+    files (etc/environment, fstab, rc, rc.local), written after the layers, went through it (as root
+    with etc -> /etc: the build host's /etc). Now the squashfs is refused, naming the link."""
+    from builder.errors import ImageError
+    from builder.images.squashfs import make_squashfs
+
+    host = tmp_path / "host-folder"
+    host.mkdir()
+    link = str(host) if target == "absolute" else "../host-folder"
+    evil = [_member("etc", kind=tarfile.SYMTYPE, link=link)]
+    arc = tmp_path / "a.oci.tar"
+    _layered_oci(arc, [[m for m in LOWER if not m[0].name.startswith("etc")], evil])
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    if shutil.which("mksquashfs") is None:
+        pytest.skip("needs mksquashfs: apt-get install squashfs-tools")
+    with pytest.raises(ImageError, match="makes etc in .* is a link or not a folder: Enroot's /etc/environment"):
+        make_squashfs(arc, tmp_path / "x.sqsh", scratch, "x", 0, tmp_path / "log")
+    assert list(host.iterdir()) == [] and not (tmp_path / "x.sqsh").exists()
+    assert not (scratch / "rootfs").exists()
 
 
 @pytest.mark.spawns

@@ -24,6 +24,7 @@ from typing import IO, Any
 
 from builder import cmd
 from builder.errors import ImageError, ToolError
+from builder.files import LinkOnTheWay, write_inside
 from builder.wheelhouse.archive import _DIGEST, SQUASHFS_MAGIC, ArchiveError, _json, _member
 
 # zstd: about a third of the root filesystem's size, and quick to read; Linux 4.14+ and squashfuse read it.
@@ -143,7 +144,10 @@ class _Layer:
                         _remove(child)
             return
         if base.startswith(".wh."):
-            _remove(folder / base[4:])
+            hidden = base[4:]
+            if hidden in ("", ".", "..") or "/" in hidden:
+                raise ArchiveError(f"a layer's whiteout {name[:120]!r} names {hidden!r}, which is no file of the image")
+            _remove(folder / hidden)
             return
         target = self.rootfs / name
         if not (member.isdir() and target.is_dir() and not target.is_symlink()):
@@ -201,12 +205,14 @@ def make_squashfs(archive: Path, out: Path, scratch: Path, provenance: str, epoc
         except ArchiveError as exc:
             raise ImageError(f"the image archive {archive.name} cannot be unpacked: {exc}", f"read {log}") from exc
         for rel, text in enroot_files(config, provenance).items():
-            path = rootfs / rel
-            if path.is_symlink() or path.is_dir():
-                _remove(path)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text, encoding="utf-8")
-            path.chmod(0o755 if rel == "etc/rc" else 0o644)
+            if (rootfs / rel).is_dir() and not (rootfs / rel).is_symlink():
+                _remove(rootfs / rel)
+            try:
+                write_inside(rootfs, rel, text.encode("utf-8"), 0o755 if rel == "etc/rc" else 0o644)
+            except LinkOnTheWay as exc:
+                raise ImageError(f"the image archive {archive.name} makes {exc}: Enroot's /{rel} would be written "
+                                 "through it, outside the image", "build the image from a base whose /etc is a "
+                                 "folder") from exc  # fmt: skip
         try:
             cmd.run(["mksquashfs", rootfs, out, *MKSQUASHFS_OPTIONS, "-mkfs-time", str(epoch), "-all-time",
                      str(epoch), "-processors", str(os.cpu_count() or 1)], log=log)  # fmt: skip
