@@ -99,3 +99,68 @@ def test_a_passphrase_protected_signing_key_is_named_so_not_damaged(tmp_path: Pa
         signing.sign(b"manifest", signing.UNIT_NAMESPACE, k)
     assert "is protected by a passphrase" in err.value.message and "damaged" not in err.value.message
     assert "ssh-keygen -p -N ''" in err.value.fix and err.value.exit_code == 13
+
+
+def test_a_units_files_are_its_ops_and_deepspeeds_own_and_nothing_else(tmp_path: Path) -> None:
+    """Item 2: a root's g++ that ran the real one and then wrote pwned_marker.py and PWNED_MARKER.txt
+    beside its output got both into the wheel (deepspeed/ops/lion/pwned_marker.py, importable on every
+    node): a unit's files were taken as the build left them. Now each must be the sdist's own bytes at
+    its place, a script of its bin/ (first line rewritten), the dist-info, the generated version module
+    (literal assignments only), or a shared object of the unit's op (FAKE sdist and wheel)."""
+    import io
+    import tarfile
+
+    from fakes import write_wheel
+
+    from builder.wheelbuild.artifacts import foreign_files
+
+    sdist = tmp_path / "deepspeed-0.19.8.tar.gz"
+    source = {"deepspeed/__init__.py": b"x = 1\n", "deepspeed/ops/lion/__init__.py": b"", "csrc/lion/a.cpp": b"//",
+              "bin/ds": b"#!/usr/bin/env python\nimport deepspeed\n", "LICENSE": b"Apache"}  # fmt: skip
+    with tarfile.open(sdist, "w:gz") as tf:
+        for rel, data in source.items():
+            info = tarfile.TarInfo(f"deepspeed-0.19.8/{rel}")
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    so = "deepspeed/ops/lion/cpu_lion_op.cpython-311-x86_64-linux-gnu.so"
+    good = {"deepspeed/__init__.py": b"x = 1\n", "deepspeed/ops/lion/__init__.py": b"",
+            "deepspeed/ops/csrc/lion/a.cpp": b"//",
+            "deepspeed-0.19.8.data/scripts/ds": b"#!/opt/venv/bin/python\nimport deepspeed\n",
+            "deepspeed-0.19.8.dist-info/METADATA": b"Name: deepspeed\n", "deepspeed-0.19.8.dist-info/RECORD": b"",
+            "deepspeed-0.19.8.dist-info/licenses/LICENSE": b"Apache", so: b"ELF",
+            "deepspeed/git_version_info_installed.py": b"version='0.19.8'\ninstalled_ops={'cpu_lion': 1}\n",
+            }  # fmt: skip
+    prefix = ["deepspeed/ops/lion/cpu_lion_op."]
+    (tmp_path / "a").mkdir()
+    assert (
+        foreign_files(
+            write_wheel(tmp_path / "a" / "deepspeed-0.19.8-cp311-cp311-linux_x86_64.whl", good), sdist, prefix
+        )
+        == []
+    )
+    planted = {
+        **good,
+        "deepspeed/ops/lion/pwned_marker.py": b"import os\n",
+        "deepspeed/ops/lion/PWNED_MARKER.txt": b"x",
+        "deepspeed/__init__.py": b"x = 1\nimport os\n",  # a file of DeepSpeed's, changed
+        "deepspeed-0.19.8.data/scripts/ds": b"#!/opt/venv/bin/python\nimport os\n",
+        "deepspeed/git_version_info_installed.py": b"version='0.19.8'\n__import__('os').system('id')\n",
+        "deepspeed/ops/adam/cpu_adam_op.cpython-311-x86_64-linux-gnu.so": b"ELF",  # another op's
+        "deepspeed-0.19.8.dist-info/sitecustomize.py": b"",
+    }
+    (tmp_path / "b").mkdir()
+    assert sorted(
+        foreign_files(
+            write_wheel(tmp_path / "b" / "deepspeed-0.19.8-cp311-cp311-linux_x86_64.whl", planted), sdist, prefix
+        )
+    ) == sorted(
+        [
+            "deepspeed/ops/lion/pwned_marker.py",
+            "deepspeed/ops/lion/PWNED_MARKER.txt",
+            "deepspeed/__init__.py",
+            "deepspeed-0.19.8.data/scripts/ds",
+            "deepspeed/git_version_info_installed.py",
+            "deepspeed/ops/adam/cpu_adam_op.cpython-311-x86_64-linux-gnu.so",
+            "deepspeed-0.19.8.dist-info/sitecustomize.py",
+        ]
+    )

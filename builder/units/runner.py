@@ -27,7 +27,7 @@ from builder.detect import available_memory_gb
 from builder.errors import BuilderError, BuildError, ToolError
 from builder.files import Sweeper, make_dirs
 from builder.units import cache, pch
-from builder.units.plan import Unit
+from builder.units.plan import WITH_PIN_MEMORY, Unit
 from builder.wheelbuild import artifacts, ccache, diagnose, source
 from builder.wheelbuild.diagnose import CompileFailure
 
@@ -263,6 +263,13 @@ def _build(unit: Unit, job: UnitJob, folder: Path, log: Path, sweeper: Sweeper) 
         )
         raw = single_wheel(raw_dir)
         artifacts.verify(raw, (unit.op,), job.version)
+        foreign = artifacts.foreign_files(raw, job.sdist, so_prefixes(unit))
+        if foreign:
+            shown = ", ".join(foreign[:8]) + (f" and {len(foreign) - 8} more" if len(foreign) > 8 else "")
+            return UnitResult(unit, "failed", None, time.monotonic() - start, log,
+                              f"op {name}: its build left files that are not its op's nor DeepSpeed's own, refused "
+                              f"(a compiler or a tool it ran wrote them; check the build root and its compilers): "
+                              f"{shown}")  # fmt: skip
     except ToolError:
         killed = killed_lines(log)
         failure = describe_killed(unit, killed) if killed else describe_failure(unit, log)
@@ -281,6 +288,15 @@ def _build(unit: Unit, job: UnitJob, folder: Path, log: Path, sweeper: Sweeper) 
                 + (f"; {headers}" if headers else ""))  # fmt: skip
     return UnitResult(unit, "built", cached, seconds, log, "", (stats.hits, stats.misses) if stats else None,
                       header_log=header_log)  # fmt: skip
+
+
+PIN_MEMORY_SO = "deepspeed/ops/pin_memory/pin_memory_op."  # built beside async_io and gds (plan.WITH_PIN_MEMORY)
+
+
+def so_prefixes(unit: Unit) -> list[str]:
+    """Where the shared objects a unit's build makes may be: its op's, and pin_memory's beside those
+    DeepSpeed builds it with."""
+    return [unit.op.so_prefix, *([PIN_MEMORY_SO] if unit.op.name in WITH_PIN_MEMORY else [])]
 
 
 def killed_lines(log: Path) -> list[str]:

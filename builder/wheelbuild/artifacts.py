@@ -95,6 +95,69 @@ def verify(wheel: Path, ops: Sequence[OpInfo], version: str) -> WheelContents:
     return contents
 
 
+# Where the sdist's files land in a wheel (setup.py copies them verbatim): (wheel prefix, sdist prefix).
+_FROM_SDIST = (("deepspeed/ops/csrc/", "csrc/"), ("deepspeed/ops/op_builder/", "op_builder/"),
+               ("deepspeed/accelerator/", "accelerator/"), ("", ""))  # fmt: skip
+_DIST_INFO = frozenset({"METADATA", "WHEEL", "RECORD", "entry_points.txt", "top_level.txt"})
+GENERATED = "deepspeed/git_version_info_installed.py"  # setup.py writes it: literal assignments only
+
+
+def foreign_files(wheel: Path, sdist: Path, so_prefixes: Sequence[str]) -> list[str]:
+    """Files of a unit's wheel that its op's build does not make (pure but for reading the two files):
+    every file must be the sdist's own bytes at its place, a script of the sdist's bin/ (setuptools
+    rewrites its first line), the dist-info setup.py writes, the generated version module (literal
+    assignments only), or a shared object of the unit's ops. A compiler in a root that wrote
+    `pwned_marker.py` beside its output put it in the wheel, importable on every node."""
+    import tarfile
+    import zipfile
+
+    sdist_files: dict[str, bytes] = {}
+    with tarfile.open(sdist) as tf:
+        for member in tf.getmembers():
+            if member.isfile() and "/" in member.name and (f := tf.extractfile(member)) is not None:
+                sdist_files[member.name.split("/", 1)[1]] = f.read()
+    foreign = []
+    with zipfile.ZipFile(wheel) as zf:
+        for info in zf.infolist():
+            name = info.filename
+            if info.is_dir():
+                continue
+            head, _, tail = name.partition("/")
+            if head.endswith(".dist-info"):
+                if tail in _DIST_INFO or (tail.startswith("licenses/") and tail[9:] in sdist_files):
+                    continue
+            elif head.endswith(".data") and tail.startswith("scripts/"):
+                ours = sdist_files.get("bin/" + tail[8:])
+                if ours is not None and zf.read(info).partition(b"\n")[2] == ours.partition(b"\n")[2]:
+                    continue
+            elif name.endswith(".so") and any(name.startswith(p) and "/" not in name[len(p) :] for p in so_prefixes):
+                continue
+            elif name == GENERATED:
+                if _literal_assignments(zf.read(info)):
+                    continue
+            else:
+                data = zf.read(info)
+                if any(name.startswith(w) and sdist_files.get(s + name[len(w) :]) == data for w, s in _FROM_SDIST):
+                    continue
+            foreign.append(name)
+    return foreign
+
+
+def _literal_assignments(text: bytes) -> bool:
+    """Whether a module only assigns literals to names (nothing it runs at import but that)."""
+    import ast
+
+    try:
+        tree = ast.parse(text)
+        for node in tree.body:
+            if not isinstance(node, ast.Assign) or not all(isinstance(t, ast.Name) for t in node.targets):
+                return False
+            ast.literal_eval(node.value)
+    except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+        return False
+    return True
+
+
 def pin_requirement(metadata: str, name: str, spec: str) -> str:
     """METADATA with the unconditional Requires-Dist of `name` replaced by `name<spec>` (added if absent)."""
     line = f"Requires-Dist: {name}{spec}"
