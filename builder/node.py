@@ -1636,6 +1636,57 @@ def _verify_openssl(message: bytes, signature: "Signature", tmp: str) -> "bool |
     return done[0] == 0 and "Verified Successfully" in done[1]
 
 
+_NID_ED25519 = 1087  # OpenSSL's id of Ed25519, the same in 1.1.1 and 3.x
+
+
+def _verify_libcrypto(message: bytes, signature: "Signature") -> "bool | None":
+    """Ed25519 through libcrypto itself (ctypes, standard library), for nodes whose OpenSSH has no -Y
+    and whose openssl command predates -rawin (OpenSSL 1.1.1: RHEL 8, Debian 11), which verify
+    Ed25519 only through EVP_DigestVerify. None where no usable libcrypto is found."""
+    import ctypes
+    import ctypes.util
+
+    kind, pos = _ssh_string(signature.key.blob, 0)
+    raw_key = _ssh_string(signature.key.blob, pos)[0]
+    sig_kind, pos = _ssh_string(signature.blob, 0)
+    raw_sig = _ssh_string(signature.blob, pos)[0]
+    if kind != b"ssh-ed25519" or sig_kind != b"ssh-ed25519" or len(raw_key) != 32 or len(raw_sig) != 64:
+        return None
+    lib = None
+    for name in (ctypes.util.find_library("crypto"), "libcrypto.so.3", "libcrypto.so.1.1"):
+        if not name:
+            continue
+        try:
+            lib = ctypes.CDLL(name)
+            lib.EVP_DigestVerify  # noqa: B018 (1.1.1 or newer)
+            break
+        except (OSError, AttributeError):
+            lib = None
+    if lib is None:
+        return None
+    vp, sz = ctypes.c_void_p, ctypes.c_size_t
+    lib.EVP_PKEY_new_raw_public_key.restype = vp
+    lib.EVP_PKEY_new_raw_public_key.argtypes = [ctypes.c_int, vp, ctypes.c_char_p, sz]
+    lib.EVP_MD_CTX_new.restype = vp
+    lib.EVP_DigestVerifyInit.argtypes = [vp, vp, vp, vp, vp]
+    lib.EVP_DigestVerify.argtypes = [vp, ctypes.c_char_p, sz, ctypes.c_char_p, sz]
+    lib.EVP_MD_CTX_free.argtypes = [vp]
+    lib.EVP_PKEY_free.argtypes = [vp]
+    data = signature.signed_data(message)
+    pkey = lib.EVP_PKEY_new_raw_public_key(_NID_ED25519, None, raw_key, len(raw_key))
+    if not pkey:
+        return None
+    ctx = lib.EVP_MD_CTX_new()
+    try:
+        if not ctx or lib.EVP_DigestVerifyInit(ctx, None, None, None, pkey) != 1:
+            return None
+        return bool(lib.EVP_DigestVerify(ctx, raw_sig, len(raw_sig), data, len(data)) == 1)
+    finally:
+        if ctx:
+            lib.EVP_MD_CTX_free(ctx)
+        lib.EVP_PKEY_free(pkey)
+
+
 def check_signature(message: bytes, text: bytes, trust: "Trust", where: str, namespace: str = NAMESPACE) -> "Signature":
     """The signature of `message` (the exact bytes of manifest.json), checked: made for this
     toolkit's namespace, by a trusted key that is not revoked, over these bytes. Anything else is a
@@ -1662,11 +1713,13 @@ def check_signature(message: bytes, text: bytes, trust: "Trust", where: str, nam
         ok = _verify_ssh_keygen(message, text, trust, tmp, namespace)
         if ok is None:
             ok = _verify_openssl(message, sig, tmp)
+        if ok is None:
+            ok = _verify_libcrypto(message, sig)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if ok is None:
         raise InstallError("this node cannot check the wheelhouse's signature: ssh-keygen is missing or older than "
-                           "OpenSSH 8.1 (no -Y), and openssl is missing or cannot verify Ed25519",
+                           "OpenSSH 8.1 (no -Y), and neither openssl nor libcrypto (1.1.1+) can verify Ed25519",
                            "install OpenSSH 8.1 or newer (openssh-clients on RHEL, openssh-client on Debian) or "
                            "OpenSSL 1.1.1 or newer")  # fmt: skip
     if not ok:

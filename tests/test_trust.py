@@ -517,6 +517,46 @@ def test_a_full_disk_is_one_message_with_its_exit_code_and_nothing_half_written(
         subprocess.run(["umount", str(small)], check=False)
 
 
+@pytest.mark.integration
+def test_a_node_with_openssl_111_and_no_ssh_keygen_checks_the_signature(house: Path, keys: signing.Keys,
+                                                                        tmp_path: Path) -> None:  # fmt: skip
+    """Issue 51, item 6: RHEL 8-class nodes (OpenSSH 8.0: no -Y) could check no signature: the
+    installer ran `openssl pkeyutl -verify -rawin`, and -rawin arrived in OpenSSL 3.0 (1.1.1: "unknown
+    option -rawin", exit 9 for a good wheelhouse). It now verifies Ed25519 through libcrypto itself
+    (EVP_DigestVerify, 1.1.1+). On the Debian 11 node image (OpenSSL 1.1.1w) with ssh-keygen hidden:
+    a good wheelhouse passes, a forged one is refused."""
+    import cluster
+
+    why = cluster.missing()
+    if why:
+        pytest.skip(why)
+    root = cluster.ensure_image("bullseye", tmp_path / "image.log")
+    said = subprocess.run(["chroot", str(root), "openssl", "version"], capture_output=True, text=True).stdout
+    assert said.startswith("OpenSSL 1.1.1"), said
+    tool = tmp_path / "tool"
+    tool.mkdir()
+    shutil.copy(node.__file__, tool / "ds-node-install.py")
+
+    def on_the_node(wheelhouse: Path) -> subprocess.CompletedProcess[str]:
+        scratch = tmp_path / "node-tmp"
+        scratch.mkdir(exist_ok=True)
+        script = (f"set -e; mount --make-rprivate /; mount --bind /dev/null {root}/usr/bin/ssh-keygen; "
+                  f"mount --bind -o ro {wheelhouse} {root}/mnt; mount --bind -o ro {tool} {root}/media; "
+                  f"mount --bind {scratch} {root}/tmp; "  # the node's state and temporary files: not the image's
+                  f"exec chroot {root} env -i PATH=/usr/bin:/bin HOME=/tmp TMPDIR=/tmp DS_NODE_STATE_DIR=/tmp/state "
+                  f"/opt/python3.11/bin/python3.11 /media/ds-node-install.py --wheelhouse /mnt "
+                  f"--python /opt/python3.11/bin/python3.11 --trust '{keys.key().line()}' --dry-run")  # fmt: skip
+        return subprocess.run(["unshare", "--mount", "sh", "-c", script], capture_output=True, text=True)
+
+    good = on_the_node(house)
+    assert good.returncode == 0 and f"==> chosen: {NAME}" in good.stderr, good.stderr[-3000:]
+    forged = tmp_path / "forged"
+    shutil.copytree(house, forged)
+    forge(forged)
+    bad = on_the_node(forged)
+    assert bad.returncode == 8 and "does not match what it signs" in bad.stderr, bad.stderr[-3000:]
+
+
 def test_a_copied_wheelhouse_verifies_and_installs_unchanged(house: Path, keys: signing.Keys, tmp_path: Path) -> None:
     """Sites rsync a wheelhouse to each cluster's share: the copy, signature included, is valid as is."""
     copy = tmp_path / "elsewhere" / "mirror"
