@@ -2751,6 +2751,27 @@ def prove_module(modulefiles: str, version: str, entry: "WheelEntry", root: str,
     return [f"python {prefixes[0]}/bin/python"] + [f"{op} [YES]" for op in entry.ops]
 
 
+def module_runs_here(root: str) -> str:
+    """Why the module's venv does not run on this node ("" where it does): its python (a link to the
+    interpreter it was made with, on the node that made it) missing here, or failing to import
+    DeepSpeed. A shared tree is read by nodes of several OSes: a module made on a Debian 12 host with
+    /usr/bin/python3.11 answered "already installed" on a Debian 11 node that has no such file."""
+    python = os.path.join(root, "bin", "python")
+    if not os.path.exists(python):  # a dangling link: its interpreter is not on this node
+        target = os.readlink(python) if os.path.islink(python) else python
+        return f"its python is {target}, which this node does not have"
+    try:
+        done = subprocess.run([python, "-c", "import deepspeed"], capture_output=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"its python {python} does not start here ({exc})"
+    if done.returncode != 0:
+        said = done.stderr.decode("utf-8", errors="replace").strip().splitlines()
+        return (
+            f"its python {python} cannot import DeepSpeed here ({printable(said[-1])[:200] if said else 'no output'})"
+        )
+    return ""
+
+
 def install_module(base: str, manifest: "WheelhouseManifest", entry: "WheelEntry", python: str, prefix: str,
                    modulefiles: str, replace: bool, dry_run: bool, tmp: str) -> "dict[str, Any]":  # fmt: skip
     """The chosen wheel and its lock's files, checked, installed as an Lmod module (see above)."""
@@ -2794,6 +2815,12 @@ def install_module(base: str, manifest: "WheelhouseManifest", entry: "WheelEntry
     current = modulefile_lock(modulefile)
     done = os.path.isfile(os.path.join(root, MODULE_RECORD))
     if current == lock_sha and done:
+        why = module_runs_here(root)
+        if why:
+            raise ModuleError(f"{MODULE}/{version} is installed from {lock}, but it does not run on this node: {why}",
+                              "a module's venv runs the Python it was made with, at that path: install a module per "
+                              "interpreter path (another --prefix and --modulefiles for these nodes, made here with "
+                              f"--python {python}), or put that Python at the same path on every node")  # fmt: skip
         say(f"==> {MODULE}/{version} is already installed from {lock} (sha256 {lock_sha[:16]}...): nothing to do")
         say(f"==> installed {entry.name}")  # in place: what provision reads
         return {**result, "installed": True, "unchanged": True}

@@ -205,6 +205,20 @@ def test_a_module_loads_in_a_login_shell_and_a_second_install_does_nothing(house
     code, said = module(house, prefix)
     assert code == 0 and "is already installed from locks/cpu.lock" in said and "nothing to do" in said
     assert _tree(prefix) == tree
+    # Issue 51, item 7: the same tree read by a node of another OS, which lacks the interpreter the venv
+    # was made with (FAKE: its link pointed at a path this machine does not have, as a Debian 11 node
+    # lacks the build host's /usr/bin/python3.11). It answered "already installed ... nothing to do".
+    link = root / "bin" / "python"
+    made_with = os.readlink(link)
+    link.unlink()
+    link.symlink_to("/nonexistent/python3.11")
+    try:
+        code, said = module(house, prefix)
+        assert code == EXIT_MODULE and "does not run on this node: its python is /nonexistent/python3.11" in said, said
+        assert "install a module per interpreter path" in said and "nothing to do" not in said
+    finally:
+        link.unlink()
+        link.symlink_to(made_with)
 
 
 @pytest.mark.spawns
