@@ -566,6 +566,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from builder.node import InstallError  # the contract's errors (a bad manifest or report)
 
     output.set_quiet(getattr(args, "quiet", False))
+    _terminate_cleanly()
     try:
         return commands.HANDLERS[args.command](args)
     except (BuilderError, InstallError) as exc:
@@ -576,3 +577,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         output.error("interrupted")
         return 130
+    except Terminated:
+        output.error("terminated (SIGTERM): what this run made in its temporary folders was removed")
+        return 143
+
+
+class Terminated(BaseException):
+    """SIGTERM (a Slurm time limit, `kill`, a CI's cancel): raised where the process is, so every
+    `finally` runs and temporary folders go, as Ctrl-C does. Python's default ends the process at once
+    (`image` left its 265 MB context and debootstrap tree in the work folder)."""
+
+
+def _terminate_cleanly() -> None:
+    import signal
+    import threading
+
+    def raise_terminated(signum: int, frame: object) -> None:
+        del signum, frame
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends it at once
+        raise Terminated()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, raise_terminated)

@@ -68,6 +68,34 @@ def env_folder(env: Mapping[str, str], name: str, what: str) -> Path | None:
     return Path(value)
 
 
+def scratch_folder(parent: Path, prefix: str) -> Path:
+    """A temporary folder named for this process (`<prefix><pid>-<random>`), so a later run can tell
+    one a killed process left (sweep_dead) from one a live run still uses."""
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=parent))
+
+
+def sweep_dead(parent: Path, prefix: str) -> list[Path]:
+    """Remove what scratch_folder made for processes that are gone (killed with SIGKILL, a node that
+    rebooted); folders of live processes are left alone. The folders removed."""
+    gone: list[Path] = []
+    if not parent.is_dir():
+        return gone
+    for path in parent.iterdir():
+        pid = path.name[len(prefix) :].partition("-")[0] if path.name.startswith(prefix) else ""
+        if not pid.isdigit() or path.is_symlink() or not path.is_dir():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # its process is alive
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue  # alive, another user's
+        shutil.rmtree(path, ignore_errors=True)
+        gone.append(path)
+    return gone
+
+
 class LinkOnTheWay(Exception):
     """A path inside a tree another made passes through a link (write_inside refuses to follow it)."""
 

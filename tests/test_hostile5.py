@@ -164,3 +164,26 @@ def test_a_units_files_are_its_ops_and_deepspeeds_own_and_nothing_else(tmp_path:
             "deepspeed-0.19.8.dist-info/sitecustomize.py",
         ]
     )
+
+
+@pytest.mark.spawns
+def test_what_a_killed_run_left_in_its_scratch_folder_goes_at_the_next_run(tmp_path: Path) -> None:
+    """Item 13: a killed `image` run's context and debootstrap tree stayed in the work folder and the
+    next run did not remove them. Folders are named for their process; the next run removes those of
+    processes that are gone, never a live one's."""
+    import os
+    import subprocess
+
+    from builder.files import scratch_folder, sweep_dead
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    left = tmp_path / f"image-{dead.pid}-abc"
+    (left / "deep").mkdir(parents=True)
+    (left / "deep" / "f").write_text("x")
+    mine = scratch_folder(tmp_path, "image-")
+    assert mine.name.startswith(f"image-{os.getpid()}-")
+    other = tmp_path / "image-notapid-x"
+    other.mkdir()
+    assert sweep_dead(tmp_path, "image-") == [left]
+    assert not left.exists() and mine.is_dir() and other.is_dir()

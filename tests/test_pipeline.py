@@ -807,6 +807,21 @@ def test_an_interrupted_image_build_and_a_full_disk_leave_nothing_behind(
     assert code == 130 and "error: interrupted" in said, said[-3000:]
     assert _podman_state() == before
     assert sorted(p.relative_to(house) for p in house.rglob("*")) == listing
+    # Issue 51, item 13: SIGTERM (a CI cancel, `kill`) ended the process at once and left the image
+    # context and the debootstrap tree (265 MB) in the work folder. Now it unwinds as Ctrl-C does.
+    with open(err, "w") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "builder", "image", "--wheelhouse", str(house), "--work-dir",
+                                 str(workspace), "--wheel", WHEEL, "--no-publish"],
+                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=sink)  # fmt: skip
+        deadline = time.monotonic() + 300
+        while "STEP 2/3" not in err.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=300)
+    said = err.read_text()
+    assert code == 143 and "terminated (SIGTERM)" in said and "Traceback" not in said, said[-3000:]
+    assert not [p for p in (workspace / "tmp").iterdir() if p.name.startswith(("image-", "debootstrap-"))]
+    assert _podman_state() == before
 
     if os.geteuid() != 0:
         return

@@ -11,12 +11,12 @@ from __future__ import annotations
 import hashlib
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 from builder import cmd, output, podman
 from builder.debian import debootstrap_stage, host_mirror
 from builder.errors import ImageError
+from builder.files import scratch_folder
 from builder.images.plan import SEARCH_PATH
 
 SUITE = "bookworm"
@@ -32,6 +32,9 @@ def debootstrap_ref(mirror: str) -> str:
     return f"{BASE_REPO}:{SUITE}-{key}"
 
 
+TREE_PREFIX = "debootstrap-"
+
+
 def ensure_debootstrap_base(scratch: Path, log: Path, epoch: int) -> str:
     """The toolkit's own base, made now unless podman already holds it; its reference."""
     mirror = host_mirror()
@@ -45,7 +48,7 @@ def ensure_debootstrap_base(scratch: Path, log: Path, epoch: int) -> str:
                          "podman holds")  # fmt: skip
     output.step(f"base: making {ref} with debootstrap ({SUITE}, {', '.join(PACKAGES)}) from {mirror}; "
                 "about 2 minutes, once")  # fmt: skip
-    root = Path(tempfile.mkdtemp(prefix="debootstrap-", dir=scratch))
+    root = scratch_folder(scratch, TREE_PREFIX)
     try:
         cmd.run(
             ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, root, mirror],

@@ -14,7 +14,6 @@ import dataclasses
 import json
 import os
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ from pathlib import Path
 from builder import cmd, node, output, podman
 from builder.contracts import Check, verdict
 from builder.errors import BuilderError, ImageError, ToolError
-from builder.files import sha256_of
+from builder.files import scratch_folder, sha256_of, sweep_dead
 from builder.images import base as bases
 from builder.images import plan as plans
 from builder.node import LOCK_NAME_RE, ImageEntry, SmokeSummary, WheelhouseManifest
@@ -100,10 +99,13 @@ def plan_image(wheelhouse: Path, manifest: WheelhouseManifest, lock: str, base: 
     return plans.ImagePlan(entry, lock, sha256_of(path), files, base, plans.image_ref(entry), ref_epoch)
 
 
+CONTEXT_PREFIX = "image-"
+
+
 def _context(plan: plans.ImagePlan, wheelhouse: Path, scratch: Path) -> Path:
     """A build context holding only the lock's files (linked, else copied) and the lock, at the
     paths the Containerfile names, so podman reads no more than the image needs."""
-    ctx = Path(tempfile.mkdtemp(prefix="image-", dir=scratch))
+    ctx = scratch_folder(scratch, CONTEXT_PREFIX)
     for f in plan.files:
         try:
             os.link(wheelhouse / f.name, ctx / f.name)
@@ -295,6 +297,9 @@ def build_image(
     seconds: dict[str, float] = {}
     ws.logs.mkdir(parents=True, exist_ok=True)
     ws.scratch.mkdir(parents=True, exist_ok=True)
+    for prefix in (CONTEXT_PREFIX, bases.TREE_PREFIX):  # what a killed image run left (265 MB once)
+        for gone in sweep_dead(ws.scratch, prefix):
+            output.note(f"removed {gone}, left by an image run that was killed")
     manifest = load_manifest(wheelhouse)
     if not manifest.wheels:
         raise ImageError(f"{wheelhouse} has no published wheel", "publish one first (nox -s build-wheel)")
