@@ -322,7 +322,10 @@ def build_wheel(
                      "grafted_libraries": grafted, "platform": platform_record})  # fmt: skip
         manifest = BuildManifest.from_dict(data, "the build manifest")  # the loader's checks hold for the writer
         artifacts.finish_tree(tree, manifest)
-        wheel = artifacts.pack(tree, env_python, ws.dist, log, pack_env)
+        packed = artifacts.pack(tree, env_python, Path(tmp), log, pack_env)
+        same_name_clash(recipe, ws.dist / packed.name, force)
+        wheel = ws.dist / packed.name
+        shutil.move(packed, wheel)  # a rename within the work folder's filesystem
     shutil.rmtree(src, ignore_errors=True)
     seconds = time.monotonic() - start
     record = {"built_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -433,13 +436,18 @@ def built_from(recipe: Recipe, target: Target) -> dict[str, str | None]:
 
 
 def refuse_name_clash(recipe: Recipe, version: str, python_tag: str, dist: Path, force: bool) -> None:
-    """A wheel's file name says only DeepSpeed's version, its local label and the Python, so two
-    recipe files (with one name or two) can make the same file name: the later build would silently
-    replace the other's wheel in dist/. Refused, before compiling, unless --force says to replace it."""
-    if force or recipe.path is None:
+    """A wheel's file name says only DeepSpeed's version, its local label, the Python and the platform
+    tag, so two recipe files (with one name or two) can make the same file name: the later build would
+    silently replace the other's wheel in dist/. Refused, before compiling, unless --force says to
+    replace it; a recipe for this host (platform = "host") learns its tag from what it built, and is
+    checked then, by the file name itself (same_name_clash)."""
+    if force or recipe.path is None or recipe.platform == "host":  # host: its tag is known after the build
         return
     mine = str(recipe.path.resolve())
     for wheel in sorted(dist.glob(f"deepspeed-{version}-{python_tag}-*.whl")):
+        if not any(tag.startswith(f"{recipe.platform}_") for tag in wheel.name.removesuffix(".whl").split("-")[-1]
+                   .split(".")):  # fmt: skip
+            continue  # another platform tag: another file name (a copy of a recipe for this host, say)
         try:
             data = json.loads((wheel.parent / f"{wheel.name}.build.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -452,6 +460,22 @@ def refuse_name_clash(recipe: Recipe, version: str, python_tag: str, dist: Path,
                 'give one of them a label (label = "all" in the recipe: another op set of the same target gets '
                 "its own file name), use another --work-dir, or pass --force to replace that wheel",
             )
+
+
+def same_name_clash(recipe: Recipe, target: Path, force: bool) -> None:
+    """The built wheel's own file name, checked against what dist/ holds before it goes there."""
+    if force or recipe.path is None or not target.is_file():
+        return
+    try:
+        data = json.loads(target.with_name(f"{target.name}.build.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    theirs = data.get("recipe_path") if isinstance(data, dict) else None
+    if isinstance(theirs, str) and theirs != str(recipe.path.resolve()):
+        raise RecipeError(f"{target.name} in {target.parent} was built from {theirs} (recipe "
+                          f"{data.get('recipe_name')!r}); {recipe.path} made the same file name and would replace it",
+                          'give one of them a label (label = "host"), use another --work-dir, or pass --force to '
+                          "replace that wheel")  # fmt: skip
 
 
 def build_manifest(

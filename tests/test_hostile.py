@@ -1081,7 +1081,9 @@ def test_the_build_key_holds_what_names_the_wheel() -> None:
 def test_two_recipe_files_with_one_name_never_replace_each_others_wheel(tmp_path: Path) -> None:
     """Two recipe files (named alike or not) whose wheels get the same file name: the second build is
     refused before compiling; the same recipe file rebuilds (replacing its own wheel), --force replaces."""
-    from builder.build import built_from, refuse_name_clash
+    import dataclasses
+
+    from builder.build import built_from, refuse_name_clash, same_name_clash
     from builder.targets import Target, this_interpreter
 
     first = tmp_path / "a" / "cpu.toml"
@@ -1095,7 +1097,7 @@ def test_two_recipe_files_with_one_name_never_replace_each_others_wheel(tmp_path
     dist = tmp_path / "dist"
     dist.mkdir()
     a, b, c = load_recipe(first), load_recipe(second), load_recipe(third)
-    wheel = fake_wheel(dist)
+    wheel = fake_wheel(dist, name=NAME.replace("linux_x86_64", "manylinux_2_28_x86_64"))
     (dist / f"{wheel.name}.build.json").write_text(json.dumps(built_from(a, Target(a, this_interpreter()))))
     version = "0.19.8+cpu.torch2.13"
     refuse_name_clash(a, version, "cp311", dist, force=False)  # the same recipe file: a rebuild
@@ -1104,6 +1106,14 @@ def test_two_recipe_files_with_one_name_never_replace_each_others_wheel(tmp_path
             refuse_name_clash(other, version, "cp311", dist, force=False)
         refuse_name_clash(other, version, "cp311", dist, force=True)  # --force replaces it, as asked
     refuse_name_clash(b, "0.19.9+cpu.torch2.13", "cp311", dist, force=False)  # another file name: no clash
+    # Issue 51, item 11: a copy of the default recipe with platform = "host" was refused as a clash
+    # before the tag that tells the names apart was known. It is checked by its own name once built.
+    host = dataclasses.replace(b, platform="host")
+    refuse_name_clash(host, version, "cp311", dist, force=False)
+    same_name_clash(host, dist / NAME.replace("linux_x86_64", "manylinux_2_35_x86_64"), force=False)  # not there
+    with pytest.raises(RecipeError, match="made the same file name and would replace it"):
+        same_name_clash(host, wheel, force=False)
+    same_name_clash(a, wheel, force=False)  # its own wheel, rebuilt
 
 
 # ---------------------------------------------------------------- no traceback, ever

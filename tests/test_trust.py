@@ -557,6 +557,21 @@ def test_a_node_with_openssl_111_and_no_ssh_keygen_checks_the_signature(house: P
     assert bad.returncode == 8 and "does not match what it signs" in bad.stderr, bad.stderr[-3000:]
 
 
+def test_an_unsigned_wheelhouse_with_an_older_page_is_adopted_not_sent_in_a_loop(house: Path) -> None:
+    """Issue 51, item 11: an unsigned wheelhouse whose page an older version rendered: verify said
+    `sign --adopt`, adopt refused the page and said re-publish or repair, repair refused the unsigned
+    manifest and said `sign --adopt`. The page is a view of the manifest: adopt renders it again."""
+    (house / "manifest.json.sig").unlink()
+    page = house / "index.html"
+    page.write_text(page.read_text().replace("</body>", "<p>rendered by an older toolkit</p></body>"))
+    said = builder("verify", "--wheelhouse", str(house))
+    assert said.returncode == 8 and "sign --adopt" in said.stderr.split("fix:")[-1], said.stderr
+    done = builder("sign", "--adopt", "--wheelhouse", str(house))
+    assert done.returncode == 0, done.stderr
+    assert "index.html is not what this toolkit renders (an older one wrote it): written again" in done.stderr
+    assert "older toolkit</p>" not in page.read_text() and verify(house) == []
+
+
 def test_a_copied_wheelhouse_verifies_and_installs_unchanged(house: Path, keys: signing.Keys, tmp_path: Path) -> None:
     """Sites rsync a wheelhouse to each cluster's share: the copy, signature included, is valid as is."""
     copy = tmp_path / "elsewhere" / "mirror"
