@@ -167,6 +167,7 @@ def environ(folder: Path, recipe: Recipe | None = None) -> dict[str, str]:
         raise SourceError(f"{folder} is not a folder `gather` made (no {RECORD} and wheels/)",
                           "run `python -m builder gather --recipe RECIPE --dest DIR` on a connected machine and "
                           "copy DIR here")  # fmt: skip
+    check_record(folder)
     if recipe is not None:
         sdist = folder / "sdists" / recipe.deepspeed.sha256 / f"deepspeed-{recipe.deepspeed.version}.tar.gz"
         if not sdist.is_file():
@@ -179,6 +180,30 @@ def environ(folder: Path, recipe: Recipe | None = None) -> dict[str, str]:
     return {"PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": wheels, "UV_NO_CONFIG": "1",
             "UV_NO_INDEX": "1", "UV_FIND_LINKS": wheels, "UV_OFFLINE": "1",
             source.SDIST_CACHE_ENV: str(folder / "sdists")}  # fmt: skip
+
+
+def check_record(folder: Path) -> None:
+    """Every wheel in the folder is one offline.json lists, with its size and sha256: a file damaged on
+    its way to the node, or one put there after gather, is refused by name (exit 4). (The record sits
+    in the same folder: it proves nothing against whoever can write it; the node's own copy does.)"""
+    try:
+        data = json.loads((folder / RECORD).read_text(encoding="utf-8"))
+        listed = {w["file"]: (int(w["size"]), str(w["sha256"])) for w in data["wheels"]}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SourceError(f"{folder / RECORD} cannot be read as gather writes it ({exc})",
+                          "gather the folder again on a connected machine") from exc  # fmt: skip
+    wrong = []
+    for path in sorted((folder / "wheels").iterdir()):
+        want = listed.get(path.name)
+        if want is None or path.is_symlink() or not path.is_file():
+            wrong.append(f"{path.name} (not listed)")
+        elif path.stat().st_size != want[0] or sha256_of(path) != want[1]:
+            wrong.append(f"{path.name} (size or sha256 differs)")
+    wrong += [f"{name} (missing)" for name in sorted(set(listed) - {p.name for p in (folder / "wheels").iterdir()})]
+    if wrong:
+        raise SourceError(f"{folder}/wheels is not what gather fetched: {', '.join(wrong[:8])}"
+                          + (f" and {len(wrong) - 8} more" if len(wrong) > 8 else ""),
+                          "copy the folder again from where gather made it, or gather it again")  # fmt: skip
 
 
 UV_INDEXES = ("UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_INDEX", "UV_DEFAULT_INDEX", "PIP_INDEX_URL",

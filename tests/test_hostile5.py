@@ -187,3 +187,22 @@ def test_what_a_killed_run_left_in_its_scratch_folder_goes_at_the_next_run(tmp_p
     other.mkdir()
     assert sweep_dead(tmp_path, "image-") == [left]
     assert not left.exists() and mine.is_dir() and other.is_dir()
+
+
+@pytest.mark.spawns
+def test_a_tool_that_runs_out_of_room_is_one_line_and_the_folder_exit_code(tmp_path: Path) -> None:
+    """Item 9: a first publish into a too small folder printed pip's whole traceback, then a fix about
+    pip's index. A tool's own words about a full disk now make the message (FAKE tool: it says what pip
+    says on ENOSPC and fails)."""
+    from builder import cmd
+
+    tool = tmp_path / "pip-like"
+    said = "OSError: [Errno 28] No space left on device: '/wh/.deps.x/numpy.whl'"
+    tool.write_text(f"#!/bin/sh\necho 'Traceback (most recent call last):'\necho '  File x'\necho \"{said}\"\nexit 1\n")
+    tool.chmod(0o755)
+    with pytest.raises(FolderError) as err:
+        cmd.run([tool], log=tmp_path / "log", fix="about pip's index")
+    assert (
+        err.value.exit_code == 10 and "pip-like ran out of room: OSError: [Errno 28] No space left" in err.value.message
+    )
+    assert "Traceback" not in err.value.message and "index" not in err.value.fix and "free space" in err.value.fix

@@ -3,6 +3,7 @@ network namespace that holds only its loopback. The pure parts first; then the r
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -46,6 +47,21 @@ def test_a_folder_gather_did_not_make_or_without_the_recipes_sdist_is_refused(tm
     assert "python -m builder gather" in err.value.fix and err.value.exit_code == 4
     (tmp_path / "wheels").mkdir()
     (tmp_path / offline.RECORD).write_text("{}")
+    with pytest.raises(SourceError, match="cannot be read as gather writes it"):
+        offline.environ(tmp_path, recipe)
+    wheel = tmp_path / "wheels" / "hjson-3.1.0-py3-none-any.whl"
+    wheel.write_bytes(b"a wheel")
+    (tmp_path / offline.RECORD).write_text(json.dumps({"schema": 1, "wheels": [
+        {"file": wheel.name, "size": 7, "sha256": hashlib.sha256(b"a wheel").hexdigest()}]}))  # fmt: skip
+    # A file put there after gather, or damaged on its way: refused by name.
+    (tmp_path / "wheels" / "planted-1.0-py3-none-any.whl").write_bytes(b"x")
+    with pytest.raises(SourceError, match=r"planted-1.0-py3-none-any.whl \(not listed\)"):
+        offline.environ(tmp_path, recipe)
+    (tmp_path / "wheels" / "planted-1.0-py3-none-any.whl").unlink()
+    wheel.write_bytes(b"a wheeL")
+    with pytest.raises(SourceError, match=r"hjson-3.1.0-py3-none-any.whl \(size or sha256 differs\)"):
+        offline.environ(tmp_path, recipe)
+    wheel.write_bytes(b"a wheel")
     with pytest.raises(SourceError, match="holds no sdist of DeepSpeed 0.19.8"):
         offline.environ(tmp_path, recipe)
     sdist = tmp_path / "sdists" / recipe.deepspeed.sha256 / "deepspeed-0.19.8.tar.gz"
