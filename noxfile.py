@@ -157,6 +157,22 @@ def tests(session: nox.Session) -> None:
                 *session.posargs)  # fmt: skip
 
 
+@nox.session(venv_backend="none", default=False, tags=["gpu"])
+def gpu(session: nox.Session) -> None:
+    """The GPU tier on a GPU node, in the node's own Python and torch (no venv is made; the toolkit's
+    dependencies must be there: `pip install --no-index --find-links DIR/wheels .` from a `gather`
+    folder): detect, the system recipe built and smoked with every op checked on the GPU, a
+    manylinux_2_28 CUDA wheel built with no GPU visible run on it; one table at the end.
+    -- [--offline DIR] (build from a `gather` folder: the node reaches nothing)."""
+    args = list(session.posargs)
+    env = {}
+    if "--offline" in args:
+        at = args.index("--offline")
+        env["DS_GPU_OFFLINE"] = os.path.abspath(args[at + 1])
+        del args[at : at + 2]
+    session.run("python", "-m", "pytest", "-m", "gpu", "tests/test_gpu.py", "-p", "no:cacheprovider", *args, env=env)
+
+
 @nox.session
 def unit(session: nox.Session) -> None:
     """Unit tests only (no builds, no venvs): seconds. The hostile-input suite is among them."""

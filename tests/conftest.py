@@ -100,6 +100,14 @@ def file_order(names: list[str]) -> list[str]:
     return first + short[: len(first)] + [n for n in MEDIUM if n in names] + short[len(first) :]
 
 
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The GPU tier's one table of what ran and what it measured (nox -s gpu)."""
+    from gpu_table import ROWS, render
+
+    for line in render(ROWS):
+        terminalreporter.write_line(line)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(file_order(sorted({item.path.name for item in items})))}
     items.sort(key=lambda item: rank[item.path.name])  # stable: each file's own order is kept

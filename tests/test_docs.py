@@ -24,7 +24,13 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELL = ("", "sh", "bash", "console", "shell")
 # Sessions that run another builder command than their own name; None: pytest or linters, not the builder.
-SESSION_COMMAND: dict[str, str | None] = {"slurm-matrix": "build-wheel", "tests": None, "unit": None, "lint": None}
+SESSION_COMMAND: dict[str, str | None] = {
+    "slurm-matrix": "build-wheel",
+    "tests": None,
+    "unit": None,
+    "lint": None,
+    "gpu": None,
+}
 START = re.compile(
     r"(?:^|(?<=[\s(;&`$\"]))(?P<cmd>nox -s [\w-]+|python3? -m builder|(?:python3? )?[\w./$-]*tools/ds-node-install\.py"
     r"|(?:python3? )?[\w./$-]*tools/ds-config-check\.py|python3? tests/cluster\.py)"
