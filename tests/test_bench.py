@@ -40,7 +40,7 @@ def test_table_shows_ratios_against_the_plain_command() -> None:
 
 
 def test_the_slurm_bench_changes_one_recipe_of_a_copy_of_the_matrix(tmp_path: Path) -> None:
-    from builder.bench import _add_op, _copy_matrix, _hits, render_slurm
+    from builder.bench.slurm import _add_op, _copy_matrix, _hits, render_slurm
     from builder.targets import load_matrix
 
     matrix = ROOT / "recipes" / "matrices" / "example.toml"
@@ -66,7 +66,7 @@ def test_the_slurm_bench_changes_one_recipe_of_a_copy_of_the_matrix(tmp_path: Pa
 
 def test_the_all_ops_bench_projects_the_units_over_nodes() -> None:
     """Longest first to the least loaded node: one node is the sum, enough nodes the longest unit."""
-    from builder.bench import PeakMemory, projection, render_all_ops
+    from builder.bench.all_ops import PeakMemory, projection, render_all_ops
 
     times = [600.0, 300.0, 200.0, 100.0, 100.0]
     assert projection(times, 1) == 1300.0
@@ -90,7 +90,7 @@ def test_the_all_ops_bench_projects_the_units_over_nodes() -> None:
 
 
 def test_the_image_bench_table() -> None:
-    from builder.bench import render_image
+    from builder.bench.image import render_image
 
     result = {"ref": "localhost/deepspeed-cpu:0.19.8-cpu.torch2.13-cp311", "image_id": "c" * 64, "same_image": True,
               "image_bytes": 1_190_000_000, "archive_bytes": 363_000_000, "seconds": {"cold": 200.0, "warm": 90.0},

@@ -159,7 +159,7 @@ def test_what_nodes_and_the_cluster_file_say_is_checked_before_it_is_believed(tm
     """bench --cluster reads rows a node printed and the cluster's own state file: a row that is not
     one is a problem, and a node name that would be an ssh option, an address that is not one or a
     relative python is refused with the fix."""
-    from builder.bench import _cluster_state
+    from builder.bench.cluster import _cluster_state
     from builder.wheelhouse.fanout import parse_rows
 
     good = {"rc": 0, "start": 1.0, "end": 2.5, "err": "", "out": {"wheel": "w.whl"}}

@@ -246,7 +246,8 @@ def toolchain(args: argparse.Namespace) -> int:
 
 def bench(args: argparse.Namespace) -> int:
     from builder.bench import bench as run_bench
-    from builder.bench import bench_all_ops, bench_slurm
+    from builder.bench.all_ops import bench_all_ops
+    from builder.bench.slurm import bench_slurm
     from builder.recipe import load_recipe
 
     if args.all_ops:
@@ -256,12 +257,12 @@ def bench(args: argparse.Namespace) -> int:
         bench_slurm(args.slurm_matrix.resolve(), args.out.resolve())
         return 0
     if args.cluster:
-        from builder.bench import bench_cluster
+        from builder.bench.cluster import bench_cluster
 
         bench_cluster(args.cluster.resolve(), args.out.resolve(), args.installs, args.dry_runs)
         return 0
     if args.image:
-        from builder.bench import bench_image
+        from builder.bench.image import bench_image
 
         bench_image(args.wheelhouse.resolve(), args.out.resolve())
         return 0

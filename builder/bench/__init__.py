@@ -16,7 +16,8 @@ For one recipe it times, side by side on the same machine and build environment:
 With --full-ops RECIPE (an ops = "all" recipe), the same run then times that recipe as `--all-ops`
 does (cold as op units vs plain DeepSpeed building the same ops, then one op added) into the same
 bench.md. Each figure is the median of --runs runs; the ratios are what count on a noisy machine.
-"""
+
+The other benches are modules of their own: slurm, all_ops, image, cluster."""
 
 from __future__ import annotations
 
@@ -30,11 +31,13 @@ import shutil
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from builder import cmd, envs, output
+from builder.bench.all_ops import bench_all_ops, render_all_ops
+from builder.bench.common import EXTRA_OPS, _report, _timed
 from builder.build import build_wheel, prepare, toolchain_env
 from builder.errors import ToolError
 from builder.files import write_atomic
@@ -51,22 +54,6 @@ FIRST_OP = {
     "O([torch.nn.Parameter(torch.zeros(4))])",
     "fused_adam": "from deepspeed.ops.op_builder import FusedAdamBuilder as B; B().load()",
 }
-# The op each recipe adds for the one-op rebuild, in order of preference.
-EXTRA_OPS = ("deepspeed_shm_comm", "pin_memory", "cpu_lion", "cpu_adagrad", "fused_lion", "fused_lamb")
-
-
-def _report(stem: Path, result: dict[str, Any], table: str) -> dict[str, Any]:
-    """STEM.json and STEM.md (the table docs/benchmarks.md carries), and the table on stdout."""
-    write_atomic(stem.with_suffix(".json"), json.dumps(result, indent=2) + "\n")
-    write_atomic(stem.with_suffix(".md"), table)
-    output.result(table)
-    return result
-
-
-def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
-    start = time.monotonic()
-    result = fn()
-    return time.monotonic() - start, result
 
 
 def plain_build(recipe: Recipe, ws: Workspace, out: Path, log: Path) -> tuple[float, int]:
@@ -215,6 +202,8 @@ def smoke_times(wheel: Path, ws: Workspace) -> dict[str, float]:
 
 
 CONFIG_SAMPLE = 6  # configs run one process each, as a user runs them, to scale to the whole matrix
+
+
 SPAWN_SAMPLE = 12  # configs run with spawned processes, without and with the bytecode folder
 
 
@@ -257,6 +246,8 @@ def config_costs(wheel: Path, ws: Workspace, log: Path) -> dict[str, float]:
 
 
 REPO = Path(__file__).resolve().parents[1]
+
+
 _OUTPUTS = {"build", ".nox", ".git", "wheelhouse", "provision", ".mypy_cache", ".ruff_cache", ".pytest_cache"}
 
 
@@ -476,6 +467,8 @@ TARGETS = {
     ),
     "root_vs_host": ('cold build compiled in the Debian 11 root vs the same on the host (`platform = "host"`)', 1.1),
 }
+
+
 # Absolute targets on 2 cores (seconds), for the rows that have one.
 ABSOLUTE_TARGETS = {"unchanged_vs_cold": "< 2 s for the build step", "smoke_uv_vs_pip": "smoke <= 50 s",
                     "clone_uv_vs_pip": "<= 150 s", "env_uv_vs_pip": "-", "configs_vs_each": "-",
@@ -520,427 +513,3 @@ def render_table(result: dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------- a matrix on Slurm
-
-
-def _copy_matrix(matrix: Path, dest: Path) -> tuple[Path, list[Path]]:
-    """The matrix file and its recipes copied into `dest`, so one recipe can change for the second run."""
-    import re
-    import tomllib
-
-    dest.mkdir(parents=True, exist_ok=True)
-    text = matrix.read_text(encoding="utf-8")
-    copies = []
-    for i, rel in enumerate(tomllib.loads(text)["recipes"]):
-        copy = dest / f"{i}-{Path(rel).name}"
-        source = (matrix.parent / rel).resolve()
-        recipe = source.read_text(encoding="utf-8")
-        configs = tomllib.loads(recipe).get("configs")
-        if configs:  # the configs go beside the copy (a recipe reads configs from its own folder only)
-            for c in configs:
-                (dest / f"{i}-configs" / c).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(source.parent / c, dest / f"{i}-configs" / c)
-            named = "configs = [" + ", ".join(json.dumps(f"{i}-configs/{c}") for c in configs) + "]"
-            found = re.search(r"(?ms)^configs\s*=\s*\[.*?\]", recipe)
-            if found:
-                recipe = recipe[: found.start()] + named + recipe[found.end() :]
-        copy.write_text(recipe, encoding="utf-8")
-        copies.append(copy)
-    listed = "recipes = [" + ", ".join(json.dumps(c.name) for c in copies) + "]"
-    text = re.sub(r"(?ms)^recipes\s*=\s*\[.*?\]", lambda _: listed, text, count=1)
-    (dest / "matrix.toml").write_text(text, encoding="utf-8")
-    return dest / "matrix.toml", copies
-
-
-def _add_op(recipe_file: Path, op: str) -> None:
-    import re
-
-    text = recipe_file.read_text(encoding="utf-8")
-    changed = re.sub(r"(?m)^(ops\s*=\s*\[)", lambda m: f'{m.group(1)}"{op}", ', text, count=1)
-    recipe_file.write_text(changed, encoding="utf-8")
-
-
-def _matrix_run(args: list[str], work: Path, house: Path, log: Path) -> tuple[float, str]:
-    """Seconds for one `build-wheel --matrix` run (exit 0 or 11: a failed target is part of the matrix)."""
-    argv = [sys.executable, "-m", "builder", "build-wheel", *args, "--work-dir", str(work), "--wheelhouse", str(house)]
-    start = time.monotonic()
-    done = cmd.ask(argv, timeout=4 * 3600)
-    seconds = time.monotonic() - start
-    with open(log, "a", encoding="utf-8") as f:
-        f.write(f"+ {cmd.quote(argv)}\n{done.stdout}{done.stderr}# exit {done.returncode} after {seconds:.0f} s\n")
-    if done.returncode not in (0, 11):
-        raise ToolError(f"the matrix run failed (exit {done.returncode}): {done.stderr.strip()[-600:]}", f"read {log}")
-    return seconds, done.stderr
-
-
-def _hits(text: str) -> tuple[int, int]:
-    import re
-
-    found = re.findall(r"ccache: (\d+) hits, (\d+) misses", text)
-    return sum(int(h) for h, _ in found), sum(int(m) for _, m in found)
-
-
-def bench_slurm(matrix: Path, out: Path) -> dict[str, Any]:
-    """The same matrix built here one target after another and as a job array on Slurm, both
-    cold; then one recipe gains an op and both run again (Slurm's build tasks with their shared
-    compiler cache and their target folders of the first run)."""
-    from builder.targets import load_matrix
-
-    first = load_matrix(matrix).recipes[0]
-    extra = next(o for o in EXTRA_OPS if o not in first.ops)
-    root = out / "slurm-bench"
-    shutil.rmtree(root, ignore_errors=True)
-    copy, recipes = _copy_matrix(matrix, root / "matrix")
-    log = out / "bench-slurm.log"
-    log.unlink(missing_ok=True)
-    env_cache = os.environ.pop("DS_BUILDER_CCACHE_DIR", None)  # each side's cache starts empty, in its work folder
-    try:
-        seconds: dict[str, float] = {}
-        for side, args in (("local", ["--matrix", str(copy), "--jobs", "1"]),
-                           ("slurm", ["--matrix", str(copy), "--slurm", "--wait"])):  # fmt: skip
-            output.step(f"bench: the matrix {side}, cold")
-            seconds[f"{side}_cold"], _ = _matrix_run(args, root / side, root / f"house-{side}", log)
-        _add_op(recipes[0], extra)
-        said = {}
-        for side, args in (("local", ["--matrix", str(copy), "--jobs", "1"]),
-                           ("slurm", ["--matrix", str(copy), "--slurm", "--wait"])):  # fmt: skip
-            output.step(f"bench: the matrix {side}, after adding {extra} to {first.name}")
-            # Another wheelhouse: the changed recipe's wheel keeps its file name, which publish refuses
-            # to replace with other bytes in the first one.
-            house = root / f"house-{side}-changed"
-            seconds[f"{side}_second"], said[side] = _matrix_run(args, root / side, house, log)
-    finally:
-        if env_cache is not None:
-            os.environ["DS_BUILDER_CCACHE_DIR"] = env_cache
-    run_logs = sorted((root / "slurm" / "slurm").glob("run-*"), key=lambda p: p.stat().st_mtime)[-1] / "logs"
-    hits, misses = _hits("".join(p.read_text(errors="replace") for p in run_logs.glob("build-*.log")))
-    nodes = cmd.ask(["sinfo", "-h", "-o", "%D %c"]).stdout.split()
-    result = {
-        "matrix": str(matrix),
-        "targets": len(load_matrix(copy).recipes),
-        "changed": {"recipe": first.name, "added_op": extra},
-        "slurm_nodes": " ".join(nodes),
-        "seconds": seconds,
-        "second_slurm_ccache": {"hits": hits, "misses": misses},
-        "ratios": {
-            "slurm_vs_local_cold": seconds["slurm_cold"] / seconds["local_cold"],
-            "slurm_second_vs_cold": seconds["slurm_second"] / seconds["slurm_cold"],
-            "slurm_vs_local_second": seconds["slurm_second"] / seconds["local_second"],
-        },
-    }
-    return _report(out / "bench-slurm", result, render_slurm(result))
-
-
-def render_slurm(result: dict[str, Any]) -> str:
-    s, r, cc = result["seconds"], result["ratios"], result["second_slurm_ccache"]
-    change = f"+{result['changed']['added_op']} in {result['changed']['recipe']}"
-    return "\n".join([
-        f"Matrix `{result['matrix']}` ({result['targets']} targets), Slurm nodes x cpus: {result['slurm_nodes']}:",
-        "",
-        "| measure | seconds | ratio |",
-        "|---|---|---|",
-        f"| cold: Slurm job array vs here one after another | {s['slurm_cold']:.0f} s vs {s['local_cold']:.0f} s "
-        f"| {r['slurm_vs_local_cold']:.2f} |",
-        f"| second run ({change}): Slurm, shared compiler cache, vs Slurm cold | {s['slurm_second']:.0f} s vs "
-        f"{s['slurm_cold']:.0f} s | {r['slurm_second_vs_cold']:.2f} |",
-        f"| second run: Slurm vs here | {s['slurm_second']:.0f} s vs {s['local_second']:.0f} s "
-        f"| {r['slurm_vs_local_second']:.2f} |",
-        f"| compiler cache in the second Slurm run | {cc['hits']} hits, {cc['misses']} misses | |",
-        "",
-    ])  # fmt: skip
-
-
-# ---------------------------------------------------------------- every op, as units vs one plain run
-
-
-def projection(seconds: Sequence[float], nodes: int) -> float:
-    """Wall time of units with these build times spread over `nodes` nodes, one unit at a time on
-    each, longest first to the least loaded node (pure); never less than the longest unit."""
-    loads = [0.0] * max(1, nodes)
-    for s in sorted(seconds, reverse=True):
-        i = min(range(len(loads)), key=lambda k: loads[k])
-        loads[i] += s
-    return max(loads) if seconds else 0.0
-
-
-class PeakMemory:
-    """The most memory the machine had in use (MemTotal - MemAvailable) above what it had at the
-    start, sampled every second while the block runs."""
-
-    def __init__(self) -> None:
-        import threading
-
-        self.peak_gb = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    @staticmethod
-    def used_gb() -> float:
-        info = {}
-        with open("/proc/meminfo", encoding="utf-8") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                info[key] = int(value.split()[0])
-        return (info["MemTotal"] - info["MemAvailable"]) / 1024**2
-
-    def _sample(self) -> None:
-        while not self._stop.wait(1.0):
-            self.peak_gb = max(self.peak_gb, self.used_gb() - self.base)
-
-    def __enter__(self) -> PeakMemory:
-        self.base = self.used_gb()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
-def plain_all_ops(recipe: Recipe, ws: Workspace, out: Path, log: Path, op_names: Sequence[str]) -> tuple[float, int]:
-    """DeepSpeed's own build of exactly these ops, in its fastest form: one setup.py run with
-    DS_BUILD_<OP>=1 each, DS_ENABLE_NINJA=1 and MAX_JOBS = cores, in the environment the toolkit's
-    own planning makes (toolchain and supplied needs: it cannot build them otherwise), with no
-    compiler cache. Seconds and wheel bytes."""
-    from builder.build import plan_target
-    from builder.targets import Target, this_interpreter
-    from builder.wheelbuild import buildkey
-
-    src_root = ws.root / "plain-all"  # inside the work folder: a build root sees that folder alone of the bench's
-    shutil.rmtree(src_root, ignore_errors=True)
-    target = Target(recipe, this_interpreter())
-    inputs = buildkey.key_inputs(recipe, buildkey.gather(recipe, os.environ), os.environ)
-    planned = plan_target(target, ws, log, inputs, force=True, src_dir=src_root / "src")
-    ops_by_name = {o.name: o for o in planned.plan.ops}
-    env = {**planned.env, "DS_BUILD_OPS": "0", "DS_ENABLE_NINJA": "1", "MAX_JOBS": str(os.cpu_count() or 1),
-           "TORCH_NO_COMPILER_WRAPPER": "1", **{ops_by_name[o].build_var: "1" for o in op_names}}  # fmt: skip
-    if planned.plan.archs:
-        env["TORCH_CUDA_ARCH_LIST"] = ";".join(planned.plan.archs)
-    seconds, _ = _timed(lambda: cmd.run([planned.python, "setup.py", "bdist_wheel", "-d", src_root / "dist"],
-                                        env=env, cwd=planned.src, log=log))  # fmt: skip
-    (wheel,) = (src_root / "dist").glob("*.whl")
-    size = wheel.stat().st_size
-    shutil.rmtree(src_root)
-    return seconds, size
-
-
-# The op the full-op bench leaves out of its cold build and then adds, per accelerator: one every
-# machine of it can build (utils is CUDA's alone; the CPU accelerator has no such op).
-ALL_OPS_EXTRA = {"cuda": "utils", "cpu": "pin_memory"}
-
-
-def bench_all_ops(recipe: Recipe, out: Path, extra: str | None = None) -> dict[str, Any]:
-    """A full-op recipe (ops = "all"): built cold as units less one op, then with that op added
-    (every other unit cached), against plain DeepSpeed building the same ops in one run; the peak
-    memory of the cold build; and a projection of the cold build over 1 to 64 nodes from the unit
-    times it recorded."""
-    if not recipe.all_ops:
-        raise ToolError(f'recipe {recipe.name} does not say ops = "all"', "pass an all-ops recipe with --all-ops")
-    extra = extra or ALL_OPS_EXTRA.get(recipe.accelerator, "utils")
-    out.mkdir(parents=True, exist_ok=True)
-    ws = Workspace(out / "work-all")
-    log = out / "bench-all.log"
-    for folder in (ws.cache / "ccache", ws.cache / "units", ws.dist, ws.root / "units"):
-        shutil.rmtree(folder, ignore_errors=True)
-    less = dataclasses.replace(recipe, ops_except=(*recipe.ops_except, extra))
-    output.step(f"bench: {recipe.name} less {extra}, cold, as op units")
-    with PeakMemory() as memory:
-        cold = build_wheel(less, ws)
-    record = json.loads((cold.wheel.parent / f"{cold.wheel.name}.build.json").read_text(encoding="utf-8"))
-    unit_seconds = {op: u["seconds"] for op, u in record["units"].items()}
-    from builder.contracts import BuildManifest
-
-    built_ops = list(BuildManifest.from_wheel(cold.wheel).ops)
-    cold_size = cold.wheel.stat().st_size
-    output.step(f"bench: {recipe.name} (+{extra}), every other unit cached")
-    one_op = build_wheel(recipe, ws)  # another build key (the op list), the same recipe file
-    output.step(f"bench: plain DeepSpeed, the same {len(built_ops)} ops in one run")
-    plain_s, plain_size = plain_all_ops(less, ws, out, log, built_ops)
-    result = {
-        "recipe": recipe.name,
-        "cores": os.cpu_count(),
-        "ops": built_ops,
-        "extra_op": extra,
-        "seconds": {"units_cold": cold.seconds, "plain": plain_s, "one_op": one_op.seconds},
-        "wheel_bytes": {"units": cold_size, "plain": plain_size},
-        "peak_memory_gb": round(memory.peak_gb, 1),
-        "unit_seconds": unit_seconds,
-        "projection_s": {n: round(projection(list(unit_seconds.values()), n)) for n in (1, 4, 16, 64)},
-        "ratios": {"units_vs_plain": cold.seconds / plain_s, "one_op_vs_cold": one_op.seconds / cold.seconds},
-    }
-    return _report(out / "bench-all", result, render_all_ops(result))
-
-
-def render_all_ops(result: dict[str, Any]) -> str:
-    s, r, w, p = result["seconds"], result["ratios"], result["wheel_bytes"], result["projection_s"]
-    longest = max(result["unit_seconds"].items(), key=lambda kv: kv[1])
-    return "\n".join([
-        f"Recipe `{result['recipe']}` ({len(result['ops'])} ops built), {result['cores']} cores:",
-        "",
-        "| measure | seconds | ratio | target |",
-        "|---|---|---|---|",
-        f"| cold, op units vs plain DeepSpeed (DS_BUILD_<OP>=1, ninja, MAX_JOBS={result['cores']}) | "
-        f"{s['units_cold']:.0f} s vs {s['plain']:.0f} s | {r['units_vs_plain']:.2f} | <= 0.6 |",
-        f"| adding one op (+{result['extra_op']}) to the built recipe vs its cold build | {s['one_op']:.0f} s vs "
-        f"{s['units_cold']:.0f} s | {r['one_op_vs_cold']:.2f} | <= 0.1 |",
-        f"| wheel size, units vs plain | {w['units'] / 1e6:.1f} MB vs {w['plain'] / 1e6:.1f} MB | "
-        f"{w['units'] / w['plain']:.2f} | |",
-        f"| peak memory of the cold build | {result['peak_memory_gb']} GB | | |",
-        "",
-        f"Projected wall time of the cold compile on 1 / 4 / 16 / 64 nodes (recorded unit times, one unit at a "
-        f"time per node; the longest unit, {longest[0]} {longest[1]:.0f} s, bounds it): "
-        f"{p[1]} s / {p[4]} s / {p[16]} s / {p[64]} s.",
-        "",
-    ])  # fmt: skip
-
-
-def bench_image(wheelhouse: Path, out: Path) -> dict[str, Any]:
-    """The CI image of the wheelhouse's newest wheel for this Python: cold (the toolkit's own
-    debootstrap base removed from podman first, so it is made again) and rebuilt with that base
-    cached; each with its steps' times. Nothing is published."""
-    from builder import podman
-    from builder.debian import host_mirror
-    from builder.images.base import debootstrap_ref
-    from builder.images.build import build_image
-
-    out.mkdir(parents=True, exist_ok=True)
-    ws = Workspace(out / "work-image")
-    podman.require()
-    podman.remove_image(debootstrap_ref(host_mirror()))  # the toolkit's own base, nobody else's
-    output.step("bench: CI image, cold (the debootstrap base made anew)")
-    cold_s, cold = _timed(lambda: build_image(wheelhouse, ws, publish=False))
-    output.step("bench: CI image again, the base cached")
-    warm_s, warm = _timed(lambda: build_image(wheelhouse, ws, publish=False))
-    info = podman.inspect(warm.ref) or {}
-    result = {
-        "ref": warm.ref,
-        "image_id": warm.image_id,
-        "same_image": cold.image_id == warm.image_id,
-        "image_bytes": info.get("Size"),
-        "archive_bytes": warm.size,
-        "seconds": {"cold": cold_s, "warm": warm_s},
-        "steps": {"cold": cold.seconds, "warm": warm.seconds},
-        "ratios": {"warm_vs_cold": warm_s / cold_s},
-    }
-    return _report(out / "bench-image", result, render_image(result))
-
-
-def render_image(result: dict[str, Any]) -> str:
-    s, st = result["seconds"], result["steps"]
-
-    def steps(which: str) -> str:
-        return ", ".join(f"{k} {v:.0f} s" for k, v in st[which].items())
-
-    size = result["image_bytes"]
-    return "\n".join([
-        f"CI image `{result['ref']}` (ID {result['image_id'][:12]}; the same ID both times: {result['same_image']}):",
-        "",
-        "| measure | seconds | ratio |",
-        "|---|---|---|",
-        f"| cold: debootstrap base made, image built, smoked inside, saved ({steps('cold')}) | {s['cold']:.0f} s | |",
-        f"| rebuild with the base cached ({steps('warm')}) | {s['warm']:.0f} s | "
-        f"{result['ratios']['warm_vs_cold']:.2f} of cold |",
-        f"| image size in podman / OCI archive | {size / 1e6 if isinstance(size, int) else 0:.0f} MB / "
-        f"{result['archive_bytes'] / 1e6:.0f} MB | |",
-        "",
-    ])  # fmt: skip
-
-
-def bench_cluster(folder: Path, out: Path, installs: int = 64, dry_runs: int | None = None) -> dict[str, Any]:
-    """`installs` nodes' worth of installs at once from a test cluster's nodes (tests/cluster.py:
-    FOLDER/cluster.json, its ssh config, the wheelhouse in its shared folder), against nginx on
-    its web node and against `serve` on this host, one after the other in the same run: the node
-    installer's dry run (`dry_runs` of them, default `installs`), then the downloads alone."""
-    import socket
-    import subprocess
-
-    from builder import signing
-    from builder.wheelhouse import fanout
-    from builder.wheelhouse.layout import load_manifest
-
-    state, nodes = _cluster_state(folder)
-    house = folder / "shared" / "wheelhouse"
-    load_manifest(house)  # its signature and form checked before anything is asked of it
-    manifest = json.loads((house / "manifest.json").read_text(encoding="utf-8"))
-    key = signing.keys().key().line()
-    out.mkdir(parents=True, exist_ok=True)
-    log = out / "bench-cluster.log"
-    ssh = folder / "ssh" / "config"
-    with socket.socket() as s:
-        s.bind((state["host_addr"], 0))
-        port = int(s.getsockname()[1])
-    server = subprocess.Popen(
-        [sys.executable, "-m", "builder", "serve", "--wheelhouse", str(house), "--bind", state["host_addr"],
-         "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=log.open("a"),
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 30
-        while socket.socket().connect_ex((state["host_addr"], port)) != 0:
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise ToolError(f"serve did not start on {state['host_addr']}:{port}", f"read {log}")
-            time.sleep(0.2)
-        urls = {"nginx": f"http://{state['web']}/wheelhouse", "serve": f"http://{state['host_addr']}:{port}"}
-        runs = installs if dry_runs is None else dry_runs
-        nginx = fanout.run(ssh, nodes, urls["nginx"], runs, key, manifest, log)
-        served = fanout.run(ssh, nodes, urls["serve"], runs, key, manifest, log)
-        # The same files without the installer's Python and torch start-up: the servers alone.
-        files = nginx.files or served.files
-        nginx_dl = fanout.run(ssh, nodes, urls["nginx"], installs, key, manifest, log, files)
-        served_dl = fanout.run(ssh, nodes, urls["serve"], installs, key, manifest, log, files)
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-    result = {"installs": installs, "nodes": [n for n, _ in nodes], "nginx": nginx.to_json(),
-              "serve": served.to_json(), "nginx_downloads": nginx_dl.to_json(), "serve_downloads": served_dl.to_json(),
-              "ratios": {"serve_vs_nginx": served.seconds / max(nginx.seconds, 1e-9),
-                         "serve_vs_nginx_downloads": served_dl.seconds / max(nginx_dl.seconds, 1e-9)}}  # fmt: skip
-    return _report(out / "bench-cluster", result, render_cluster(result))
-
-
-def _cluster_state(folder: Path) -> tuple[dict[str, str], list[tuple[str, str]]]:
-    """The test cluster's cluster.json, checked: its build-host address, web node and the nodes
-    with torch (name, python) that installs run from (names go to ssh, the address to a bind)."""
-    import ipaddress
-    import re
-
-    from builder.node import Fields, ManifestError
-
-    where = folder / "cluster.json"
-    try:
-        f = Fields(json.loads(where.read_text(encoding="utf-8")), str(where))
-        name, python = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$"), re.compile(r"^/[A-Za-z0-9._/+-]{1,200}$")
-        addr = f.text("host_addr")
-        ipaddress.ip_address(addr)
-        state = {"host_addr": addr, "web": f.text("web", name)}
-        nodes = []
-        for node, entry in Fields(f.get("nodes", dict), f"{where}: nodes").data.items():
-            n = Fields(entry, f"{where}: nodes.{node}")
-            if not name.match(str(node)):
-                raise n.fail("name", f"is not a node name: {str(node)[:40]!r}")
-            if n.get("torch", bool, optional=True):
-                nodes.append((str(node), n.text("python", python)))
-    except (OSError, ValueError, ManifestError) as exc:
-        raise ToolError(f"{where} is not a test cluster's state: {exc}",
-                        "bring one up with `python tests/cluster.py up FOLDER`, pass that FOLDER") from exc  # fmt: skip
-    if not nodes:
-        raise ToolError(f"{where} lists no node with torch to install from", "use the cluster tests/cluster.py makes")
-    return state, nodes
-
-
-def render_cluster(result: dict[str, Any]) -> str:
-    nodes = result["nodes"]
-    files = result["nginx_downloads"]["files"]
-    rows = [f"At once from {len(nodes)} nodes ({', '.join(nodes)}), against nginx (Debian's, the wheelhouse as a "
-            "static folder) and `python -m builder serve`, in the same run:", "",
-            "| what each does | server | all done in | one (median) | sha256 right | ratio |",
-            "|---|---|---|---|---|---|"]  # fmt: skip
-    install = "the node installer's dry run (signature, manifest, wheel and dependencies fetched and checked)"
-    download = f"download the {len(files)} files an install fetches and check each sha256"
-    for key, what, ratio in (("", install, "serve_vs_nginx"), ("_downloads", download, "serve_vs_nginx_downloads")):
-        for server in ("nginx", "serve"):
-            r = result[server + key]
-            mb = f", {r['megabytes']:.0f} MB" if r.get("megabytes") else ""
-            tail = f"serve {result['ratios'][ratio]:.2f}x nginx" if server == "serve" else ""
-            rows.append(f"| {what} | {server} | {r['seconds']:.1f} s{mb} | {r['median_install_s']:.1f} s | "
-                        f"{r['ok']}/{r['installs']} | {tail} |")  # fmt: skip
-    return "\n".join([*rows, ""])
