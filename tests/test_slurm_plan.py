@@ -14,6 +14,8 @@ import pytest
 from builder import cmd, slurm
 from builder.errors import RecipeError, ToolError
 from builder.recipe import load_recipe
+from builder.slurm import plan as slurm_plan_mod
+from builder.slurm import results as slurm_results_mod
 from builder.targets import GpuSmoke, parse_matrix, targets_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,7 +39,7 @@ def test_the_scripts_map_each_task_to_its_target(tmp_path: Path) -> None:
     )
     smoke = slurm.smoke_script("cu130-multi-min", "h100", tmp_path / "run", "/opt/py/bin/python")
     assert f"slurm-smoke {tmp_path}/run --target cu130-multi-min \\\n    --partition h100" in smoke
-    flags = slurm._sbatch_flags(slurm.SlurmOptions(partition="build", account="ml", cpus=4, mem="8G"))
+    flags = slurm_plan_mod._sbatch_flags(slurm.SlurmOptions(partition="build", account="ml", cpus=4, mem="8G"))
     assert flags == ["--cpus-per-task=4", "--mem=8G", "--time=02:00:00", "--partition=build", "--account=ml"]
 
 
@@ -306,14 +308,14 @@ def test_a_gpu_smoke_of_the_same_bytes_is_reused_only_when_it_proved_a_gpu(tmp_p
     kept = {"schema": 1, "target": "cu130-multi-min", "job": "8", "partition": "h100", "status": "passed",
             "reason": "", "node": "g1", "gpus": "0", "saw_gpu": True, "seconds": 40.0, "sha256": SHA}  # fmt: skip
     (folder / "h100.json").write_text(json.dumps(kept))
-    earlier = slurm._earlier_smoke(Path(item["folder"]), "cu130-multi-min", "h100", SHA, require_gpu=True)
+    earlier = slurm_results_mod._earlier_smoke(Path(item["folder"]), "cu130-multi-min", "h100", SHA, require_gpu=True)
     assert earlier is not None and earlier.node == "g1"
-    assert slurm._earlier_smoke(Path(item["folder"]), "cu130-multi-min", "h100", "cd" * 32, True) is None
+    assert slurm_results_mod._earlier_smoke(Path(item["folder"]), "cu130-multi-min", "h100", "cd" * 32, True) is None
     (folder / "h100.json").write_text(json.dumps({**kept, "saw_gpu": False}))  # proved no GPU: not for a real one
-    assert slurm._earlier_smoke(Path(item["folder"]), "cu130-multi-min", "h100", SHA, True) is None
-    assert slurm._earlier_smoke(Path(item["folder"]), "cu130-multi-min", "h100", SHA, False) is not None
+    assert slurm_results_mod._earlier_smoke(Path(item["folder"]), "cu130-multi-min", "h100", SHA, True) is None
+    assert slurm_results_mod._earlier_smoke(Path(item["folder"]), "cu130-multi-min", "h100", SHA, False) is not None
     (folder / "h100.json").write_text("{")
-    assert slurm._earlier_smoke(Path(item["folder"]), "cu130-multi-min", "h100", SHA, False) is None
+    assert slurm_results_mod._earlier_smoke(Path(item["folder"]), "cu130-multi-min", "h100", SHA, False) is None
     _build_result(run)
     _smoke_result(run, "h100", status="reused", reason="passed on g1 in an earlier run, for these bytes")
     assert slurm.target_result(run, item).stages["smoke"].status == "reused"
