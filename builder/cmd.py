@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from builder import output
-from builder.errors import FolderError, ToolError
+from builder.errors import NoRoom, ToolError
 
 TAIL_LINES = 40
 
@@ -111,7 +111,7 @@ def run(
         room = next((said for said in NO_ROOM if said in full), None)
         if room is not None:  # its own words about a full disk: the one line that matters, not its traceback
             line = next(x for x in reversed(full.splitlines()) if room in x).strip()[-300:]
-            raise FolderError(
+            raise NoRoom(
                 f"{os.path.basename(program)} ran out of room: {line}{where}",
                 "free space where it writes (df -h; a temporary folder: TMPDIR), or raise the quota, then run "
                 "the command again; nothing half-written was kept",

@@ -85,6 +85,13 @@ class ImageError(BuilderError):
     exit_code = 12
 
 
+class NoRoom(ToolError):
+    """A program ran out of room (a full disk, a quota, a read-only folder): a ToolError, so a caller
+    that cleans up after one still does, with the folder errors' exit code."""
+
+    exit_code = 10
+
+
 class TrustError(BuilderError):
     """The signing key cannot be used (missing where it must exist, readable by others, unusable)."""
 

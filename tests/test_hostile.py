@@ -33,7 +33,7 @@ from builder.wheelbuild.diagnose import find_failures
 from builder.wheelbuild.ops import OpInfo
 from builder.wheelhouse import provision, prune, publish, repair, verify
 from builder.wheelhouse.provision import installer_sha256
-from builder.wheelhouse.publish import resign
+from builder.wheelhouse.upkeep import resign
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_RECIPE = default_recipe_text()

@@ -233,7 +233,7 @@ def image_house(tmp_path: Path) -> tuple[Path, ImageEntry]:
     from fakes import NAME, fake_wheel
 
     from builder.wheelhouse import publish, verify
-    from builder.wheelhouse.publish import publish_image
+    from builder.wheelhouse.extras import publish_image
 
     (tmp_path / "dist").mkdir()
     house = tmp_path / "house"
@@ -509,7 +509,7 @@ def test_a_published_squashfs_is_verified_repaired_and_pruned(
     image_house: tuple[Path, ImageEntry], tmp_path: Path
 ) -> None:
     from builder.wheelhouse import prune, repair, verify
-    from builder.wheelhouse.publish import publish_image
+    from builder.wheelhouse.extras import publish_image
 
     house, entry = image_house
     sqsh = tmp_path / "x.sqsh"

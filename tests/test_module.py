@@ -28,9 +28,10 @@ from fakes import METADATA, dep_wheel, fake_wheel, write_wheel
 from builder import cli, node, signing
 from builder.node import EXIT_MODULE, MODULE_MARK, MODULE_PARTIAL, MODULE_RECORD
 from builder.wheelhouse import publish, verify
+from builder.wheelhouse.extras import publish_locks
 from builder.wheelhouse.layout import load_manifest
 from builder.wheelhouse.lockfile import render_lock, served_files
-from builder.wheelhouse.publish import add_files, commit, publish_locks
+from builder.wheelhouse.publish import add_files, commit
 
 LMOD = next((p for p in node.LMOD_INITS if os.path.isfile(p)), None)
 needs_lmod = pytest.mark.skipif(LMOD is None, reason="needs Lmod: apt-get install lmod (.ci/run installs it)")

@@ -18,9 +18,10 @@ from builder.errors import PublishError, WheelhouseError
 from builder.files import sha256_of
 from builder.smoke import report_path
 from builder.wheelhouse import publish, verify
+from builder.wheelhouse.extras import publish_coverage, publish_locks
 from builder.wheelhouse.layout import load_manifest
 from builder.wheelhouse.page import PAGE, gather, install_commands, render
-from builder.wheelhouse.publish import publish_coverage, publish_locks, repair
+from builder.wheelhouse.upkeep import repair
 
 STAGES = {s: {"status": "passed", "reason": "", "seconds": 3.0} for s in ("build", "smoke", "publish")}
 

@@ -34,7 +34,7 @@ from builder.node import INSTALLER, InstallError, ManifestError
 from builder.wheelhouse import publish, verify
 from builder.wheelhouse.layout import load_manifest, read_manifest, signed_manifest, write_manifest
 from builder.wheelhouse.provision import Host, host_script
-from builder.wheelhouse.publish import resign
+from builder.wheelhouse.upkeep import resign
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_TORCH = METADATA.replace("Requires-Dist: torch==2.13.0\n", "Requires-Dist: fakedep-a>=1\n")
@@ -338,10 +338,21 @@ def test_a_node_without_ssh_keygen_verifies_with_openssl_or_says_what_to_install
     done = installer(house, "--trust", key, "--dry-run", env=no_ssh)
     assert done.returncode == 8 and "does not match what it signs" in done.stderr
     (house / "manifest.json").write_bytes(signed)
-    (bin_dir / "openssl").unlink()
+    (bin_dir / "openssl").unlink()  # no openssl command either: libcrypto itself checks (issue 51, item 6)
     done = installer(house, "--trust", key, "--dry-run", env=no_ssh)
-    assert done.returncode == 9 and "cannot check the wheelhouse's signature" in done.stderr
-    assert "install OpenSSH 8.1 or newer" in done.stderr
+    assert done.returncode == 0 and "manifest signed by" in done.stderr, done.stderr[-2000:]
+    (house / "manifest.json").write_bytes(signed.replace(b'"recipe": "cpu"', b'"recipe": "cpv"'))
+    done = installer(house, "--trust", key, "--dry-run", env=no_ssh)
+    assert done.returncode == 8 and "does not match what it signs" in done.stderr
+    (house / "manifest.json").write_bytes(signed)
+    # With no tool at all (FAKE: each verifier answers that it is missing), exit 9 names what to install.
+    sig = (house / "manifest.json.sig").read_bytes()
+    with pytest.MonkeyPatch.context() as mp:
+        for verifier in ("_verify_ssh_keygen", "_verify_openssl", "_verify_libcrypto"):
+            mp.setattr(node, verifier, lambda *a, **k: None)
+        with pytest.raises(InstallError, match="cannot check the wheelhouse's signature") as err:
+            node.check_signature(signed, sig, keys.trust(), "manifest.json.sig")
+    assert err.value.exit_code == 9 and "install OpenSSH 8.1 or newer" in err.value.fix
     script = tmp_path / "host.sh"
     script.write_text(host_script(Host("n1"), str(house), keys.trust()))
     (bin_dir / "mktemp").symlink_to(shutil.which("mktemp") or "/bin/mktemp")
@@ -729,7 +740,7 @@ def test_locks_are_signed_and_a_lock_pointing_outside_is_refused_by_verify_and_a
     """The co-tenant's edit of issue 38: the pylock's dependency pointed at a planted wheel outside the
     wheelhouse (with its true hash), a --find-links line added to the lock, a lock nobody wrote. Every
     lock `lock` wrote is in the signed manifest, so each edit is a hash the signature does not cover."""
-    from builder.wheelhouse.publish import publish_locks
+    from builder.wheelhouse.extras import publish_locks
 
     publish_locks(house, _locks(house))
     manifest = load_manifest(house)

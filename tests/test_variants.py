@@ -31,7 +31,7 @@ from builder.wheelhouse import publish, verify
 from builder.wheelhouse.layout import load_manifest
 from builder.wheelhouse.page import PAGE, install_commands
 from builder.wheelhouse.prune import prune
-from builder.wheelhouse.publish import repair
+from builder.wheelhouse.upkeep import repair
 from builder.wheelhouse.variants import label_of, plan, properties_of, shared_version
 
 SHARED = "0.19.8+cu130.torch2.14"

@@ -60,7 +60,7 @@ def _passed_wheels(dist: Path) -> list[Path]:
 
 
 def _publish_coverage(wheelhouse: Path, report: Path) -> None:
-    from builder.wheelhouse.publish import publish_coverage
+    from builder.wheelhouse.extras import publish_coverage
 
     published = publish_coverage(wheelhouse.resolve(), report)
     if published:

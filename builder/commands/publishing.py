@@ -81,7 +81,7 @@ def verify(args: argparse.Namespace) -> int:
 def sign(args: argparse.Namespace) -> int:
     from builder import signing
     from builder.errors import RecipeError
-    from builder.wheelhouse.publish import resign
+    from builder.wheelhouse.upkeep import resign
 
     days = args.days if args.days is not None else signing.sign_days()
     if not 1 <= days <= 3660:

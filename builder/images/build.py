@@ -374,7 +374,7 @@ def build_image(
                                         squashfs_size=sqsh.stat().st_size)  # fmt: skip
         published: Path | None = None
         if publish:
-            from builder.wheelhouse.publish import publish_image
+            from builder.wheelhouse.extras import publish_image
 
             published = publish_image(wheelhouse, archive, entry, sqsh)
     except (BuilderError, OSError, KeyboardInterrupt) as exc:

@@ -7,7 +7,8 @@ is builder/node.py, which publish copies into tools/.
 from builder.wheelhouse.index import IndexEntry, parse_links, project_page, root_page, write_index
 from builder.wheelhouse.layout import MANIFEST, load_manifest
 from builder.wheelhouse.prune import prune
-from builder.wheelhouse.publish import passing_report, publish, repair
+from builder.wheelhouse.publish import passing_report, publish
+from builder.wheelhouse.upkeep import repair
 from builder.wheelhouse.verify import verify
 
 __all__ = [

@@ -16,9 +16,10 @@ from builder import cmd, node, output
 from builder.errors import WheelhouseError
 from builder.files import sha256_of
 from builder.node import WheelhouseManifest, version_key
+from builder.wheelhouse.extras import publish_locks
 from builder.wheelhouse.layout import load_manifest, lock_headers
 from builder.wheelhouse.lockfile import python_version, render_containerfile, render_lock, render_pylock
-from builder.wheelhouse.publish import add_files, publish_locks
+from builder.wheelhouse.publish import add_files
 
 LOCKS = "locks"
 

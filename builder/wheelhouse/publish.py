@@ -31,21 +31,18 @@ from pathlib import Path
 
 from builder import node, output
 from builder.contracts import BuildManifest, SmokeReport
-from builder.coverage import parse_report
-from builder.errors import FolderError, PublishError, WheelhouseError
+from builder.errors import FolderError, PublishError
 from builder.files import copy_atomic, is_temp_name, make_dirs, sha256_of, write_atomic
 from builder.node import (
     CONFIG_CHECK,
     IMAGES,
     INSTALLER,
     FileEntry,
-    ImageEntry,
     ManifestError,
     SmokeSummary,
     VariantEntry,
     WheelEntry,
     WheelhouseManifest,
-    check_image_name,
     check_variants_json_name,
     check_wheel_name,
     split_variant_name,
@@ -60,22 +57,17 @@ from builder.wheelhouse.layout import (
     DEPS_PREFIX,
     DEPS_SUFFIX,
     JOURNAL,
-    LOCK,
     LOCKS,
     MANIFEST,
     NOT_BUNDLED,
-    SIGNATURE,
     _companions,
-    check_signed,
     is_deps_folder,
     load_manifest,
     locked,
-    read_manifest,
     signed_manifest,
     stamped,
     write_manifest,
 )
-from builder.wheelhouse.page import PAGE, write_page
 
 # Fetches DeepSpeed's runtime closure: (requirements, python tag, folder, log) -> wheel files.
 Fetcher = Callable[[Sequence[str], str, Path, Path | None], list[Path]]
@@ -467,109 +459,6 @@ def add_files(wheelhouse: Path, files: Sequence[Path], why: str) -> list[str]:
     return sorted(new)
 
 
-def publish_locks(wheelhouse: Path, texts: Mapping[str, str]) -> None:
-    """Write the files `lock` made (locks/...) and list each with its sha256 in the signed manifest,
-    under the publish lock and its journal: a node or an image reads no file the signature does not
-    cover. A file there that the manifest does not list is replaced only where `lock` wrote it (its
-    first line says so, as before locks were signed); anything else is not ours."""
-    digests = {rel: hashlib.sha256(text.encode()).hexdigest() for rel, text in texts.items()}
-    _writable(wheelhouse)
-    with locked(wheelhouse):
-        manifest = load_manifest(wheelhouse)
-        _clean(wheelhouse, manifest)
-        for rel in texts:
-            path = wheelhouse / rel
-            if path.is_symlink() or (path.exists() and rel not in manifest.locks and not _written_by_lock(path)):
-                raise PublishError(f"{path} exists and is not a file `lock` wrote", "move it away; it is not ours")
-        _journal(wheelhouse, digests)
-        try:
-            make_dirs(wheelhouse / LOCKS)
-            for rel, text in texts.items():
-                write_atomic(wheelhouse / rel, text)
-            locks = {**manifest.locks, **{rel: FileEntry(rel, digest) for rel, digest in digests.items()}}
-            commit(wheelhouse, dataclasses.replace(manifest, locks=locks))  # the page lists the locks
-        except BaseException as exc:
-            _undo(wheelhouse, exc)
-            raise
-        (wheelhouse / JOURNAL).unlink(missing_ok=True)
-
-
-def _written_by_lock(path: Path) -> bool:
-    try:
-        with open(path, "rb") as f:
-            first = f.read(200)
-    except OSError:
-        return False
-    return path.is_file() and b", written by ds-wheel-builder" in first.partition(b"\n")[0]
-
-
-def publish_image(wheelhouse: Path, archive: Path, entry: ImageEntry, squashfs: Path | None = None) -> Path:
-    """Copy an image's OCI archive (and its squashfs) to images/ and list them in the manifest,
-    under the publish lock and its journal (a kill leaves no half file: the next publish or repair
-    removes it)."""
-    _writable(wheelhouse)
-    target = wheelhouse / check_image_name(entry.name, "image")
-    files = {entry.name: (archive, entry.sha256)}
-    if squashfs is not None:
-        files[node.check_image_file(entry.squashfs, "image")] = (squashfs, entry.squashfs_sha256)
-    with locked(wheelhouse):
-        manifest = load_manifest(wheelhouse)
-        _clean(wheelhouse, manifest)
-        if entry.wheel not in manifest.wheels:
-            raise PublishError(f"{entry.wheel} is not published in {wheelhouse}", "publish the wheel before its image")
-        known = manifest.images.get(entry.name)
-        done = known is not None and known.image_id == entry.image_id and target.is_file()
-        if done and known is not None and (squashfs is None or known.squashfs_sha256 == entry.squashfs_sha256):
-            output.note(f"{entry.name} is already published (image {entry.image_id[:12]})")
-            return target
-        ours = node.image_files(manifest)
-        for rel in files:
-            if rel not in ours and (wheelhouse / rel).exists():
-                raise PublishError(f"{wheelhouse / rel} exists and is not listed in {MANIFEST}",
-                                   "move it away; it is not ours")  # fmt: skip
-        _journal(wheelhouse, {rel: digest for rel, (_, digest) in files.items()})
-        try:
-            make_dirs(target.parent)
-            for rel, (source, _) in files.items():
-                copy_atomic(source, wheelhouse / rel)
-            images = {**manifest.images, entry.name: dataclasses.replace(entry, published_at=_now())}
-            commit(wheelhouse, dataclasses.replace(manifest, images=images))  # the page lists the image
-        except BaseException as exc:
-            _undo(wheelhouse, exc)
-            raise
-        (wheelhouse / JOURNAL).unlink(missing_ok=True)
-    output.note(f"published {target}")
-    return target
-
-
-def publish_coverage(wheelhouse: Path, report: Path) -> Path | None:
-    """Put a matrix run's coverage.json into the wheelhouse (listed in the manifest, shown on the
-    page), replacing the previous run's; None where nothing was ever published there."""
-    data = report.read_bytes()
-    try:
-        parse_report(json.loads(data), str(report))  # what the page will read back must load
-    except (ValueError, ManifestError) as exc:
-        raise PublishError(f"{report} is not a coverage report: {exc}", "run the matrix again") from exc
-    if not (wheelhouse / MANIFEST).is_file():
-        return None
-    name = node.REPORTS[0]
-    with locked(wheelhouse):
-        manifest = load_manifest(wheelhouse)
-        target = wheelhouse / name
-        if target.is_symlink() or (target.exists() and name not in manifest.reports):
-            raise PublishError(f"{target} exists and is not the report a publish wrote", "move it away; it is not ours")
-        write_atomic(target, data)
-        reports = {**manifest.reports, name: FileEntry(name, hashlib.sha256(data).hexdigest())}
-        commit(wheelhouse, dataclasses.replace(manifest, reports=reports))
-    return target
-
-
-def refresh_page(wheelhouse: Path) -> None:
-    """Rewrite index.html from the manifest, under the publish lock (after a lock file changed)."""
-    with locked(wheelhouse):
-        write_page(wheelhouse, load_manifest(wheelhouse))
-
-
 def installer_source() -> bytes:
     """The node installer exactly as shipped (builder/node.py), published byte for byte."""
     return Path(node.__file__).read_bytes()
@@ -634,95 +523,3 @@ def _writable(wheelhouse: Path) -> None:
             f"cannot write to the wheelhouse {wheelhouse}: {exc.strerror}",
             "pass --wheelhouse with a folder you can write (and --work-dir, if the checkout is read-only)",
         ) from exc
-
-
-def repair(wheelhouse: Path) -> list[str]:
-    """Remove what interrupted publishes left and rewrite the index from the manifest; what was removed.
-
-    A wheelhouse whose first publish was killed has no manifest yet, only what that publish left
-    (its journal, lock, temporary files): it is cleaned the same way, against an empty manifest.
-    Everything is decided under the publish lock: a publish still running is waited for, never
-    taken for a killed one.
-    """
-    if not wheelhouse.is_dir() or not (_publish_traces(wheelhouse) or (wheelhouse / MANIFEST).is_file()):
-        raise WheelhouseError(f"{wheelhouse} has no {MANIFEST} and nothing a publish left",
-                              "pass --wheelhouse with a published wheelhouse")  # fmt: skip
-    with locked(wheelhouse):
-        has_manifest = (wheelhouse / MANIFEST).is_file()
-        manifest = load_manifest(wheelhouse)
-        removed = _clean(wheelhouse, manifest)
-        for name, ours in tool_sources().items():
-            tool = wheelhouse / name
-            if not has_manifest and tool.is_file() and not tool.is_symlink() and tool.read_bytes() == ours:
-                tool.unlink()  # a tool the killed first publish wrote (these exact bytes): ours
-                removed.append(name)
-        stale: list[Path] = []
-        if manifest.variants:  # derived files: made again from the wheels, whatever a kill left
-            manifest, stale = sync_variants(wheelhouse, manifest)
-            commit(wheelhouse, manifest)
-        elif has_manifest or (wheelhouse / "simple").is_dir():
-            write_index(wheelhouse, manifest)
-        _remove(stale)
-        removed += [p.name for p in stale]
-    return removed
-
-
-def resign(wheelhouse: Path, days: int | None = None, adopt: bool = False, new_id: bool = False) -> WheelhouseManifest:
-    """Sign the manifest again, unchanged but for its statement (next serial, new expiry). With
-    `adopt`, a manifest that has no signature (an older toolkit published it), or whose good
-    signature is older than this host's record (going back on purpose), is signed once every file
-    checks out against it. A signature that fails is never adopted: it is what a forgery looks like."""
-    from builder.wheelhouse.verify import verify
-
-    if not (wheelhouse / MANIFEST).is_file():
-        raise WheelhouseError(f"{wheelhouse} has no {MANIFEST}", "pass --wheelhouse with a published wheelhouse")
-    with locked(wheelhouse):
-        if new_id:  # a copy made a wheelhouse of its own: signed as it is, under a new id
-            found = read_manifest(wheelhouse)
-            assert found is not None
-            check_signed(wheelhouse, *found, rollback=True)
-            return commit(wheelhouse, dataclasses.replace(found[1], wheelhouse_id=""), days)
-        if not adopt:
-            return commit(wheelhouse, load_manifest(wheelhouse), days)
-        found = read_manifest(wheelhouse)
-        assert found is not None
-        signature = wheelhouse / SIGNATURE
-        if signature.exists() or signature.is_symlink():
-            try:
-                check_signed(wheelhouse, *found, rollback=True)
-            except WheelhouseError as exc:
-                raise WheelhouseError(
-                    f"{wheelhouse / MANIFEST} is signed, and its signature does not check out here ({exc.message}); "
-                    "--adopt signs only a manifest that has no signature, never one whose signature fails",
-                    "restore the wheelhouse from the build host that signed it, or publish the wheels again into a "
-                    "new wheelhouse; if this host's key was rotated, `python -m builder key trust` the key that "
-                    "signed it, then `python -m builder sign`",
-                ) from exc
-        _clean(wheelhouse, found[1])
-        problems = verify(wheelhouse, signature=False)
-        # The page is a view of the manifest, rendered again by the commit below: one an older toolkit
-        # rendered is no reason to refuse (repair refuses an unsigned wheelhouse: they sent users in a loop).
-        page = [p for p in problems if p.startswith(f"{PAGE}:")]
-        problems = [p for p in problems if p not in page]
-        if page:
-            output.note(f"{PAGE} is not what this toolkit renders (an older one wrote it): written again")
-        if problems:
-            raise WheelhouseError(f"{wheelhouse} does not check out against its manifest, so it is not signed:\n    "
-                                  + "\n    ".join(problems), "re-publish the wheels into a new wheelhouse")  # fmt: skip
-        manifest = found[1]
-        output.note(f"adopting {MANIFEST} as it is, every file checked against it:")
-        for name, entry in sorted(manifest.wheels.items()):
-            output.note(f"    {name}  sha256 {entry.sha256[:16]}...")
-        counts = [(manifest.dependencies, "dependency wheels"), (manifest.locks, "lock files"),
-                  (manifest.images, "images"), (manifest.variants, "variant wheels")]  # fmt: skip
-        output.note("    " + ", ".join(f"{len(table)} {what}" for table, what in counts))
-        return commit(wheelhouse, manifest, days)
-
-
-def _publish_traces(wheelhouse: Path) -> bool:
-    """Whether a publish ever ran in `wheelhouse` (its lock, journal or temporary names are there)."""
-    if not wheelhouse.is_dir():
-        return False
-    return any(
-        p.name in (JOURNAL, LOCK) or is_temp_name(p.name) or is_deps_folder(p.name) for p in wheelhouse.iterdir()
-    )

@@ -1,0 +1,122 @@
+"""Keeping a published wheelhouse whole: repair what interrupted publishes left, sign it again (next serial,
+new expiry), adopt one an older toolkit published unsigned."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from builder import output
+from builder.errors import WheelhouseError
+from builder.files import is_temp_name
+from builder.node import (
+    WheelhouseManifest,
+)
+from builder.wheelhouse.index import (
+    write_index,
+)
+from builder.wheelhouse.layout import (
+    JOURNAL,
+    LOCK,
+    MANIFEST,
+    SIGNATURE,
+    check_signed,
+    is_deps_folder,
+    load_manifest,
+    locked,
+    read_manifest,
+)
+from builder.wheelhouse.page import PAGE
+from builder.wheelhouse.publish import _clean, _remove, commit, sync_variants, tool_sources
+
+
+def repair(wheelhouse: Path) -> list[str]:
+    """Remove what interrupted publishes left and rewrite the index from the manifest; what was removed.
+
+    A wheelhouse whose first publish was killed has no manifest yet, only what that publish left
+    (its journal, lock, temporary files): it is cleaned the same way, against an empty manifest.
+    Everything is decided under the publish lock: a publish still running is waited for, never
+    taken for a killed one.
+    """
+    if not wheelhouse.is_dir() or not (_publish_traces(wheelhouse) or (wheelhouse / MANIFEST).is_file()):
+        raise WheelhouseError(f"{wheelhouse} has no {MANIFEST} and nothing a publish left",
+                              "pass --wheelhouse with a published wheelhouse")  # fmt: skip
+    with locked(wheelhouse):
+        has_manifest = (wheelhouse / MANIFEST).is_file()
+        manifest = load_manifest(wheelhouse)
+        removed = _clean(wheelhouse, manifest)
+        for name, ours in tool_sources().items():
+            tool = wheelhouse / name
+            if not has_manifest and tool.is_file() and not tool.is_symlink() and tool.read_bytes() == ours:
+                tool.unlink()  # a tool the killed first publish wrote (these exact bytes): ours
+                removed.append(name)
+        stale: list[Path] = []
+        if manifest.variants:  # derived files: made again from the wheels, whatever a kill left
+            manifest, stale = sync_variants(wheelhouse, manifest)
+            commit(wheelhouse, manifest)
+        elif has_manifest or (wheelhouse / "simple").is_dir():
+            write_index(wheelhouse, manifest)
+        _remove(stale)
+        removed += [p.name for p in stale]
+    return removed
+
+
+def resign(wheelhouse: Path, days: int | None = None, adopt: bool = False, new_id: bool = False) -> WheelhouseManifest:
+    """Sign the manifest again, unchanged but for its statement (next serial, new expiry). With
+    `adopt`, a manifest that has no signature (an older toolkit published it), or whose good
+    signature is older than this host's record (going back on purpose), is signed once every file
+    checks out against it. A signature that fails is never adopted: it is what a forgery looks like."""
+    from builder.wheelhouse.verify import verify
+
+    if not (wheelhouse / MANIFEST).is_file():
+        raise WheelhouseError(f"{wheelhouse} has no {MANIFEST}", "pass --wheelhouse with a published wheelhouse")
+    with locked(wheelhouse):
+        if new_id:  # a copy made a wheelhouse of its own: signed as it is, under a new id
+            found = read_manifest(wheelhouse)
+            assert found is not None
+            check_signed(wheelhouse, *found, rollback=True)
+            return commit(wheelhouse, dataclasses.replace(found[1], wheelhouse_id=""), days)
+        if not adopt:
+            return commit(wheelhouse, load_manifest(wheelhouse), days)
+        found = read_manifest(wheelhouse)
+        assert found is not None
+        signature = wheelhouse / SIGNATURE
+        if signature.exists() or signature.is_symlink():
+            try:
+                check_signed(wheelhouse, *found, rollback=True)
+            except WheelhouseError as exc:
+                raise WheelhouseError(
+                    f"{wheelhouse / MANIFEST} is signed, and its signature does not check out here ({exc.message}); "
+                    "--adopt signs only a manifest that has no signature, never one whose signature fails",
+                    "restore the wheelhouse from the build host that signed it, or publish the wheels again into a "
+                    "new wheelhouse; if this host's key was rotated, `python -m builder key trust` the key that "
+                    "signed it, then `python -m builder sign`",
+                ) from exc
+        _clean(wheelhouse, found[1])
+        problems = verify(wheelhouse, signature=False)
+        # The page is a view of the manifest, rendered again by the commit below: one an older toolkit
+        # rendered is no reason to refuse (repair refuses an unsigned wheelhouse: they sent users in a loop).
+        page = [p for p in problems if p.startswith(f"{PAGE}:")]
+        problems = [p for p in problems if p not in page]
+        if page:
+            output.note(f"{PAGE} is not what this toolkit renders (an older one wrote it): written again")
+        if problems:
+            raise WheelhouseError(f"{wheelhouse} does not check out against its manifest, so it is not signed:\n    "
+                                  + "\n    ".join(problems), "re-publish the wheels into a new wheelhouse")  # fmt: skip
+        manifest = found[1]
+        output.note(f"adopting {MANIFEST} as it is, every file checked against it:")
+        for name, entry in sorted(manifest.wheels.items()):
+            output.note(f"    {name}  sha256 {entry.sha256[:16]}...")
+        counts = [(manifest.dependencies, "dependency wheels"), (manifest.locks, "lock files"),
+                  (manifest.images, "images"), (manifest.variants, "variant wheels")]  # fmt: skip
+        output.note("    " + ", ".join(f"{len(table)} {what}" for table, what in counts))
+        return commit(wheelhouse, manifest, days)
+
+
+def _publish_traces(wheelhouse: Path) -> bool:
+    """Whether a publish ever ran in `wheelhouse` (its lock, journal or temporary names are there)."""
+    if not wheelhouse.is_dir():
+        return False
+    return any(
+        p.name in (JOURNAL, LOCK) or is_temp_name(p.name) or is_deps_folder(p.name) for p in wheelhouse.iterdir()
+    )
