@@ -536,31 +536,13 @@ def _torch_source(p: argparse.ArgumentParser) -> None:
     g.add_argument("--recipe", type=Path, help="inspect the recipe's build environment (made if needed)")
 
 
-def _host_trust(args: list[str]) -> list[str]:
-    """On the build host, `install` without --trust checks the signature with the keys this host
-    trusts (its allowed_signers), as every other command here does; the node installer alone has
-    no such default and refuses without a key."""
-    import os
-
-    from builder import node, signing
-
-    given = any(a == "--trust" or a.startswith("--trust=") or a == node.SKIP_FLAG for a in args)
-    if given or os.path.isfile(node.DEFAULT_TRUST):
-        return args
-    try:
-        k = signing.keys()
-        has_keys = k.trust_file.is_file() and bool(k.trust().keys)
-    except (BuilderError, OSError):
-        return args  # the node installer then says what is missing
-    return ["--trust", str(k.trust_file), *args] if has_keys else args
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] in (["install"], ["module"]):  # the node installer has its own CLI: one file, the same on every node
         from builder import node
+        from builder.commands.provisioning import host_trust
 
-        return node.main(_host_trust(argv[1:]), prog=f"python -m builder {argv[0]}", module_only=argv[0] == "module")
+        return node.main(host_trust(argv[1:]), prog=f"python -m builder {argv[0]}", module_only=argv[0] == "module")
     args = parser().parse_args(argv)
     from builder import commands
     from builder.node import InstallError  # the contract's errors (a bad manifest or report)

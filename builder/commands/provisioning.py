@@ -6,6 +6,7 @@ Each handler imports what it needs: a command's start stays fast."""
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -100,3 +101,21 @@ def _provision_slurm(args: argparse.Namespace, ws: Workspace, url: str) -> int:
         nodes = _once(nodes, nodes)
     outcomes = prov.run_slurm(nodes, args.partition, script.resolve(), args.out, ws.logs / "provision.log")
     return _provision_report(outcomes, "nodes", args.out / "logs")
+
+
+def host_trust(args: list[str]) -> list[str]:
+    """On the build host, `install` without --trust checks the signature with the keys this host
+    trusts (its allowed_signers), as every other command here does; the node installer alone has
+    no such default and refuses without a key."""
+    from builder import node, signing
+    from builder.errors import BuilderError
+
+    given = any(a == "--trust" or a.startswith("--trust=") or a == node.SKIP_FLAG for a in args)
+    if given or os.path.isfile(node.DEFAULT_TRUST):
+        return args
+    try:
+        k = signing.keys()
+        has_keys = k.trust_file.is_file() and bool(k.trust().keys)
+    except (BuilderError, OSError):
+        return args  # the node installer then says what is missing
+    return ["--trust", str(k.trust_file), *args] if has_keys else args
