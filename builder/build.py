@@ -27,7 +27,7 @@ from builder.cmd import query
 from builder.contracts import BuildManifest
 from builder.detect import Report, available_memory_gb, detect
 from builder.errors import BuildError, RecipeError, RootError
-from builder.files import write_atomic
+from builder.files import scratch_folder, sweep_dead, write_atomic
 from builder.node import cpu_flags, describe_floor
 from builder.recipe import Recipe
 from builder.targets import Interpreter, Target, this_interpreter
@@ -113,6 +113,20 @@ def toolchain_env(
     return env, report, plan
 
 
+ROOT_TMP = "root-tmp-"
+_ROOT_TMPS: dict[Path, Path] = {}
+
+
+def root_tmp(ws: Workspace) -> Path:
+    """This process's temporary folder for builds in a root, in the work folder (made once a process;
+    what a killed process left is removed by the next, files.sweep_dead)."""
+    if ws.scratch not in _ROOT_TMPS or not _ROOT_TMPS[ws.scratch].is_dir():
+        ws.scratch.mkdir(parents=True, exist_ok=True)
+        sweep_dead(ws.scratch, ROOT_TMP)
+        _ROOT_TMPS[ws.scratch] = scratch_folder(ws.scratch, ROOT_TMP)
+    return _ROOT_TMPS[ws.scratch]
+
+
 def enter_root(recipe: Recipe, python: Path, ws: Workspace, env: Mapping[str, str], report: Report) -> dict[str, str]:
     """The variables that make every compile and link of the build run in the recipe's root (its floor
     checked against torch's own first): the wrappers in the toolchain folder, the -march spelling the
@@ -126,13 +140,18 @@ def enter_root(recipe: Recipe, python: Path, ws: Workspace, env: Mapping[str, st
                   "print(os.path.dirname(u.find_spec('torch').origin))"]).split("\n")  # fmt: skip
     include = [line.strip() for line in said if line.strip()]
     kit = report.chosen_toolkit if recipe.accelerator == "cuda" else None
-    binds = [ws.root, ws.cache, python.parent.parent, os.environ.get("TMPDIR") or tempfile.gettempdir(),
+    # The build's temporary files (setup.py's, DeepSpeed's compile checks', the compilers') go to a folder
+    # of the work folder's own, bound in with it: the host's temporary folder is not bound, so a root's
+    # compiler cannot write there (one that did, in round 5 of the hostile inputs, wrote into the host's /tmp).
+    tmp = root_tmp(ws)
+    binds = [ws.root, ws.cache, python.parent.parent, tmp,
              unit_cache(ws.cache, os.environ), source.sdist_folder(ws.cache, os.environ),
              *include, *([kit, os.path.realpath(kit)] if kit else []),
              *path_list(env, "CPATH", "LIBRARY_PATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH",
                         "CUTLASS_PATH")]  # fmt: skip
     folder = ws.root / "toolchain" / f"root-{facts.identity[:12]}"
     out = sandbox.enter(facts, folder, [str(b) for b in binds])
+    out["TMPDIR"] = str(tmp)
     out["PATH"] = os.pathsep.join([str(folder), env.get("PATH", "")])  # cc, gcc, g++ on PATH are the root's too
     if flags := march_flags(cpu_target_env(recipe.cpu_target).get("DS_BUILDER_CPU_ARCH", ""), facts.gcc_major):
         out["DS_BUILDER_CPU_ARCH_FLAGS"] = flags  # gcc < 11 does not know -march=x86-64-vN by name

@@ -233,6 +233,26 @@ def test_a_compiler_called_from_a_folder_the_root_does_not_see_still_runs(tmp_pa
         shutil.rmtree(elsewhere, ignore_errors=True)
 
 
+def test_a_roots_tools_cannot_write_into_the_hosts_tmp(tmp_path: Path) -> None:
+    """Issue 51, item 2: a root's g++ that ran the real one then wrote files also wrote into the host's
+    /tmp, bound whole into the root when the build's folders were under /tmp. As root now only the
+    build's own folders are bound; a tool of the root writing into /tmp writes into the root's overlay,
+    which goes with its namespace (the tool here: the root's sh, run through the same `enter`)."""
+    facts = sandbox.resolve(None, os.environ)
+    work = tmp_path / "work"
+    work.mkdir()
+    folder = tmp_path / "toolchain"
+    sandbox.enter(facts, folder, [str(work)])
+    mark = f"ds-builder-pwned-{os.getpid()}"
+    (work / "tool.sh").write_text(f"echo x > /tmp/{mark} && echo y > {work}/ok\n")
+    done = subprocess.run([str(folder / "enter"), "/bin/sh", str(work / "tool.sh")], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (work / "ok").read_text() == "y\n"  # the build's own folder is there, at its path
+    assert not Path("/tmp", mark).exists()  # the host's /tmp is not
+    assert (folder / "binds").read_text().split() == [str(work)]
+
+
 def test_kill_9_of_build_wheel_leaves_no_compiler_running(own_workspace: Path) -> None:
     """ninja starts each compile in a process group of its own, so killing the build's group left
     `c++` and `cc1plus` compiling for a minute after a kill -9 of build-wheel: the watchdog now kills
