@@ -1613,14 +1613,23 @@ def _verify_ssh_keygen(message: bytes, text: bytes, trust: "Trust", tmp: str, na
     return done[0] == 0
 
 
-def _verify_openssl(message: bytes, signature: "Signature", tmp: str) -> "bool | None":
-    """Ed25519 through OpenSSL (for nodes whose OpenSSH predates -Y, RHEL 8's 8.0)."""
+def _ed25519(signature: "Signature") -> "tuple[bytes, bytes] | None":
+    """The raw Ed25519 public key (32 bytes) and signature (64) of an SSH signature; None for others."""
     kind, pos = _ssh_string(signature.key.blob, 0)
     raw_key = _ssh_string(signature.key.blob, pos)[0]
     sig_kind, pos = _ssh_string(signature.blob, 0)
     raw_sig = _ssh_string(signature.blob, pos)[0]
     if kind != b"ssh-ed25519" or sig_kind != b"ssh-ed25519" or len(raw_key) != 32 or len(raw_sig) != 64:
         return None
+    return raw_key, raw_sig
+
+
+def _verify_openssl(message: bytes, signature: "Signature", tmp: str) -> "bool | None":
+    """Ed25519 through OpenSSL (for nodes whose OpenSSH predates -Y, RHEL 8's 8.0)."""
+    raw = _ed25519(signature)
+    if raw is None:
+        return None
+    raw_key, raw_sig = raw
     pem, data, sig = (os.path.join(tmp, n) for n in ("key.pem", "data", "sig.bin"))
     with open(pem, "w", encoding="ascii") as f:
         der = base64.b64encode(_ED25519_SPKI + raw_key).decode("ascii")
@@ -1646,12 +1655,10 @@ def _verify_libcrypto(message: bytes, signature: "Signature") -> "bool | None":
     import ctypes
     import ctypes.util
 
-    kind, pos = _ssh_string(signature.key.blob, 0)
-    raw_key = _ssh_string(signature.key.blob, pos)[0]
-    sig_kind, pos = _ssh_string(signature.blob, 0)
-    raw_sig = _ssh_string(signature.blob, pos)[0]
-    if kind != b"ssh-ed25519" or sig_kind != b"ssh-ed25519" or len(raw_key) != 32 or len(raw_sig) != 64:
+    raw = _ed25519(signature)
+    if raw is None:
         return None
+    raw_key, raw_sig = raw
     lib = None
     for name in (ctypes.util.find_library("crypto"), "libcrypto.so.3", "libcrypto.so.1.1"):
         if not name:
