@@ -96,9 +96,13 @@ def run(
                 elif progress is not None and (shown := progress(line.rstrip("\n"))):
                     output.note(f"[{time.monotonic() - start:5.0f}s] {shown}")
             code = proc.wait()
-        except BaseException:  # Ctrl-C (the child had it too) or a failing reader: the child is gone before we go on
+        except (
+            BaseException
+        ) as exc:  # Ctrl-C (the child had it too), SIGTERM, a failing reader: the child is gone first
             if group:  # its own group does not get the terminal's Ctrl-C: pass it on
                 signal_session(proc.pid, signal.SIGINT)
+            elif not isinstance(exc, KeyboardInterrupt) and proc.poll() is None:
+                proc.send_signal(signal.SIGINT)  # SIGTERM came to this process alone: the child cleans up as on Ctrl-C
             _stop(proc)
             raise
         finally:
