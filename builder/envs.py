@@ -28,7 +28,7 @@ import sys
 import sysconfig
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -387,6 +387,8 @@ def cached(
     system_site_packages: bool = False,
     base: Path | None = None,
     index: IndexFor | None = None,
+    then: Callable[[Path], None] | None = None,
+    key: Sequence[str] = (),
 ) -> Path:
     """A complete venv with `requirements` under `root`, made once and reused. Builders sharing
     `root` (the op units of one target on Slurm) wait for the one making it, then reuse it.
@@ -394,10 +396,11 @@ def cached(
     Its Python files are compiled when it is made: every op unit, the op probe and the toolchain's
     checks start a Python that imports torch from it, and where bytecode is not written
     (PYTHONDONTWRITEBYTECODE, read-only site-packages) each would compile torch's modules again
-    (2.4 s of a unit's 5.4 s start, measured here)."""
+    (2.4 s of a unit's 5.4 s start, measured here). `then` finishes it before it counts as made (an
+    sdist built into it), and `key` names what that adds to the environment's key."""
     from filelock import FileLock
 
-    venv = root / env_key(requirements, system_site_packages, base, index)
+    venv = root / env_key([*requirements, *key], system_site_packages, base, index)
     if (venv / COMPLETE).is_file():
         output.note(f"reusing environment {venv}")
         return venv
@@ -407,6 +410,8 @@ def cached(
             output.note(f"reusing environment {venv} (made meanwhile by another builder)")
             return venv
         create(venv, requirements, log, verbose, system_site_packages, base, index, bytecode=True)
+        if then is not None:
+            then(venv)
         (venv / COMPLETE).write_text("\n".join(requirements) + "\n", encoding="utf-8")
     return venv
 

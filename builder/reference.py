@@ -54,34 +54,22 @@ def describe(manifest: BuildManifest) -> str:
 
 def environment(manifest: BuildManifest, ws: Workspace, base: Path | None, log: Path, verbose: bool = False) -> Path:
     """The reference venv for the wheel's DeepSpeed, torch and Python (`base`: the interpreter the
-    smoke uses, None for the builder's own), made once, then reused."""
-    from filelock import FileLock
-
+    smoke uses, None for the builder's own), made once, then reused (envs.cached)."""
     version = Version(manifest.version).public
     sdist = source.fetch(DeepSpeedSource(version, manifest.source_sha256), source.sdist_folder(ws.cache, os.environ),
                          log, verbose)  # fmt: skip
     torch = TorchSpec(Version(manifest.torch_version).public, manifest.torch_variant, manifest.torch_index)
-    system = manifest.recipe_torch == "system"
-    index = envs.torch_index(torch)
-    requirements = [torch.requirement, "setuptools", "wheel", "ninja"]
-    root = ws.cache / "reference"
-    key = envs.env_key([*requirements, f"deepspeed-sdist={manifest.source_sha256}",
-                        f"accelerator={manifest.accelerator}"], system, base, index)  # fmt: skip
-    venv = root / key
-    if (venv / envs.COMPLETE).is_file():
-        output.note(f"reference: reusing {venv}")
-        return venv
-    root.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(venv) + ".lock"):
-        if (venv / envs.COMPLETE).is_file():
-            return venv
+
+    def deepspeed_without_ops(venv: Path) -> None:
         output.step(f"reference: {describe(manifest)}, in {venv}")
-        envs.create(venv, requirements, log, verbose, system, base, index, bytecode=True)
         # DeepSpeed's setup.py imports torch: no build isolation (it would hide torch, DeepSpeed issue 7286).
         envs.install_source(venv, sdist, {"DS_BUILD_OPS": "0", "DS_ACCELERATOR": manifest.accelerator}, log, verbose)
         (venv / EXTENSIONS).mkdir(exist_ok=True)
-        (venv / envs.COMPLETE).write_text(f"{sdist.name}\n", encoding="utf-8")
-    return venv
+
+    key = [f"deepspeed-sdist={manifest.source_sha256}", f"accelerator={manifest.accelerator}"]
+    return envs.cached(ws.cache / "reference", [torch.requirement, "setuptools", "wheel", "ninja"], log, verbose,
+                       manifest.recipe_torch == "system", base, envs.torch_index(torch), then=deepspeed_without_ops,
+                       key=key)  # fmt: skip
 
 
 def blame(failed: Sequence[configs.Outcome], cases: Sequence[configs.ConfigCase], manifest: BuildManifest,
