@@ -72,12 +72,8 @@ def keep(pinned: Sequence[str], system_torch: bool, have: Mapping[str, str]) -> 
     for line in pinned:
         req = Requirement(line)
         name = canonicalize_name(req.name)
-        if system_torch and TORCH_ONLY.match(name):
-            continue
-        if name in have and (not req.specifier or req.specifier.contains(have[name], prereleases=True)):
-            continue
-        if name in have:  # another version on the node: it is what the node's environments will see
-            continue
+        if (system_torch and TORCH_ONLY.match(name)) or name in have:
+            continue  # a version the node holds is the one its environments see (they reach its packages)
         out.append(line)
     return out
 
