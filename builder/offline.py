@@ -72,7 +72,7 @@ def keep(pinned: Sequence[str], system_torch: bool, have: Mapping[str, str]) -> 
     for line in pinned:
         req = Requirement(line)
         name = canonicalize_name(req.name)
-        if (system_torch and TORCH_ONLY.match(name)) or name in have:
+        if system_torch and (TORCH_ONLY.match(name) or name in have):
             continue  # a version the node holds is the one its environments see (they reach its packages)
         out.append(line)
     return out

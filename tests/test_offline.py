@@ -33,6 +33,7 @@ def test_what_a_folder_holds_and_what_the_node_already_has() -> None:
     assert offline.keep(closure, True, {}) == ["numpy==2.4.6", "transformers==5.24.0", "einops==0.8.2"]
     assert offline.keep(closure, False, {})[:2] == ["torch==2.13.0", "nvidia-cublas==13.4.1.3"]
     assert offline.keep(closure, True, {"numpy": "2.1.0", "transformers": "5.24.0"}) == ["einops==0.8.2"]
+    assert offline.keep(closure, False, {"numpy": "2.1.0"}) == closure  # its environments are its own
     have = offline.parse_freeze("# comment\ntorch==2.11.0+cu130\n-e git+https://x/y#egg=z\nNumPy==2.1.0\n", "f")
     assert have == {"torch": "2.11.0+cu130", "numpy": "2.1.0"}
     with pytest.raises(UsageError, match="is not a `pip freeze` line") as err:
