@@ -169,8 +169,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--python", default=f"{sys.version_info.major}.{sys.version_info.minor}", metavar="X.Y",
                    help="the node's CPython version (default: this one's)")  # fmt: skip
     g.add_argument("--have", type=Path, metavar="FREEZE",
-                   help="the node's `python -m pip freeze`: for a recipe of the node's own torch, what the node already holds is "
-                   "left out")  # fmt: skip
+                   help="the node's `python -m pip freeze`: for a recipe of the node's own torch, what the node "
+                   "already holds is left out")  # fmt: skip
 
     def slurm_command(name: str, help: str, description: str) -> argparse.ArgumentParser:
         """A command about one matrix run on Slurm: its RUN folder first. The ones Slurm's jobs run
