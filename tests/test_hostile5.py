@@ -209,17 +209,3 @@ def test_a_tool_that_runs_out_of_room_is_one_line_and_the_folder_exit_code(tmp_p
         err.value.exit_code == 10 and "pip-like ran out of room: OSError: [Errno 28] No space left" in err.value.message
     )
     assert "Traceback" not in err.value.message and "index" not in err.value.fix and "free space" in err.value.fix
-
-
-def test_a_roots_compiler_sees_only_the_builds_own_folders_as_root(tmp_path: Path) -> None:
-    """Item 2, its second half: a root's g++ also wrote into the host's /tmp, bound whole into the
-    root when the build's folders were under /tmp. As root the build's own folders are bound at their
-    own paths (the overlay takes the copy-up); without root (a user namespace cannot) /tmp still is."""
-    from builder.buildroot.sandbox import mount_points
-
-    root = tmp_path / "root"
-    (root / "tmp").mkdir(parents=True)
-    (root / "usr").mkdir()
-    work = "/tmp/ds-some-build/work"
-    assert mount_points(root, [work], as_root=True) == (work,)
-    assert mount_points(root, [work], as_root=False) == ("/tmp",)

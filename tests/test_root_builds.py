@@ -235,12 +235,13 @@ def test_a_compiler_called_from_a_folder_the_root_does_not_see_still_runs(tmp_pa
 
 def test_a_roots_tools_cannot_write_into_the_hosts_tmp(tmp_path: Path) -> None:
     """Issue 51, item 2: a root's g++ that ran the real one then wrote files also wrote into the host's
-    /tmp, bound whole into the root when the build's folders were under /tmp. As root now only the
-    build's own folders are bound; a tool of the root writing into /tmp writes into the root's overlay,
-    which goes with its namespace (the tool here: the root's sh, run through the same `enter`)."""
+    /tmp: the build's temporary folder was bound in. Now its temporary files go to the work folder, and
+    a build folder outside /tmp leaves the root its own /tmp: a tool of the root writing there writes
+    into the root's overlay, which goes with its namespace (the tool here: the root's sh, run through
+    the same `enter`). A build folder under /tmp still has the host's /tmp bound (a user namespace
+    cannot copy the root's /tmp up to bind below it)."""
     facts = sandbox.resolve(None, os.environ)
-    work = tmp_path / "work"
-    work.mkdir()
+    work = Path(tempfile.mkdtemp(dir="/run", prefix="ds-builder-test-"))  # a build folder outside /tmp
     folder = tmp_path / "toolchain"
     sandbox.enter(facts, folder, [str(work)])
     mark = f"ds-builder-pwned-{os.getpid()}"
@@ -251,6 +252,7 @@ def test_a_roots_tools_cannot_write_into_the_hosts_tmp(tmp_path: Path) -> None:
     assert (work / "ok").read_text() == "y\n"  # the build's own folder is there, at its path
     assert not Path("/tmp", mark).exists()  # the host's /tmp is not
     assert (folder / "binds").read_text().split() == [str(work)]
+    shutil.rmtree(work, ignore_errors=True)
 
 
 def test_kill_9_of_build_wheel_leaves_no_compiler_running(own_workspace: Path) -> None:

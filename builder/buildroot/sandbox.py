@@ -161,21 +161,19 @@ def _run(enter: Path, tool: str, args: list[str], root: Path) -> str:
 _COVERABLE = ("/tmp", "/var/tmp", "/root", "/home", "/srv", "/mnt", "/media", "/usr/local")
 
 
-def mount_points(root: Path, paths: Iterable[str], as_root: bool | None = None) -> tuple[str, ...]:
-    """Where each host folder is bound into the root: at its own path. Without root, a folder whose
-    parent the root already has (/tmp/work, under the root's own /tmp) would need that parent copied
-    up into the overlay's upper layer, which a user namespace cannot do for folders root owns ("Value
-    too large for defined data type"): the host's folder of the root's path (/tmp) is bound over it
-    instead, where that is one of _COVERABLE. As root the copy-up works, and the root's compilers see
-    only the build's own folders: with the host's whole /tmp bound in, a root's g++ wrote into it."""
-    as_root = (os.geteuid() == 0) if as_root is None else as_root
+def mount_points(root: Path, paths: Iterable[str]) -> tuple[str, ...]:
+    """Where each host folder is bound into the root. A folder whose parent the root already has
+    (/tmp/work, under the root's own /tmp) would need that parent copied up into the overlay's upper
+    layer, which a user namespace cannot do for folders root owns ("Value too large for defined data
+    type"): the host's folder of the root's path (/tmp) is bound over it instead, where that is one
+    of _COVERABLE. (The wrappers may be run by a user other than the one who wrote them: a build
+    folder under /tmp therefore still shows the root the host's /tmp; one elsewhere does not.)"""
     out = []
     for path in bind_paths(paths):
         up = Path(path)
         while str(up) != "/" and make.inside(root, str(up)) is None:
             up = up.parent
-        wide = not as_root and str(up) in _COVERABLE and Path(str(up)).is_dir()
-        out.append(str(up) if wide else path)
+        out.append(str(up) if str(up) in _COVERABLE and Path(str(up)).is_dir() else path)
     return outermost(out)
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from builder import cmd, node, output, podman
 from builder.contracts import Check, verdict
-from builder.errors import BuilderError, ImageError, ToolError
+from builder.errors import ImageError, ToolError
 from builder.files import scratch_folder, sha256_of, sweep_dead
 from builder.images import base as bases
 from builder.images import plan as plans
@@ -377,7 +377,7 @@ def build_image(
             from builder.wheelhouse.extras import publish_image
 
             published = publish_image(wheelhouse, archive, entry, sqsh)
-    except (BuilderError, OSError, KeyboardInterrupt) as exc:
+    except BaseException as exc:  # an error, Ctrl-C, SIGTERM (cli.Terminated): what this run made goes
         # What this run made, and only that: containers from the base (a build's working
         # container) or from the new image that were not there before, then the new image.
         for cid in _containers_of({base_id, built or base_id}) - before:
