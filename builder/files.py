@@ -227,7 +227,7 @@ def _replace(target: Path, fill: Callable[[BinaryIO], object], mode: int) -> Pat
         raise no_room(target, exc) from exc
 
 
-NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
+NO_ROOM = node.NO_ROOM
 
 
 def no_room(target: Path, exc: OSError) -> Exception:

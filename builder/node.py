@@ -2974,7 +2974,8 @@ def _terminated(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)  # unwinds: every temporary folder is removed, pip or a config run killed
 
 
-_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+# A write that found no room: a full disk, a quota, a read-only mount (builder.files reads it too).
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
 
 
 def no_room(exc: OSError, module: bool) -> InstallError:
@@ -3007,7 +3008,7 @@ def main(argv: "Sequence[str] | None" = None, prog: "str | None" = None, module_
                          args.skip_signature_check, args.wheelhouse_id, args.module, args.modulefiles,
                          args.replace_module)  # fmt: skip
     except (InstallError, OSError) as caught:
-        if args.debug or (isinstance(caught, OSError) and caught.errno not in _NO_ROOM):
+        if args.debug or (isinstance(caught, OSError) and caught.errno not in NO_ROOM):
             raise
         exc = caught if isinstance(caught, InstallError) else no_room(caught, bool(args.module))
         say(f"error: {exc}")
