@@ -126,9 +126,11 @@ def test_a_floor_is_told_in_the_names_of_the_systems_it_reaches() -> None:
 
 
 def test_the_wrappers_carry_the_roots_identity_and_the_pins() -> None:
-    files = wrapper_files(FACTS, ["/work"])
-    assert set(files) == {"enter", "inside", "root", "binds", "pins.h", "root.json", "gcc", "cc", "g++", "c++"}
-    assert files["binds"][0] == "/work\n" and files["root"][0] == "/var/tmp/r\n"
+    files = wrapper_files(FACTS, ["/work", "/tmp/w"], covers=["1777 /tmp"])
+    assert set(files) == {"enter", "inside", "root", "binds", "covers", "pins.h", "root.json", "gcc", "cc", "g++",
+                          "c++"}  # fmt: skip
+    assert files["binds"][0] == "/work\n/tmp/w\n" and files["root"][0] == "/var/tmp/r\n"
+    assert files["covers"][0] == "1777 /tmp\n"
     gxx = files["g++"][0]
     assert "abc123" in gxx and "/usr/bin/g++" in gxx and files["g++"][1] == 0o755
     # ccache hashes the wrapper (compiler_check = content): another root or other pins is another compiler

@@ -233,26 +233,42 @@ def test_a_compiler_called_from_a_folder_the_root_does_not_see_still_runs(tmp_pa
         shutil.rmtree(elsewhere, ignore_errors=True)
 
 
-def test_a_roots_tools_cannot_write_into_the_hosts_tmp(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", ["/run", "/tmp"])
+@pytest.mark.parametrize("user", ["root", "nobody"])
+def test_a_roots_tools_cannot_write_into_the_hosts_tmp(where: str, user: str) -> None:
     """Issue 51, item 2: a root's g++ that ran the real one then wrote files also wrote into the host's
-    /tmp: the build's temporary folder was bound in. Now its temporary files go to the work folder, and
-    a build folder outside /tmp leaves the root its own /tmp: a tool of the root writing there writes
-    into the root's overlay, which goes with its namespace (the tool here: the root's sh, run through
-    the same `enter`). A build folder under /tmp still has the host's /tmp bound (a user namespace
-    cannot copy the root's /tmp up to bind below it)."""
+    /tmp, which was bound in whole when the build folder lay below it. Now a tmpfs covers the root's
+    /tmp and only the build's folders are bound into it, as root and as another user (a user namespace
+    then): a tool of the root (its sh, run through the same `enter`) writing to /tmp writes into that
+    tmpfs, which goes with the namespace. The build folder's cache is a link elsewhere in /tmp: its
+    target is bound too."""
+    if user != "root" and shutil.which("runuser") is None:
+        pytest.skip("runuser is not installed")
     facts = sandbox.resolve(None, os.environ)
-    work = Path(tempfile.mkdtemp(dir="/run", prefix="ds-builder-test-"))  # a build folder outside /tmp
-    folder = tmp_path / "toolchain"
-    sandbox.enter(facts, folder, [str(work)])
-    mark = f"ds-builder-pwned-{os.getpid()}"
-    (work / "tool.sh").write_text(f"echo x > /tmp/{mark} && echo y > {work}/ok\n")
-    done = subprocess.run([str(folder / "enter"), "/bin/sh", str(work / "tool.sh")], capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert (work / "ok").read_text() == "y\n"  # the build's own folder is there, at its path
-    assert not Path("/tmp", mark).exists()  # the host's /tmp is not
-    assert (folder / "binds").read_text().split() == [str(work)]
-    shutil.rmtree(work, ignore_errors=True)
+    work = Path(tempfile.mkdtemp(dir=where, prefix="ds-builder-test-"))
+    cache = Path(tempfile.mkdtemp(prefix="ds-builder-test-cache-"))
+    try:
+        (work / "cache").symlink_to(cache)
+        for folder in (work, cache):
+            folder.chmod(0o755)
+            os.chown(folder, 65534 if user == "nobody" else 0, 65534 if user == "nobody" else 0)
+        toolchain = work / "toolchain"  # in a folder user nobody can reach (tmp_path's parents are 0700)
+        sandbox.enter(facts, toolchain, [str(work), str(work / "cache")])
+        mark = f"ds-builder-pwned-{os.getpid()}"
+        (work / "tool.sh").write_text(f"echo x > /tmp/{mark} && echo y > {work}/ok && echo z > {work}/cache/c\n")
+        runner = [] if user == "root" else ["runuser", "-u", user, "--"]
+        done = subprocess.run([*runner, str(toolchain / "enter"), "/bin/sh", str(work / "tool.sh")],
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert (work / "ok").read_text() == "y\n"  # the build's own folder is there, at its path
+        assert (cache / "c").read_text() == "z\n"  # and its cache, through the link
+        assert not Path("/tmp", mark).exists()  # the host's /tmp is not
+        assert (toolchain / "binds").read_text().split() == sorted([str(work), str(cache)])
+        assert (toolchain / "covers").read_text().split() == (["1777", "/tmp"] if where == "/tmp" else
+                                                              ["0755", "/run", "1777", "/tmp"])  # fmt: skip
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(cache, ignore_errors=True)
 
 
 def test_kill_9_of_build_wheel_leaves_no_compiler_running(own_workspace: Path) -> None:

@@ -114,10 +114,10 @@ def resolve(spec: RootSpec | None, env: Mapping[str, str]) -> RootFacts:
     return facts
 
 
-def _write(folder: Path, facts: RootFacts, binds: Iterable[str]) -> None:
+def _write(folder: Path, facts: RootFacts, binds: Iterable[str], covers: Iterable[str] = ()) -> None:
     make_dirs(folder)
     make_dirs(folder / "mnt")
-    for name, (text, mode) in wrapper_files(facts, tuple(binds)).items():
+    for name, (text, mode) in wrapper_files(facts, tuple(binds), covers=tuple(covers)).items():
         path = folder / name
         try:
             same = path.read_text(encoding="utf-8") == text and stat.S_IMODE(path.stat().st_mode) == mode
@@ -156,31 +156,42 @@ def _run(enter: Path, tool: str, args: list[str], root: Path) -> str:
     return done.stdout
 
 
-# Folders of a root that a host folder of the same path may cover whole (their content is no compiler's
-# business); below any other folder of the root (/usr/include, /opt: a gcc-toolset) only the path itself.
-_COVERABLE = ("/tmp", "/var/tmp", "/root", "/home", "/srv", "/mnt", "/media", "/usr/local")
+# Folders of a root whose own content is no compiler's business: where a build folder lies below one
+# (/tmp/work), a fresh tmpfs covers it in the namespace and the build's folders are bound into that
+# (a user namespace cannot make /tmp/work in the root's overlay: copying the root-owned /tmp up fails
+# with "Value too large for defined data type"). The root's tools so see the build's own folders and
+# nothing else of the host's /tmp: a root's g++ that wrote there (round 5 of the hostile inputs)
+# wrote into a tmpfs that goes with its namespace. /usr/local is the host's, bound whole, as CUDA's
+# toolkits live there and an image's own /usr/local is no compiler's either.
+_SCRATCH = {"/tmp": "1777", "/var/tmp": "1777", "/run": "0755", "/root": "0700", "/home": "0755", "/srv": "0755",
+            "/mnt": "0755", "/media": "0755"}  # fmt: skip
+_WIDE = ("/usr/local",)
 
 
-def mount_points(root: Path, paths: Iterable[str]) -> tuple[str, ...]:
-    """Where each host folder is bound into the root. A folder whose parent the root already has
-    (/tmp/work, under the root's own /tmp) would need that parent copied up into the overlay's upper
-    layer, which a user namespace cannot do for folders root owns ("Value too large for defined data
-    type"): the host's folder of the root's path (/tmp) is bound over it instead, where that is one
-    of _COVERABLE. (The wrappers may be run by a user other than the one who wrote them: a build
-    folder under /tmp therefore still shows the root the host's /tmp; one elsewhere does not.)"""
-    out = []
-    for path in bind_paths(paths):
+def mount_points(root: Path, paths: Iterable[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(covers, binds): the root's folders a tmpfs covers ("MODE PATH"), and the host folders bound
+    into the root at their own paths, each link's target with it (a work folder whose cache is a link
+    elsewhere)."""
+    wanted = [*paths, *(os.path.realpath(p) for p in paths if os.path.isabs(p))]
+    binds, covers = [], set()
+    for path in bind_paths(wanted):
         up = Path(path)
         while str(up) != "/" and make.inside(root, str(up)) is None:
             up = up.parent
-        out.append(str(up) if str(up) in _COVERABLE and Path(str(up)).is_dir() else path)
-    return outermost(out)
+        if str(up) in _WIDE and up.is_dir():
+            binds.append(str(up))
+            continue
+        binds.append(path)
+        if str(up) in _SCRATCH and str(up) != path:
+            covers.add(str(up))
+    return tuple(f"{_SCRATCH[c]} {c}" for c in sorted(covers)), outermost(binds)
 
 
 def enter(facts: RootFacts, folder: Path, binds: Iterable[str]) -> dict[str, str]:
     """Write the wrappers into the build's toolchain folder and check that they work (the root's
     compiler answers with its version); the variables that make the build use them."""
-    _write(folder, facts, mount_points(facts.path, binds))
+    covers, points = mount_points(facts.path, list(binds))
+    _write(folder, facts, points, covers)
     said = _run(folder / "enter", facts.cxx, ["-dumpfullversion"], facts.path).strip()
     if said != facts.gcc:
         raise RootError(f"the build root {facts.path} answers gcc {said!r}, not the {facts.gcc} it was recorded with",

@@ -199,6 +199,10 @@ mnt=$here/mnt
 mount -t tmpfs -o mode=0755 ds-build-root "$mnt"
 mkdir "$mnt/upper" "$mnt/work" "$mnt/root"
 mount -t overlay -o "lowerdir=$root,upperdir=$mnt/upper,workdir=$mnt/work" ds-build-root "$mnt/root"
+while read -r mode path; do
+  [ -d "$mnt/root$path" ] || continue
+  mount -t tmpfs -o "mode=$mode" ds-build-scratch "$mnt/root$path"
+done < "$here/covers"
 while IFS= read -r path; do
   [ -d "$path" ] || continue
   mkdir -p "$mnt/root$path"
@@ -228,7 +232,8 @@ def tool_wrapper(tool: str, facts: RootFacts, pins: str) -> str:
     )
 
 
-def wrapper_files(facts: RootFacts, binds: Sequence[str], pins: str | None = None) -> dict[str, tuple[str, int]]:
+def wrapper_files(facts: RootFacts, binds: Sequence[str], pins: str | None = None,
+                  covers: Sequence[str] = ()) -> dict[str, tuple[str, int]]:  # fmt: skip
     """The files of a toolchain folder that enters a root, name -> (content, mode): decided here, written
     by sandbox."""
     pins = pins if pins is not None else pins_header()
@@ -237,6 +242,7 @@ def wrapper_files(facts: RootFacts, binds: Sequence[str], pins: str | None = Non
         "inside": (INSIDE, 0o644),
         "root": (f"{facts.path}\n", 0o644),
         "binds": ("".join(f"{b}\n" for b in binds), 0o644),
+        "covers": ("".join(f"{c}\n" for c in covers), 0o644),
         "pins.h": (pins, 0o644),
         "root.json": (json.dumps(facts.to_json(), indent=2, sort_keys=True) + "\n", 0o644),
     }
