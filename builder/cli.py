@@ -493,7 +493,7 @@ def parser() -> argparse.ArgumentParser:
         "install",
         add_help=False,
         help="on a node: install the wheel built for it (standard library + pip only; see install --help)",
-        description="The node installer (builder/node.py, also published as WHEELHOUSE/tools/ds-node-install.py).",
+        description="The node installer (builder/node/, also published as WHEELHOUSE/tools/ds-node-install.py).",
     )
     sub.add_parser(
         "module",

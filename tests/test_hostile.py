@@ -31,7 +31,7 @@ from builder.recipe import load_recipe
 from builder.smoke import load_report
 from builder.wheelbuild.diagnose import find_failures
 from builder.wheelbuild.ops import OpInfo
-from builder.wheelhouse import provision, prune, publish, repair, verify
+from builder.wheelhouse import installer, provision, prune, publish, repair, verify
 from builder.wheelhouse.provision import installer_sha256
 from builder.wheelhouse.upkeep import resign
 
@@ -1603,6 +1603,13 @@ class RawServer:
         self.sock.close()
 
 
+def node_installer(folder: Path) -> Path:
+    """The installer as a wheelhouse ships it (builder/node/ in one file), written into `folder`."""
+    path = folder / "ds-node-install.py"
+    path.write_bytes(installer.build())
+    return path
+
+
 @pytest.mark.spawns
 @pytest.mark.parametrize(
     ("head", "said"),
@@ -1618,7 +1625,7 @@ def test_a_hostile_server_is_one_line_and_its_exit_code(head: bytes, said: str, 
     installer's one line (exit 9), no traceback, and with --json a JSON error on stdout."""
     server = RawServer(head)
     try:
-        done = subprocess.run([sys.executable, str(ROOT / "builder" / "node.py"), "--wheelhouse", server.url,
+        done = subprocess.run([sys.executable, str(node_installer(tmp_path)), "--wheelhouse", server.url,
                                "--skip-signature-check", "--json", "--dry-run"], capture_output=True, text=True,
                               timeout=120)  # fmt: skip
     finally:
@@ -1630,8 +1637,8 @@ def test_a_hostile_server_is_one_line_and_its_exit_code(head: bytes, said: str, 
 
 @pytest.mark.spawns
 @pytest.mark.parametrize("url", ["http://127.0.0.1:9/a b/", "http://127.0.0.1:9/\x07bell/", "http://[::1/"])
-def test_a_wheelhouse_url_that_is_no_url_is_one_line(url: str) -> None:
-    done = subprocess.run([sys.executable, str(ROOT / "builder" / "node.py"), "--wheelhouse", url,
+def test_a_wheelhouse_url_that_is_no_url_is_one_line(url: str, tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(node_installer(tmp_path)), "--wheelhouse", url,
                            "--skip-signature-check", "--json"], capture_output=True, text=True,
                           timeout=120)  # fmt: skip
     assert done.returncode in (2, 9), done.stderr[-2000:]

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from fakes import METADATA, dep_wheel, fake_wheel, write_wheel
 
+import builder.node.module as node_module
 from builder import cli, node, signing
 from builder.node import EXIT_MODULE, MODULE_MARK, MODULE_PARTIAL, MODULE_RECORD
 from builder.wheelhouse import publish, verify
@@ -131,7 +132,7 @@ def test_the_modulefile_sets_only_the_environment_and_quotes_what_it_names() -> 
     calls = {line.split("(")[0] for line in lines if "(" in line and not line.startswith(("--", " "))}
     assert calls <= {"whatis", "help", "conflict", "prepend_path", "setenv"}, calls
     # A help text holding "]]" gets a longer bracket level, so it cannot end the string early.
-    assert node._lua_long("a]]b").startswith("[=[")
+    assert node_module._lua_long("a]]b").startswith("[=[")
 
 
 def test_unsafe_prefixes_are_named(tmp_path: Path) -> None:
@@ -323,7 +324,7 @@ def test_a_lock_that_fails_verification_or_is_missing_installs_nothing(house: Pa
 
 @pytest.mark.spawns
 def test_without_lmod_nothing_is_published(house: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(node, "LMOD_INITS", (str(tmp_path / "no-lmod" / "init" / "bash"),))
+    monkeypatch.setattr(node_module, "LMOD_INITS", (str(tmp_path / "no-lmod" / "init" / "bash"),))
     monkeypatch.delenv("LMOD_PKG", raising=False)
     prefix = tmp_path / "sw"
     code, said = module(house, prefix)

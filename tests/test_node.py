@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from builder import node
+from builder.errors import PublishError
 from builder.node import (
     InstallError,
     ManifestError,
@@ -21,8 +24,10 @@ from builder.node import (
     narrowed_for,
     parse_wheel_entry,
 )
+from builder.wheelhouse import installer
 
 ROOT = Path(__file__).resolve().parents[1]
+NODE = ROOT / "builder" / "node"
 AVX2 = frozenset({"sse4_2", "popcnt", "avx", "avx2", "fma", "bmi2"})
 
 
@@ -161,27 +166,76 @@ def stdlib_only(path: Path) -> list[str]:
     """Top-level imports of a module that are neither standard library nor stdlib-only builder modules."""
     allowed = {"builder", "builder.cli", "builder.errors", "builder.node"}
     bad = []
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module]
+    for stmt in ast.parse(path.read_text()).body:
+        if isinstance(stmt, ast.Import):
+            names = [a.name for a in stmt.names]
+        elif isinstance(stmt, ast.ImportFrom) and stmt.level == 0 and stmt.module:
+            names = [stmt.module]
         else:
             continue
-        bad += [n for n in names if n.split(".")[0] not in sys.stdlib_module_names and n not in allowed]
+        bad += [
+            n
+            for n in names
+            if n.split(".")[0] not in sys.stdlib_module_names and n not in allowed and not n.startswith("builder.node.")
+        ]
     return bad
 
 
 def test_install_path_imports_only_the_standard_library() -> None:
-    for module in ("__init__.py", "__main__.py", "cli.py", "errors.py", "node.py"):
+    """`python -m builder install` runs on a node's Python too: it imports builder's stdlib-only
+    modules and the node package, nothing else."""
+    modules = ["__init__.py", "__main__.py", "cli.py", "errors.py", *(f"node/{p.name}" for p in NODE.glob("*.py"))]
+    for module in modules:
         assert stdlib_only(ROOT / "builder" / module) == [], module
 
 
-def test_the_node_installer_is_standalone() -> None:
-    """node.py is copied byte for byte to nodes: it may import nothing outside the standard library,
-    not even from builder, at any depth (functions included)."""
-    tree = ast.parse((ROOT / "builder" / "node.py").read_text())
+@pytest.mark.spawns
+def test_the_node_installer_is_the_node_package_in_one_standalone_file(tmp_path: Path) -> None:
+    """Issue 50: the file nodes run is built from builder/node/, the same bytes each time, with every
+    module of the package in it; it imports nothing outside the standard library at any depth
+    (functions included) and parses as Python 3.6, so an old interpreter gets the one-line refusal.
+    It runs alone, from a folder with nothing else in it."""
+    first, second = installer.build(), installer.build()
+    assert first == second
+    modules = {p.stem for p in NODE.glob("*.py")} - {"__init__"}
+    assert set(node.BUNDLE) == modules
+    text = first.decode()
+    assert [m for m in node.BUNDLE if f"# ==================== builder/node/{m}.py" not in text] == []
+    tree = ast.parse(text, feature_version=(3, 6))
     imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert {m for m in imported if m.split(".")[0] not in sys.stdlib_module_names} == set()
     assert not any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(tree))  # no relative imports
+    tool = tmp_path / "ds-node-install.py"
+    tool.write_bytes(first)
+    done = subprocess.run([sys.executable, "-I", str(tool), "--help"], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0 and "--wheelhouse" in done.stdout and "Exit codes" in done.stdout, done.stderr
+    piped = subprocess.run([sys.executable, "-I", "-", "--help"], input=first, cwd=tmp_path, capture_output=True)
+    assert piped.returncode == 0 and b"--wheelhouse" in piped.stdout, piped.stderr
+
+
+@pytest.mark.parametrize(
+    ("modules", "said"),
+    [
+        ({"a": "from builder.node.b import X\n", "b": "X = 1\n"}, "builder.node.b, which is not a module before"),
+        ({"a": "X = 1\n", "b": "X = 2\n"}, "defines X, which a.py defines too"),
+        ({"a": "import re\n", "b": "re = 2\n"}, "defines re, which a.py defines too"),
+        ({"a": "X = 1\n", "b": "from builder.node.a import Y\n"}, "imports Y from builder.node.a, which does not"),
+        ({"a": "X = 1\n", "b": "def f():\n    from builder.node.a import X\n"}, "other than by `from"),
+        ({"a": "import requests\n", "b": ""}, "imports requests, which is not in the standard library"),
+        ({"a": "from builder.files import write_atomic\n", "b": ""}, "imports builder.files, which is not"),
+        ({"a": "from . import b\n", "b": ""}, "is a relative import"),
+        ({"a": "if (x := 1):\n    pass\n", "b": ""}, "does not parse as Python 3.6"),
+    ],
+)  # fmt: skip
+def test_a_node_package_that_breaks_the_bundles_rules_is_refused(
+    modules: dict[str, str], said: str, tmp_path: Path
+) -> None:
+    """What makes laying the modules one after another sound, each checked: imports only of modules
+    before it, by name; no name defined twice; the standard library only; Python 3.6 syntax."""
+    for name, text in modules.items():
+        (tmp_path / f"{name}.py").write_text(text)
+    with pytest.raises(PublishError) as err:
+        installer.build(tmp_path, ["a", "b"])
+    assert said in str(err.value)
+    assert "installer.py's docstring" in err.value.fix

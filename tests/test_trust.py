@@ -27,10 +27,12 @@ from typing import Any, ClassVar
 import pytest
 from fakes import METADATA, NAME, dep_wheel, fake_wheel, write_wheel
 
+import builder.node.verify as node_verify
 from builder import node, signing
 from builder.errors import FolderError, TrustError, WheelhouseError
 from builder.files import sha256_of
 from builder.node import INSTALLER, InstallError, ManifestError
+from builder.wheelhouse import installer as bundle
 from builder.wheelhouse import publish, verify
 from builder.wheelhouse.layout import load_manifest, read_manifest, signed_manifest, write_manifest
 from builder.wheelhouse.provision import Host, host_script
@@ -349,7 +351,7 @@ def test_a_node_without_ssh_keygen_verifies_with_openssl_or_says_what_to_install
     sig = (house / "manifest.json.sig").read_bytes()
     with pytest.MonkeyPatch.context() as mp:
         for verifier in ("_verify_ssh_keygen", "_verify_openssl", "_verify_libcrypto"):
-            mp.setattr(node, verifier, lambda *a, **k: None)
+            mp.setattr(node_verify, verifier, lambda *a, **k: None)
         with pytest.raises(InstallError, match="cannot check the wheelhouse's signature") as err:
             node.check_signature(signed, sig, keys.trust(), "manifest.json.sig")
     assert err.value.exit_code == 9 and "install OpenSSH 8.1 or newer" in err.value.fix
@@ -459,7 +461,7 @@ def swapping_proxy(house: Path, tmp_path: Path) -> Iterator[str]:
 def test_a_proxy_swapping_the_wheel_and_manifest_is_refused(swapping_proxy: str, keys: signing.Keys,
                                                             tmp_path: Path) -> None:  # fmt: skip
     tool = tmp_path / "ds-node-install.py"
-    tool.write_bytes(Path(node.__file__).read_bytes())
+    tool.write_bytes(bundle.build())
     done = installer(swapping_proxy, "--trust", keys.key().line(), "--dry-run", tool=tool)
     assert done.returncode == 8 and "does not match what it signs" in done.stderr
     assert f"==> chosen: {NAME}" not in done.stderr
@@ -546,7 +548,7 @@ def test_a_node_with_openssl_111_and_no_ssh_keygen_checks_the_signature(house: P
     assert said.startswith("OpenSSL 1.1.1"), said
     tool = tmp_path / "tool"
     tool.mkdir()
-    shutil.copy(node.__file__, tool / "ds-node-install.py")
+    (tool / "ds-node-install.py").write_bytes(bundle.build())
 
     def on_the_node(wheelhouse: Path) -> subprocess.CompletedProcess[str]:
         scratch = tmp_path / "node-tmp"

@@ -14,7 +14,7 @@ import sys
 import urllib.request
 from typing import NoReturn
 
-# The node installer's own setting (builder/node.py TIMEOUT_ENV): how long a download may stall.
+# The node installer's own setting (builder/node/fetch.py TIMEOUT_ENV): how long a download may stall.
 try:
     TIMEOUT = max(1.0, float(os.environ.get("DS_NODE_FETCH_TIMEOUT", "120")))
 except ValueError:

@@ -1,7 +1,7 @@
 """The wheelhouse: publish, index, verify, repair, prune, lock, serve and provision.
 
 Everything here runs on the build host (or the host serving the wheelhouse); what runs on nodes
-is builder/node.py, which publish copies into tools/.
+is builder/node/, which publish builds into one file in tools/ (wheelhouse.installer).
 """
 
 from builder.wheelhouse.index import IndexEntry, parse_links, project_page, root_page, write_index

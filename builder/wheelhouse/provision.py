@@ -3,8 +3,8 @@ does) or by Slurm's srun (one task on every node of a partition or a nodelist).
 
 Each host gets a generated install script holding the build host's trusted keys: it fetches the
 manifest and its signature, verifies the signature with the node's own ssh-keygen, then fetches
-the node installer the wheelhouse publishes (`tools/ds-node-install.py`, builder/node.py byte for
-byte, standard library only) and runs it only if its sha256 is the one the verified manifest
+the node installer the wheelhouse publishes (`tools/ds-node-install.py`, builder/node/ built into one
+file, standard library only) and runs it only if its sha256 is the one the verified manifest
 records. Hosts need Python, pip and OpenSSH 8.1+; a forged wheelhouse or installer never runs.
 `plan_*` functions are pure; `write` and `run` act.
 """

@@ -7,7 +7,7 @@ Layout:
                                               nodes that reach only the wheelhouse
     wheelhouse/simple/index.html              PEP 503 root page
     wheelhouse/simple/<project>/index.html    links to ../../<file>#sha256=<digest>
-    wheelhouse/tools/ds-node-install.py       the node installer, byte for byte builder/node.py
+    wheelhouse/tools/ds-node-install.py       the node installer, builder/node/ built into one file
     wheelhouse/manifest.json                  every file above with its sha256 (builder.node's contract)
 Every write goes through `files.write_atomic` (temporary name, fsync, mode 0644, rename) under
 one file lock (filelock) held for the whole update. Before the files are copied, a journal names
@@ -49,7 +49,7 @@ from builder.node import (
 )
 from builder.resources import resource
 from builder.smoke import load_report, report_path
-from builder.wheelhouse import closure, variants
+from builder.wheelhouse import closure, installer, variants
 from builder.wheelhouse.index import (
     write_index,
 )
@@ -460,8 +460,9 @@ def add_files(wheelhouse: Path, files: Sequence[Path], why: str) -> list[str]:
 
 
 def installer_source() -> bytes:
-    """The node installer exactly as shipped (builder/node.py), published byte for byte."""
-    return Path(node.__file__).read_bytes()
+    """The node installer as shipped: builder/node/ built into one file (wheelhouse.installer), the
+    same bytes for the same package."""
+    return installer.build()
 
 
 def tool_sources() -> dict[str, bytes]:

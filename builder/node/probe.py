@@ -1,0 +1,74 @@
+"""What a node has: its Python, torch, CUDA, GPUs and glibc (asked of the interpreter that will
+install) and its CPU flags.
+"""
+
+import json
+import subprocess
+from pathlib import Path
+
+from builder.node.choosing import Node
+from builder.node.contract import ARCH_RE, LIMITS, PYTHON_TAG_RE, InstallError, ManifestError
+from builder.node.fields import CUDA_RE, GLIBC_RE, VERSION_RE, Fields
+
+_NODE_PROBE = r"""
+import json, sys
+out = {"python_tag": f"cp{sys.version_info[0]}{sys.version_info[1]}", "torch": None, "cuda": None, "gpus": []}
+try:
+    import torch
+    out["torch"], out["cuda"] = torch.__version__, torch.version.cuda
+    if torch.cuda.is_available():
+        caps = [torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())]
+        out["gpus"] = [f"{major}.{minor}" for major, minor in caps]
+except ImportError:
+    pass
+try:
+    import os
+    out["glibc"] = os.confstr("CS_GNU_LIBC_VERSION").split()[-1]
+except (AttributeError, ValueError, OSError, IndexError):
+    out["glibc"] = None
+print(json.dumps(out))
+"""
+
+
+def parse_cpu_flags(cpuinfo: str) -> "frozenset[str]":
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def cpu_flags() -> "frozenset[str]":
+    try:
+        return parse_cpu_flags(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        return frozenset()
+
+
+def parse_node_probe(output: str, flags: "frozenset[str]") -> "Node":
+    lines = output.strip().splitlines()
+    try:
+        data = json.loads(lines[-1]) if lines else None
+        f = Fields(data, "the node probe")
+        gpus = f.texts("gpus", ARCH_RE)
+        return Node(f.text("python_tag", PYTHON_TAG_RE), f.text("torch", VERSION_RE, optional=True),
+                    f.text("cuda", CUDA_RE, optional=True), gpus, flags,
+                    f.text("glibc", GLIBC_RE, optional=True))  # fmt: skip
+    except (ValueError, ManifestError) as exc:
+        raise InstallError(
+            f"the node probe printed no usable report: {exc}", "pass --python with a working Python"
+        ) from exc
+
+
+def probe_node(python: str) -> "Node":
+    """This node's Python, torch, CUDA and GPUs (asked of `python`), and its CPU flags."""
+    try:
+        done = subprocess.run([python, "-c", _NODE_PROBE], capture_output=True, text=True, errors="replace",
+                              check=False)  # fmt: skip
+    except OSError as exc:
+        raise InstallError(f"cannot run {python}: {exc.strerror}", "pass --python with a working Python") from exc
+    if done.returncode != 0:
+        raise InstallError(f"cannot run {python}: {done.stderr.strip()[-300:]}", "pass --python with a working Python")
+    if len(done.stdout) > LIMITS["probe"]:
+        raise InstallError(f"{python} printed {len(done.stdout)} characters for a one-line probe",
+                           "pass --python with a plain Python (its startup prints too much)")  # fmt: skip
+    return parse_node_probe(done.stdout, cpu_flags())
