@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from builder import node
+from builder import bundle, node
 from builder.errors import PublishError
 from builder.node import (
     InstallError,
@@ -228,14 +228,24 @@ def test_the_node_installer_is_the_node_package_in_one_standalone_file(tmp_path:
         ({"a": "if (x := 1):\n    pass\n", "b": ""}, "does not parse as Python 3.6"),
     ],
 )  # fmt: skip
-def test_a_node_package_that_breaks_the_bundles_rules_is_refused(
-    modules: dict[str, str], said: str, tmp_path: Path
-) -> None:
+def test_a_package_that_breaks_the_bundles_rules_is_refused(modules: dict[str, str], said: str, tmp_path: Path) -> None:
     """What makes laying the modules one after another sound, each checked: imports only of modules
     before it, by name; no name defined twice; the standard library only; Python 3.6 syntax."""
     for name, text in modules.items():
         (tmp_path / f"{name}.py").write_text(text)
     with pytest.raises(PublishError) as err:
-        installer.build(tmp_path, ["a", "b"])
-    assert said in str(err.value)
-    assert "installer.py's docstring" in err.value.fix
+        bundle.build(tmp_path, "builder.node", '"""x"""\n', order=["a", "b"])
+    assert said in str(err.value) and "builder.node cannot be built into one file" in str(err.value)
+    assert "bundle.py's docstring" in err.value.fix
+
+
+def test_a_bundles_future_imports_are_said_once_at_its_top(tmp_path: Path) -> None:
+    """`from __future__` must open a file: each module's are taken out and said once after the docstring."""
+    (tmp_path / "a.py").write_text('"""A."""\n\nfrom __future__ import annotations\n\nX: int = 1\n')
+    (tmp_path / "b.py").write_text("from __future__ import annotations\n\nfrom pkg.a import X\n\nY = X + 1\n")
+    text = bundle.build(tmp_path, "pkg", '"""One file: {order}."""\n', python=(3, 9), order=["a", "b"]).decode()
+    assert text.startswith('"""One file: a, b."""\n\nfrom __future__ import annotations\n')
+    assert text.count("from __future__") == 1 and "from pkg" not in text and "# A." in text
+    space: dict[str, object] = {}
+    exec(compile(text, "bundle", "exec"), space)
+    assert space["Y"] == 2
