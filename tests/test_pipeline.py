@@ -697,8 +697,7 @@ def test_the_slurm_container_image_runs_the_smoke_through_enroots_rc_on_a_node_w
     /etc/hostname put in as Enroot's fstabs do, its /etc/environment as the whole environment and
     /etc/rc as the entrypoint; the smoke suite (bound in read-only at /mnt) runs: every op loads and
     computes, ZeRO-Offload, torchrun on one node and on two over loopback."""
-    from builder.resources import RESOURCES
-    from builder.smoke import parse_checks
+    from builder.smoke import parse_checks, write_checks
 
     house, _ = pipeline
     images = json.loads((house / "manifest.json").read_text()).get("images", {})
@@ -706,6 +705,7 @@ def test_the_slurm_container_image_runs_the_smoke_through_enroots_rc_on_a_node_w
     if not published:
         pytest.skip("no squashfs is published: the image test makes one where mksquashfs is installed")
     node = tmp_path / "node"
+    write_checks(tmp_path / "checks")  # the smoke checks in one file, the distributed worker beside them
     for folder in ("lower", "root", "ovl"):
         (node / folder).mkdir(parents=True)
     (node / "hosts").write_text("127.0.0.1 localhost\n127.0.1.1 ds-node\n")
@@ -721,7 +721,7 @@ def test_the_slurm_container_image_runs_the_smoke_through_enroots_rc_on_a_node_w
         f"mount -t proc proc {root}/proc", f"mount --rbind /dev {root}/dev",
         f"mount -t tmpfs -o mode=1777 tmpfs {root}/tmp",
         *(f"touch {root}/etc/{f} && mount --bind -o ro {node}/{f} {root}/etc/{f}" for f in ("hosts", "hostname")),
-        f"mount --bind -o ro {RESOURCES} {root}/mnt", "ip link set lo up",
+        f"mount --bind -o ro {tmp_path / 'checks'} {root}/mnt", "ip link set lo up",
         f"exec chroot {root} env -i $(cat {root}/etc/environment) HOME=/tmp TORCH_EXTENSIONS_DIR=/tmp/ext "
         'DS_ACCELERATOR=cpu sh /etc/rc python /mnt/smoke_checks.py "$0"',
     ])  # fmt: skip

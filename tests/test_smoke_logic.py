@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from builder.contracts import Check, SmokeReport, verdict
@@ -38,9 +40,9 @@ torch = pytest.importorskip("torch", reason="torch is installed by the tests ses
 
 
 def test_comparison_catches_a_wrong_optimizer() -> None:
-    from builder.resources import smoke_checks
+    from builder.resources.smoke.numerics import compare
 
-    same = smoke_checks._compare(
+    same = compare(
         lambda ps: torch.optim.Adam(ps, lr=1e-2),
         lambda ps: torch.optim.Adam(ps, lr=1e-2),
     )
@@ -48,14 +50,14 @@ def test_comparison_catches_a_wrong_optimizer() -> None:
     # xdist run was seen to differ by 3e-06 once): well inside the tolerance either way.
     assert float(same.split("max |difference| ")[1].split()[0]) <= 1e-5 and "after 5 steps" in same
     with pytest.raises(AssertionError, match="exceeds 1e-05"):
-        smoke_checks._compare(lambda ps: torch.optim.Adam(ps, lr=1.1e-2), lambda ps: torch.optim.Adam(ps, lr=1e-2))
+        compare(lambda ps: torch.optim.Adam(ps, lr=1.1e-2), lambda ps: torch.optim.Adam(ps, lr=1e-2))
 
 
 def test_reference_lion_matches_its_definition() -> None:
-    from builder.resources import smoke_checks
+    from builder.resources.smoke.numerics import ReferenceLion
 
     p = torch.nn.Parameter(torch.tensor([1.0, -1.0, 0.5]))
-    lion = smoke_checks._ReferenceLion([p], lr=0.1, betas=(0.9, 0.99))
+    lion = ReferenceLion([p], lr=0.1, betas=(0.9, 0.99))
     p.grad = torch.tensor([2.0, -3.0, 0.0])
     lion.step()
     # m=0: update = sign(0.1 * g) = [1, -1, 0]; p -= 0.1 * update; m = 0.01 * g
@@ -74,13 +76,13 @@ DS_REPORT = (
 
 
 def test_parse_ds_report() -> None:
-    from builder.resources.smoke_checks import parse_ds_report
+    from builder.resources.smoke.wheel import parse_ds_report
 
     assert parse_ds_report(DS_REPORT) == {"cpu_adagrad", "cpu_adam"}
 
 
 def test_parse_dist_output_checks_every_rank_and_the_backend() -> None:
-    from builder.resources.smoke_checks import parse_dist_output
+    from builder.resources.smoke.dist import parse_dist_output
 
     good = "noise\nSMOKE_DIST rank=1 world=2 backend=gloo OK\nSMOKE_DIST rank=0 world=2 backend=gloo OK\n"
     assert parse_dist_output(good, 2, "gloo") == set()
@@ -90,3 +92,26 @@ def test_parse_dist_output_checks_every_rank_and_the_backend() -> None:
         parse_dist_output("SMOKE_DIST rank=0 world=2 backend=gloo OK\n", 2, "gloo")
     with pytest.raises(AssertionError, match="OK with nccl"):
         parse_dist_output(good.replace("world=2", "world=1"), 1, "nccl")
+
+
+def test_the_smoke_checks_run_as_one_file_built_from_their_package(tmp_path: Path) -> None:
+    """Issue 50: the checks are a package, a module per what they check; the smoke venv and a CI image
+    run them as one file (bundle), the distributed worker beside it. The same package gives the same
+    bytes, and the file holds every module and imports no toolkit code."""
+    import ast
+
+    from builder.resources import RESOURCES
+    from builder.resources.smoke import BUNDLE
+    from builder.smoke import write_checks
+
+    script = write_checks(tmp_path / "a")
+    assert script.read_bytes() == write_checks(tmp_path / "b").read_bytes()
+    assert (tmp_path / "a" / "smoke_dist.py").read_bytes() == (RESOURCES / "smoke_dist.py").read_bytes()
+    text = script.read_text()
+    assert [m for m in BUNDLE if f"# ==================== builder/resources/smoke/{m}.py" not in text] == []
+    assert {p.stem for p in (RESOURCES / "smoke").glob("*.py")} - {"__init__"} == set(BUNDLE)
+    tree = ast.parse(text)
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert not [m for m in imported if m.startswith("builder")]
+    assert "main()" in text.rsplit("if __name__", 1)[-1]

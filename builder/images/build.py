@@ -14,6 +14,7 @@ import dataclasses
 import json
 import os
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +26,7 @@ from builder.files import scratch_folder, sha256_of, sweep_dead
 from builder.images import base as bases
 from builder.images import plan as plans
 from builder.node import LOCK_NAME_RE, ImageEntry, SmokeSummary, WheelhouseManifest
-from builder.resources import RESOURCES
-from builder.smoke import parse_checks
+from builder.smoke import parse_checks, write_checks
 from builder.wheelhouse.archive import ArchiveError, make_reproducible, read_facts
 from builder.wheelhouse.layout import LOCKS, load_manifest
 from builder.workspace import Workspace
@@ -204,9 +204,11 @@ def smoke_inside(
     flags, no_gpu = gpu_flags(w.accelerator)
     seccomp, seccomp_row = seccomp_for(w.ops, log.parent)
     name = f"ds-builder-smoke-{os.getpid()}"
+    checks_folder = Path(tempfile.mkdtemp(prefix=".smoke-checks-", dir=log.parent))
     try:
+        write_checks(checks_folder)
         said = podman.run(
-            ["run", "--rm", "--name", name, "--network", "none", "--volume", f"{RESOURCES}:/smoke:ro",
+            ["run", "--rm", "--name", name, "--network", "none", "--volume", f"{checks_folder}:/smoke:ro",
              "--env", "TORCH_EXTENSIONS_DIR=/tmp/torch_extensions", "--env", f"DS_ACCELERATOR={w.accelerator}",
              "--workdir", "/tmp", *flags, *seccomp, *(a for e in env for a in ("--env", e)), *image, "sh", "-c",
              'mkdir -p "$TORCH_EXTENSIONS_DIR" && exec python /smoke/smoke_checks.py "$0"', json.dumps(spec)],
@@ -218,6 +220,7 @@ def smoke_inside(
                          f"read {log}") from exc  # fmt: skip
     finally:
         podman.remove_container(name)
+        shutil.rmtree(checks_folder, ignore_errors=True)
     checks = parse_checks(said)
     if seccomp_row is not None:
         checks = (*checks, seccomp_row)

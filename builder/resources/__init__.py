@@ -2,7 +2,8 @@
 
 Each is a real file, linted and type-checked, run by path (`python FILE`), never kept as a
 string: ds_probe.py (DeepSpeed's op list, in the build env), torch_probe.py (torch facts),
-smoke_checks.py and smoke_dist.py (the smoke suite and its distributed worker, in the smoke venv).
+the smoke/ package (the smoke suite, a module per what it checks, run as one file that
+builder.smoke.write_checks builds) and smoke_dist.py (its distributed worker, in the smoke venv).
 """
 
 from pathlib import Path
