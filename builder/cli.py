@@ -526,7 +526,7 @@ def parser() -> argparse.ArgumentParser:
 def _seconds(text: str) -> float:
     """The config checker's own time-limit type, imported when used (`install` imports nothing but
     the standard library)."""
-    from builder.resources.config_runner import seconds_arg
+    from builder.resources.config_check.cli import seconds_arg
 
     return seconds_arg(text)
 

@@ -23,7 +23,7 @@ from builder import configs, envs, output
 from builder.contracts import BuildManifest
 from builder.errors import BuilderError
 from builder.recipe import DeepSpeedSource, TorchSpec
-from builder.resources import config_runner
+from builder.resources.config_check.jit import ALLOW_JIT_ENV
 from builder.wheelbuild import source
 from builder.workspace import Workspace
 
@@ -88,7 +88,7 @@ def blame(failed: Sequence[configs.Outcome], cases: Sequence[configs.ConfigCase]
         venv = environment(manifest, ws, base, log, verbose)
         python = envs.python_in(venv)
         env = {**envs.venv_environ(venv), **folders, "DS_ACCELERATOR": manifest.accelerator,
-               config_runner.ALLOW_JIT_ENV: str(venv / EXTENSIONS)}  # fmt: skip
+               ALLOW_JIT_ENV: str(venv / EXTENSIONS)}  # fmt: skip
         ran = configs.run(python, [c for c in cases if c.name in names], manifest.accelerator, env=env, cwd=work,
                           log=log, verbose=verbose, timeout=TIMEOUT)  # fmt: skip
     except BuilderError as exc:

@@ -5,18 +5,24 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import builder.resources.config_check.jit as runner_jit
+import builder.resources.config_check.outcome as runner_outcome
+import builder.resources.config_check.pool as runner_pool
+import builder.resources.config_check.rank as runner_rank
+import builder.resources.config_check.screen as runner_screen
 from builder import configs
 from builder.configs import ConfigCase, Outcome, as_check, matrix, read_config
 from builder.errors import RecipeError
 from builder.node import config_category, config_matrix, format_configs
 from builder.recipe import load_recipe
-from builder.resources import config_runner  # a resource script: standard library at import time
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,7 +39,7 @@ def test_the_matrix_covers_every_optimizer_stage_offload_and_dtype_deepspeed_acc
     nvme = [c for c in with_aio if "/nvme/" in c.name]
     assert len(nvme) == 6 * 2 and all(c.name.split("/")[1] == "zero3" for c in nvme)
     zero = nvme[0].config["zero_optimization"]
-    assert zero["offload_optimizer"] == {"device": "nvme", "nvme_path": configs.SCRATCH}
+    assert zero["offload_optimizer"] == {"device": "nvme", "nvme_path": runner_screen.SCRATCH}
     assert {c.name.split("/")[3] for c in matrix("cuda", [])} == {"fp32", "fp16", "bf16"}
     adam = next(c for c in cpu if c.name == "AdamW/zero1/cpu/bf16").config
     assert adam["optimizer"]["type"] == "AdamW" and adam["bf16"] == {"enabled": True}
@@ -64,7 +70,7 @@ def test_config_files_json_and_python_literal_and_every_bad_one(tmp_path: Path) 
         assert said in read_config(path).error, why
     assert read_config(tmp_path / "missing.json").error == f"{tmp_path / 'missing.json'} does not exist"
     big = tmp_path / "big.json"
-    big.write_text(" " * (configs.MAX_CONFIG + 1))
+    big.write_text(" " * (runner_screen.MAX_CONFIG + 1))
     assert "over 1 MiB" in read_config(big).error
 
 
@@ -154,12 +160,12 @@ def test_a_recipe_reads_its_configs_and_refuses_bad_ones(tmp_path: Path) -> None
 
 def test_the_runner_refuses_before_starting_what_cannot_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    assert config_runner.world_size_of({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2,
+    assert runner_rank.world_size_of({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2,
                                         "gradient_accumulation_steps": 2}) == 4  # fmt: skip
-    assert config_runner.world_size_of({"train_micro_batch_size_per_gpu": 2}) == 1
+    assert runner_rank.world_size_of({"train_micro_batch_size_per_gpu": 2}) == 1
     config = {"train_batch_size": 4096, "train_micro_batch_size_per_gpu": 1}
     many = {"name": "many", "config": config, "max_world": 8}
-    said = config_runner._refuse_early(many, config_runner.world_size_of(config), [])
+    said = runner_screen.refuse_early(many, runner_rank.world_size_of(config), [])
     assert said.startswith("the config needs 4096 processes") and "this machine allows 8" in said
     ro = tmp_path / "ro"
     ro.mkdir(mode=0o500)
@@ -172,12 +178,12 @@ def test_the_runner_refuses_before_starting_what_cannot_run(tmp_path: Path, monk
         section = {"device": "nvme", "nvme_path": path} if path else {"device": "nvme"}
         entry = {"name": "n", "config": {"zero_optimization": {"stage": 3, "offload_optimizer": section}}}
         made: list[str] = []
-        assert expected in config_runner._refuse_early(entry, 1, made), path
+        assert expected in runner_screen.refuse_early(entry, 1, made), path
         assert made == []
     nvme = next(c for c in matrix("cpu", ["async_io"]) if "/nvme/" in c.name)
     scratch = {"name": "s", "config": json.loads(json.dumps(nvme.config))}
     made = []
-    assert config_runner._refuse_early(scratch, 1, made) == ""
+    assert runner_screen.refuse_early(scratch, 1, made) == ""
     folder = Path(scratch["config"]["zero_optimization"]["offload_optimizer"]["nvme_path"])
     assert folder.parent == tmp_path and folder.is_dir() and str(folder) in made  # the work disk (O_DIRECT)
     assert all(Path(m).parent == tmp_path for m in made)
@@ -187,7 +193,7 @@ def test_the_runner_refuses_before_starting_what_cannot_run(tmp_path: Path, monk
     own = {"name": "o", "config": {"zero_optimization": {"stage": 3, "offload_optimizer": {
         "device": "nvme", "nvme_path": str(disk)}}}}  # fmt: skip
     made = []
-    assert config_runner._refuse_early(own, 1, made) == ""
+    assert runner_screen.refuse_early(own, 1, made) == ""
     assert [Path(m).parent for m in made] == [disk] and Path(made[0]).name.startswith(".ds-config-check-")
     spec = configs.runner_spec([ConfigCase("bad", {}, "x.json", "x.json does not exist"), nvme], "cpu", 5.0, jobs=3)
     assert spec["configs"][0] == {"name": "bad", "error": "x.json does not exist"}
@@ -201,40 +207,40 @@ def _root() -> bool:
 
 
 def test_the_runner_sorts_deepspeeds_errors() -> None:
-    config_runner._jit.clear()
-    config_runner._refused.clear()
+    runner_jit.jit_asked.clear()
+    runner_jit.refused_loads.clear()
     try:
         raise ValueError("This op had not been implemented on CPU backend.")
     except ValueError as exc:
-        assert config_runner._classify(exc)[0] == "unsupported"
+        assert runner_outcome.classify(exc)[0] == "unsupported"
     try:
         raise RuntimeError("InductorError: InvalidCxxCompiler: No working C++ compiler found")
     except RuntimeError as exc:
-        status, detail = config_runner._classify(exc)
+        status, detail = runner_outcome.classify(exc)
         assert status == "needs-compiler" and "no prebuilt wheel can carry that" in detail
-    config_runner._jit.append("fused_adam")
+    runner_jit.jit_asked.append("fused_adam")
     try:
-        raise config_runner.JitRefused("refused")
+        raise runner_jit.JitRefused("refused")
     except RuntimeError as exc:
-        assert config_runner._classify(exc)[0] == "needs-op"
-    config_runner._jit.clear()
+        assert runner_outcome.classify(exc)[0] == "needs-op"
+    runner_jit.jit_asked.clear()
     try:
         raise KeyError("ours")
     except KeyError as exc:
-        assert config_runner._classify(exc)[0] == "failed"
+        assert runner_outcome.classify(exc)[0] == "failed"
     # Issue 51: DeepSpeed's checks of a config's contents are "invalid", not "not supported on this
     # accelerator": its config module's asserts (train_batch_size NaN), an optimizer it does not have.
     try:
         raise AssertionError("FooOpt is not a supported DeepSpeed Optimizer")
     except AssertionError as exc:
-        assert config_runner._classify(exc)[0] == "invalid"
+        assert runner_outcome.classify(exc)[0] == "invalid"
     namespace: dict[str, Any] = {}
     exec(compile("def _batch_assertion():\n    assert False, 'Train batch size: nan has to be greater than 0'\n",
                  os.path.join("site-packages", "deepspeed", "runtime", "config.py"), "exec"), namespace)  # fmt: skip
     try:
         namespace["_batch_assertion"]()
     except AssertionError as exc:
-        status, detail = config_runner._classify(exc)
+        status, detail = runner_outcome.classify(exc)
         assert (status, detail) == ("invalid", "AssertionError: Train batch size: nan has to be greater than 0")
 
 
@@ -320,7 +326,7 @@ def test_a_launched_rank_whose_world_does_not_fit_the_config_says_so(monkeypatch
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     config = {"train_batch_size": 3, "train_micro_batch_size_per_gpu": 1}
-    got = config_runner.run_launched("zero2.json", config)
+    got = runner_rank.run_launched("zero2.json", config)
     assert got["status"] == "invalid" and got["rank"] == 1 and got["world"] == 2 and got["ops"] == []
     assert got["detail"] == ("the config's batch sizes give 3 processes (train_batch_size / (micro batch x "
                              "accumulation)); the launcher started 2")  # fmt: skip
@@ -332,7 +338,7 @@ def test_a_configs_rendezvous_port_is_held_until_its_ranks_are_done() -> None:
     was chosen by binding port 0 and closing it)."""
     import socket
 
-    store = config_runner.held_store(2)
+    store = runner_rank.held_store(2)
     with socket.socket() as other, pytest.raises(OSError) as taken:
         other.bind(("127.0.0.1", store.port))
     assert taken.value.errno == 98  # EADDRINUSE: held, not merely chosen
@@ -347,7 +353,7 @@ def test_sixteen_worlds_at_once_each_meet_at_their_own_store() -> None:
     torch = pytest.importorskip("torch")
     from concurrent.futures import ThreadPoolExecutor
 
-    stores = [config_runner.held_store(2) for _ in range(16)]
+    stores = [runner_rank.held_store(2) for _ in range(16)]
     assert len({s.port for s in stores}) == 16
 
     def meet(store: object) -> bytes:
@@ -364,12 +370,12 @@ def test_a_key_deepspeed_does_not_know_fails_the_config_with_did_you_mean(monkey
     The names are DeepSpeed's own, read from its sources (here: the installed torch-side test env has
     no DeepSpeed, so a FAKE list stands in for what the scan finds; the scan itself runs for real in
     every smoke and check-config)."""
-    monkeypatch.setattr(config_runner, "_NAMES", [frozenset({"zero_optimization", "stage", "offload_optimizer",
+    monkeypatch.setattr(runner_screen, "_NAMES", [frozenset({"zero_optimization", "stage", "offload_optimizer",
                                                              "device", "train_batch_size", "optimizer"})])  # fmt: skip
-    assert config_runner.unknown_keys({"zero_optimization": {"stage": 2}, "train_batch_size": 2}) == ""
-    said = config_runner.unknown_keys({"zero_optimisation": {"stage": 2}})
+    assert runner_screen.unknown_keys({"zero_optimization": {"stage": 2}, "train_batch_size": 2}) == ""
+    said = runner_screen.unknown_keys({"zero_optimisation": {"stage": 2}})
     assert said.startswith("unknown key 'zero_optimisation' (did you mean 'zero_optimization'?)")
-    said = config_runner.unknown_keys({"zero_optimization": {"stage": 2, "offload_optimizer": {"devcie": "cpu"}}})
+    said = runner_screen.unknown_keys({"zero_optimization": {"stage": 2, "offload_optimizer": {"devcie": "cpu"}}})
     assert "'zero_optimization.offload_optimizer.devcie' (did you mean 'device'?)" in said
 
 
@@ -390,16 +396,16 @@ def test_a_config_that_hit_its_time_limit_beside_others_runs_again_alone(monkeyp
                 return {**base, "status": "passed", "detail": "3 steps"}
             return {**base, "status": "failed", "detail": "the config did not finish within 180 s (its time limit)"}
 
-    monkeypatch.setattr(config_runner, "Running", FakeRunning)
-    monkeypatch.setattr(config_runner, "prepare", lambda accelerator: None)
+    monkeypatch.setattr(runner_pool, "Running", FakeRunning)
+    monkeypatch.setattr(runner_pool, "prepare", lambda accelerator: None)
     entries: list[dict[str, Any]] = [{"name": n, "config": {}} for n in ("ok", "flaky", "hangs")]
-    results = {r["name"]: r for r in config_runner.run({"configs": entries, "jobs": 4, "accelerator": "cpu"})}
+    results = {r["name"]: r for r in runner_pool.run({"configs": entries, "jobs": 4, "accelerator": "cpu"})}
     assert runs == {"ok": 1, "flaky": 2, "hangs": 2}
     assert results["ok"]["detail"] == "3 steps"
     assert results["flaky"]["status"] == "passed" and "run again alone" in results["flaky"]["detail"]
     assert results["hangs"]["status"] == "failed" and "and again alone" in results["hangs"]["detail"]
     runs.clear()  # one config at a time: nothing ran beside it, so nothing to run again
-    alone = config_runner.run({"configs": entries[2:], "jobs": 1, "accelerator": "cpu"})
+    alone = runner_pool.run({"configs": entries[2:], "jobs": 1, "accelerator": "cpu"})
     assert runs == {"hangs": 1} and alone[0]["status"] == "failed"
 
 
@@ -409,11 +415,29 @@ def test_a_configs_extensions_folder_is_removed_when_it_is_done(
     """Each config gets an empty TORCH_EXTENSIONS_DIR of its own, removed when its result is made (a
     node running the runner by hand, or the smoke's 91 configs a run, left a folder each in /tmp).
     Here DeepSpeed is not installed, so the config fails to import it: the folder goes all the same."""
-    monkeypatch.setattr(config_runner, "_NAMES", [frozenset({"train_batch_size"})])
+    monkeypatch.setattr(runner_screen, "_NAMES", [frozenset({"train_batch_size"})])
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     for name in ("RANK", "WORLD_SIZE", "TORCH_EXTENSIONS_DIR"):
         monkeypatch.setenv(name, "0" if name == "RANK" else "1")
-    got = config_runner.run_launched("zero0.json", {"train_batch_size": 1})
+    got = runner_rank.run_launched("zero0.json", {"train_batch_size": 1})
     assert got["status"] == "failed" and "deepspeed" in got["detail"], got
     assert os.environ["TORCH_EXTENSIONS_DIR"].startswith(str(tmp_path / "config-ext-"))
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.spawns
+def test_the_config_checker_is_its_package_in_one_file(tmp_path: Path) -> None:
+    """Issue 50: the config checker is a package (builder/resources/config_check/, a module per
+    noun); the smoke runs it and a wheelhouse publishes it (tools/ds-config-check.py) as one file,
+    the same bytes each time, which runs alone (`--help` from a folder holding nothing else)."""
+    from builder.resources.config_check import BUNDLE
+
+    first = configs.checker_source()
+    assert first == configs.checker_source()
+    text = first.decode()
+    assert [m for m in BUNDLE if f"# ==================== builder/resources/config_check/{m}.py" not in text] == []
+    assert "from builder" not in text and "import builder" not in text
+    tool = tmp_path / "ds-config-check.py"
+    tool.write_bytes(first)
+    done = subprocess.run([sys.executable, "-I", str(tool), "--help"], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0 and "--timeout" in done.stdout and "CONFIG" in done.stdout, done.stderr

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import builder.resources.config_check.cli as runner_cli
 from builder import cli, node
-from builder.resources import config_runner
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -139,7 +139,7 @@ def problems(found: list[Command], known_sessions: set[str]) -> list[str]:
         elif c.program.endswith("ds-node-install.py"):
             parser, words = node.parser(), c.rest
         elif c.program.endswith("ds-config-check.py"):
-            parser, words = config_runner.parser(), c.rest
+            parser, words = runner_cli.parser(), c.rest
         else:  # tests/cluster.py VERB FOLDER
             verb = (c.rest.split() or [""])[0]
             if not set(verb.split("|")) <= set(CLUSTER_VERBS):

@@ -1725,10 +1725,10 @@ def test_a_fifo_or_dev_zero_as_trust_or_config_is_refused_not_waited_on(house: P
     done = subprocess.run([sys.executable, str(house / INSTALLER), "--wheelhouse", str(house), "--dry-run",
                            "--trust", "/dev/zero"], capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 9 and "is a device, not a regular file" in done.stderr, done.stderr[-2000:]
-    from builder.resources import config_runner
+    import builder.resources.config_check.screen as runner_screen
 
     for path in (str(fifo), "/dev/zero", str(tmp_path)):
-        config, why = config_runner.read_config_file(path)
+        config, why = runner_screen.read_config_file(path)
         assert config is None and "is not a regular file" in why, why
 
 

@@ -218,7 +218,7 @@ def config_costs(wheel: Path, ws: Workspace, log: Path) -> dict[str, float]:
 
     from builder import configs
     from builder.contracts import BuildManifest
-    from builder.resources import config_runner
+    from builder.resources.config_check.pool import START_ENV
     from builder.smoke import WRITE_BYTECODE, config_cases, no_compiler, wheel_env
 
     manifest = BuildManifest.from_wheel(wheel)
@@ -234,7 +234,7 @@ def config_costs(wheel: Path, ws: Workspace, log: Path) -> dict[str, float]:
         sample = cases[:: max(1, len(cases) // CONFIG_SAMPLE)][:CONFIG_SAMPLE]
         each = [_timed(functools.partial(run, [c]))[0] for c in sample]
         spawned = cases[:: max(1, len(cases) // SPAWN_SAMPLE)][:SPAWN_SAMPLE]
-        setting = {**env, config_runner.START_ENV: "spawn", "PYTHONDONTWRITEBYTECODE": "1"}
+        setting = {**env, START_ENV: "spawn", "PYTHONDONTWRITEBYTECODE": "1"}
         image = {k: v for k, v in setting.items() if k != "PYTHONPYCACHEPREFIX"}  # as the image runs them
         once = {**setting, **WRITE_BYTECODE}  # the toolkit's: compiled once into the run's own folder
         spawn_plain, _ = _timed(lambda: configs.run(python, spawned, manifest.accelerator, env=image, cwd=tmp, log=log))

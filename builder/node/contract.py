@@ -6,7 +6,7 @@ import re
 
 MANIFEST_FILE = "manifest.json"
 INSTALLER = "tools/ds-node-install.py"
-# builder/resources/config_runner.py, published byte for byte: runs DeepSpeed configs against the
+# builder/resources/config_check/ in one file (builder.configs.checker_source): runs DeepSpeed configs against the
 # DeepSpeed installed on a node (install --check-config).
 CONFIG_CHECK = "tools/ds-config-check.py"
 EXIT_CONFIGS = 14  # a config does not run from the installed wheel

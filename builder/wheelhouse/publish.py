@@ -29,7 +29,7 @@ import zipfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
-from builder import node, output
+from builder import configs, node, output
 from builder.contracts import BuildManifest, SmokeReport
 from builder.errors import FolderError, PublishError
 from builder.files import copy_atomic, is_temp_name, make_dirs, sha256_of, write_atomic
@@ -47,7 +47,6 @@ from builder.node import (
     check_wheel_name,
     split_variant_name,
 )
-from builder.resources import resource
 from builder.smoke import load_report, report_path
 from builder.wheelhouse import closure, installer, variants
 from builder.wheelhouse.index import (
@@ -466,9 +465,9 @@ def installer_source() -> bytes:
 
 
 def tool_sources() -> dict[str, bytes]:
-    """tools/ of a wheelhouse: the node installer and the config checker (resources/config_runner.py),
-    each byte for byte the toolkit's own file."""
-    return {INSTALLER: installer_source(), CONFIG_CHECK: resource("config_runner.py").read_bytes()}
+    """tools/ of a wheelhouse: the node installer and the config checker (resources/config_check/),
+    each built into one file from its package (the same package, the same bytes)."""
+    return {INSTALLER: installer_source(), CONFIG_CHECK: configs.checker_source()}
 
 
 def _publish_tool(wheelhouse: Path, name: str) -> str:

@@ -1,0 +1,73 @@
+"""What a config's failure means, in the words the report uses: DeepSpeed refusing the config on
+this accelerator, rejecting its contents, an op the wheel lacks, a time limit, or anything else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import traceback
+from typing import Any
+
+from builder.resources.config_check.jit import NOT_IMPLEMENTED, jit_allowed, jit_asked, refused_loads
+
+
+def classify(exc: BaseException) -> tuple[str, str]:
+    text = f"{type(exc).__name__}: {exc}".strip()
+    if jit_asked and not jit_allowed():
+        return "needs-op", f"needs {', '.join(jit_asked)}, which the installed wheel lacks ({text.splitlines()[0]})"
+    if "InvalidCxxCompiler" in text or "No working C++ compiler" in text:
+        return "needs-compiler", (
+            "torch.compile (inductor) compiles code for this config at first use, which needs a C++ compiler on "
+            f"the node; no prebuilt wheel can carry that ({text.splitlines()[0]})"
+        )
+    if refused_loads or NOT_IMPLEMENTED in text:
+        return "unsupported", text
+    names = {type(e).__name__ for e in _chain(exc)}
+    frames = traceback.extract_tb(exc.__traceback__)
+    if names & {"ValidationError", "DeepSpeedConfigError"} or _checks_the_config(frames, text):
+        return "invalid", " ".join(text.split())[:600]
+    if frames and f"{os.sep}deepspeed{os.sep}" in frames[-1].filename:
+        return "unsupported", text
+    return "failed", text + "\n" + "".join(traceback.format_exception(exc, limit=-4))[-1500:]
+
+
+_CONFIG_FILE = os.path.join("deepspeed", "runtime", "config.py")
+
+
+def _checks_the_config(frames: Any, text: str) -> bool:
+    """Whether the error came from DeepSpeed checking the config's contents, not from running it: its
+    config module's asserts (`train_batch_size: NaN`), an optimizer name it does not have. Its other
+    sanity checks (Lamb needs dynamic loss scaling) say what DeepSpeed supports, and stay so."""
+    return any(f.filename.endswith(_CONFIG_FILE) for f in frames[-2:]) or UNKNOWN_OPTIMIZER in text
+
+
+UNKNOWN_OPTIMIZER = "is not a supported DeepSpeed Optimizer"
+
+
+def _chain(exc: BaseException | None) -> list[BaseException]:
+    out = []
+    while exc is not None and exc not in out:
+        out.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return out
+
+
+TIMED_OUT = "did not finish within"  # a config's detail when it hit its limit (again_alone reads it)
+
+
+def explain(result: dict[str, Any], accelerator: str) -> str:
+    """One line for people: what the result means and what to do."""
+    detail = str(result.get("detail", ""))
+    first = detail.splitlines()[0] if detail else ""
+    status, jit = result["status"], list(result.get("jit", []))
+    if status == "passed":
+        return f"runs from the wheel: ops {', '.join(result.get('ops', [])) or 'none'}; {first}"
+    if status == "needs-op":
+        add = ", ".join(json.dumps(o) for o in jit)
+        return f"needs op {', '.join(jit)}, which the wheel lacks: add {add} to the recipe's ops"
+    if status == "unsupported":
+        return f"not supported by DeepSpeed on {accelerator}: {first}"
+    if status == "invalid":
+        return "DeepSpeed rejects the config: " + " ".join(detail.split())[:400]
+    return first
