@@ -118,3 +118,13 @@ def test_no_module_is_over_600_lines() -> None:
     long = {p.relative_to(ROOT).as_posix(): n for p in (ROOT / "builder").rglob("*.py")
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > 600}  # fmt: skip
     assert long == {}
+
+
+def test_the_architecture_page_names_every_room() -> None:
+    """Issue 50: docs/architecture.md is the page a newcomer reads first; a room it does not name in
+    its floor table (`room`) has no stated job and no stated floor."""
+    page = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    table = [line for line in page.splitlines() if line.startswith("| ") and "`" in line]
+    named = {word for line in table for word in line.split("|")[2].replace(",", " ").split() if word.startswith("`")}
+    rooms = set(rooms_of(imports_of(ROOT))) - {"builder"}
+    assert sorted(r for r in rooms if f"`{r}`" not in named) == []
