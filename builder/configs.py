@@ -23,7 +23,7 @@ from builder.files import write_atomic
 from builder.node import CONFIG_OPTIMIZERS, OP_RE, Fields, ManifestError
 from builder.resources import RESOURCES, report_after
 from builder.resources.config_check import outcome as runner_outcome
-from builder.resources.config_check.jit import MARKER as RUNNER_MARKER
+from builder.resources.config_check.jit import MARKER as MARKER  # what the checker prints before its report
 from builder.resources.config_check.pool import default_jobs
 from builder.resources.config_check.screen import SCRATCH, read_config_file
 
@@ -34,7 +34,6 @@ CHECKER_HEADER = (
     "builder/bundle.py from the toolkit's package builder/resources/config_check/ (its modules: {order}):\n"
     'edit the package, not this file. `--help` says how to run it."""\n'
 )
-MARKER = RUNNER_MARKER
 STATUSES = ("passed", "needs-op", "needs-compiler", "unsupported", "invalid", "no-gpu", "failed")
 TIMEOUT = 180.0  # seconds per config: a tiny model's initialize and steps take under 2 s here
 

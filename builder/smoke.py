@@ -28,6 +28,7 @@ from builder.files import is_file_here, sha256_of, write_atomic
 from builder.node import CHECK_STATUSES, Fields, ManifestError, TooLarge, format_configs, read_bounded
 from builder.recipe import TorchSpec
 from builder.resources import RESOURCES, report_after, resource
+from builder.resources.smoke.common import MARKER  # what the checks print before their report
 from builder.workspace import Workspace
 
 CHECKS_PACKAGE = "builder.resources.smoke"
@@ -41,7 +42,6 @@ DIST_WORKER = resource("smoke_dist.py")
 # What the quantized-load checks need besides the wheel; bitsandbytes pinned to the version
 # whose CPU backend was measured here (0.50.2).
 SMOKE_EXTRAS = ("transformers>=5,<6", "accelerate>=1.10", "bitsandbytes==0.50.2", "safetensors>=0.4")
-MARKER = "==== smoke json ===="
 
 
 def write_checks(folder: Path) -> Path:
