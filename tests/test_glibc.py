@@ -89,3 +89,34 @@ def test_this_nodes_probe_finds_its_glibc() -> None:
 
     node = probe_node(sys.executable)
     assert node.glibc == os.confstr("CS_GNU_LIBC_VERSION").split()[-1]  # type: ignore[union-attr]
+
+
+@pytest.mark.spawns
+def test_the_node_probe_reads_a_cpu_torch_without_importing_it_and_asks_a_gpu_torch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FAKE torch packages holding only what the probe reads, put first on the path: a CPU build's
+    version.py answers alone (its __init__ would stop the probe if it were imported: importing torch
+    cost every node and every test probing the toolkit's Python 2.5 s); a CUDA build is imported and
+    asked for its GPUs, as before."""
+    from builder.node import probe_node
+
+    cpu = tmp_path / "cpu" / "torch"
+    cpu.mkdir(parents=True)
+    (cpu / "__init__.py").write_text("raise SystemExit('torch was imported')\n")
+    (cpu / "version.py").write_text("from typing import Optional\n__version__ = '2.13.0+cpu'\n"
+                                    "cuda: Optional[str] = None\nhip: Optional[str] = None\n")  # fmt: skip
+    gpu = tmp_path / "gpu" / "torch"
+    gpu.mkdir(parents=True)
+    (gpu / "version.py").write_text("__version__ = '2.14.1+cu130'\ncuda = '13.0'\nhip = None\n")
+    (gpu / "__init__.py").write_text(
+        "from torch import version\n__version__ = version.__version__\n\n\nclass cuda:\n"
+        "    is_available = staticmethod(lambda: True)\n    device_count = staticmethod(lambda: 2)\n"
+        "    get_device_capability = staticmethod(lambda i: (9, 0) if i == 0 else (8, 0))\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(cpu.parent))
+    node = probe_node(sys.executable)
+    assert (node.torch, node.cuda, node.gpus) == ("2.13.0+cpu", None, ())
+    monkeypatch.setenv("PYTHONPATH", str(gpu.parent))
+    node = probe_node(sys.executable)
+    assert (node.torch, node.cuda, node.gpus) == ("2.14.1+cu130", "13.0", ("9.0", "8.0"))

@@ -42,10 +42,17 @@ def plan_for(*ops: str):  # type: ignore[no-untyped-def]
 
 
 def test_a_units_key_is_its_ops_alone() -> None:
-    """Adding an op to a recipe, renaming it or reordering its ops leaves every other unit's key as it was."""
+    """Adding an op to a recipe, renaming it, reordering its ops, or giving it configs and known failures
+    (they fill the wheel's manifest and its smoke, not an op's .so) leaves every other unit's key as it was."""
     inputs = {"deepspeed": "0.19.8", "recipe": {"name": "cpu"}, "ops": ["cpu_adam", "cpu_lion"], "python": "3.11"}
     two, _ = plan_units(plan_for("cpu_adam", "cpu_lion"), inputs, 2, None)
-    renamed = {**inputs, "recipe": {"name": "x"}, "ops": ["cpu_lion", "cpu_adam", "cpu_adagrad"]}
+    renamed = {
+        **inputs,
+        "recipe": {"name": "x"},
+        "ops": ["cpu_lion", "cpu_adam", "cpu_adagrad"],
+        "configs": {"configs/lbfgs.json": {"optimizer": {"type": "LBFGS"}}},
+        "known_failures": {"configs/lbfgs.json": {"reason": "DeepSpeed steps LBFGS without its closure"}},
+    }
     three, _ = plan_units(plan_for("cpu_lion", "cpu_adam", "cpu_adagrad"), renamed, 2, None)
     keys = {u.op.name: u.key for u in three}
     assert {u.op.name: u.key for u in two} == {k: keys[k] for k in ("cpu_adam", "cpu_lion")}

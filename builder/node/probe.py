@@ -10,17 +10,40 @@ from builder.node.choosing import Node
 from builder.node.contract import ARCH_RE, LIMITS, PYTHON_TAG_RE, InstallError, ManifestError
 from builder.node.fields import CUDA_RE, GLIBC_RE, VERSION_RE, Fields
 
+# torch's own version.py (what torch.__version__ and torch.version.cuda read) is run alone first: where
+# it names no CUDA or ROCm build there is no GPU torch can see, and the answer needs no `import torch`
+# (2.5 s of CPU and hundreds of MB on every node, and in every test that probes the toolkit's Python).
+# A GPU build, or a torch without that file, is imported and asked, as before.
 _NODE_PROBE = r"""
 import json, sys
 out = {"python_tag": f"cp{sys.version_info[0]}{sys.version_info[1]}", "torch": None, "cuda": None, "gpus": []}
+def _cpu_torch():
+    import importlib.util, os, runpy
+    spec = importlib.util.find_spec("torch")
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        path = os.path.join(folder, "version.py")
+        if os.path.isfile(path):
+            found = runpy.run_path(path)
+            version = found.get("__version__")
+            if isinstance(version, str) and found.get("cuda") is None and found.get("hip") is None:
+                return version
+            return None
+    return None
 try:
-    import torch
-    out["torch"], out["cuda"] = torch.__version__, torch.version.cuda
-    if torch.cuda.is_available():
-        caps = [torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())]
-        out["gpus"] = [f"{major}.{minor}" for major, minor in caps]
-except ImportError:
-    pass
+    cpu = _cpu_torch()
+except Exception:
+    cpu = None
+if cpu is not None:
+    out["torch"] = cpu
+else:
+    try:
+        import torch
+        out["torch"], out["cuda"] = torch.__version__, torch.version.cuda
+        if torch.cuda.is_available():
+            caps = [torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())]
+            out["gpus"] = [f"{major}.{minor}" for major, minor in caps]
+    except ImportError:
+        pass
 try:
     import os
     out["glibc"] = os.confstr("CS_GNU_LIBC_VERSION").split()[-1]

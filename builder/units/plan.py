@@ -12,8 +12,10 @@ from builder.wheelbuild.ops import OpInfo
 from builder.wheelbuild.plan import BuildPlan, job_memory, max_jobs
 
 UNIT_SCHEMA = 1
-# Build-key inputs that name or fill the assembled wheel but do not change one op's unit.
-RECIPE_ONLY = ("recipe", "ops", "narrow_ops", "on_op_failure", "configs", "label")
+# Build-key inputs that name or fill the assembled wheel but do not change one op's unit: the site's
+# configs and its known failures go into the wheel's manifest and its smoke, not into any op's .so (a
+# known failure in the key made listing one compile every op again).
+RECIPE_ONLY = ("recipe", "ops", "narrow_ops", "on_op_failure", "configs", "known_failures", "label")
 # Environment that changes how fast a unit builds, never what it holds.
 SPEED_ONLY = ("MAX_JOBS", "DS_BUILDER_PARALLEL")
 
