@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -85,12 +87,87 @@ def own_workspace(workspace: Path, tmp_path: Path) -> Path:
     return own
 
 
+@dataclass(frozen=True)
+class DefaultBuild:
+    """The default recipe built, smoke-tested and published once for the whole test run."""
+
+    work: Path  # its work folder: dist/ (the wheel, its build record), cache/ (sdists, build env, units)
+    house: Path  # its wheelhouse: read it; a test that writes into one copies it (default_house_copy)
+    result: subprocess.CompletedProcess[str]  # what `build-wheel` said
+    tmpdir: Path  # the TMPDIR it ran with, which it must leave empty
+
+
+def run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder every pytest worker of this run shares (xdist gives each worker a folder inside it)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture(scope="session")
+def default_build(tmp_path_factory: pytest.TempPathFactory) -> DefaultBuild:
+    """`build-wheel` with no recipe (the default), as a new user runs it, into a fresh wheelhouse with a
+    TMPDIR of its own, made once per test run: the first worker to ask builds it under a file lock,
+    the others wait and read what it said (it is the suite's longest single build: units, smoke,
+    publish). The run's one signing key (DS_BUILDER_KEYS, above, inherited by every worker) signed it.
+    BUILDER_TEST_WORK_DIR keeps its work folder between runs."""
+    from filelock import FileLock
+
+    shared = run_folder(tmp_path_factory) / "default-build"
+    fixed = os.environ.get("BUILDER_TEST_WORK_DIR")
+    work = Path(fixed) / "default-build" if fixed else shared / "work"
+    house, tmp, said = shared / "wheelhouse", shared / "TMPDIR", shared / "build-wheel.json"
+    shared.mkdir(exist_ok=True)
+    with FileLock(str(shared) + ".lock"):
+        if not said.exists():
+            tmp.mkdir()
+            done = subprocess.run([sys.executable, "-m", "builder", "build-wheel", "--work-dir", str(work),
+                                   "--wheelhouse", str(house)], cwd=ROOT, capture_output=True, text=True,
+                                  env={**os.environ, "TMPDIR": str(tmp)})  # fmt: skip
+            record = {"returncode": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
+            said.with_suffix(".part").write_text(json.dumps(record))
+            said.with_suffix(".part").rename(said)
+        record = json.loads(said.read_text())
+    result = subprocess.CompletedProcess(["build-wheel"], record["returncode"], record["stdout"], record["stderr"])
+    assert result.returncode == 0, result.stderr[-5000:]
+    return DefaultBuild(work, house, result, tmp)
+
+
+@pytest.fixture(scope="session")
+def pipeline(default_build: DefaultBuild) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """The default build's wheelhouse (to read, not to write) and what build-wheel said."""
+    return default_build.house, default_build.result
+
+
+def copy_house(build: DefaultBuild, into: Path) -> Path:
+    """A wheelhouse of a test file's own, copied from the default build's and made a wheelhouse of its
+    own (`sign --new-id`: the toolkit refuses to write into a copy of a wheelhouse it publishes
+    elsewhere, which nodes would take for a rollback): for tests that write into one (locks, images, a
+    tampered file) while other workers read the original."""
+    shutil.copytree(build.house, into, symlinks=True)
+    done = subprocess.run([sys.executable, "-m", "builder", "sign", "--new-id", "--wheelhouse", str(into),
+                           "--work-dir", str(into.with_name(into.name + ".work"))], cwd=ROOT, capture_output=True,
+                          text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return into
+
+
+def work_of_own(build: DefaultBuild, folder: Path) -> Path:
+    """A work folder of a test file's own whose cache/ is the default build's (its sdist, build env,
+    units and the image base): its tmp/ and dist/ are the file's, so it can assert they are clean."""
+    folder.mkdir(parents=True)
+    (folder / "cache").symlink_to(build.work / "cache", target_is_directory=True)
+    return folder
+
+
 # The order test files reach the pytest workers (nox -s tests: --dist loadfile, --no-loadscope-reorder;
-# each worker is handed two files at the start, then one whenever it has fewer than two). The three
-# longest start at once, one a worker, each with a short file behind it; the medium ones go next to
-# whichever worker is free first; the short ones fill in after.
-LONGEST = ("test_pipeline.py", "test_cluster.py", "test_every_op.py")
-MEDIUM = ("test_cuda_pipeline.py", "test_system_torch.py", "test_torch_builds.py")
+# each worker is handed two files at the start, then one whenever it has two tests or fewer left). The
+# longest start at once, one a worker, each with a short file behind it. The files that read the
+# default build (conftest's default_build, made by test_pipeline.py's worker in about 9 minutes) come
+# next, so they reach a worker about when it is ready rather than holding one idle from the start;
+# then the medium ones, then the short ones fill in.
+LONGEST = ("test_pipeline.py", "test_cluster.py", "test_every_op.py", "test_offline.py", "test_cuda_pipeline.py")
+MEDIUM = ("test_pipeline_images.py", "test_pipeline_units.py", "test_pipeline_installs.py", "test_root_builds.py",
+          "test_system_torch.py", "test_torch_builds.py")  # fmt: skip
 
 
 def file_order(names: list[str]) -> list[str]:

@@ -705,7 +705,7 @@ def test_install_dry_run_json_and_its_exit_codes(house: Path) -> None:
 # Each test below names the case of issue 20 it covers:
 #   air-gapped node ........ test_the_node_installs_dependencies_from_the_wheelhouse_alone,
 #                            test_a_tampered_dependency_is_refused_before_pip_runs,
-#                            test_node_installs_its_wheel_from_the_served_wheelhouse (test_pipeline, real wheel)
+#                            test_node_installs_its_wheel_from_the_served_wheelhouse (test_pipeline_installs)
 #   serve leaks ............ test_serve_hands_out_nothing_from_outside_the_wheelhouse, test_serve_port_is_checked
 #   prune wipes ............ test_prune_without_its_recipes_folder_deletes_nothing,
 #                            test_a_prune_that_would_empty_the_wheelhouse_needs_all

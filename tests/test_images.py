@@ -2,7 +2,7 @@
 Containerfile, the manifest's image entries, OCI archives, seccomp, the host's Debian mirror.
 
 The real image (podman, debootstrap, the smoke inside, the same digest twice) is built in
-tests/test_pipeline.py from the default recipe's published wheel.
+tests/test_pipeline_images.py from the default recipe's published wheel.
 """
 
 from __future__ import annotations

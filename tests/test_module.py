@@ -5,7 +5,7 @@ last, once Lmod has loaded it and ds_report lists its ops.
 These tests use a FAKE DeepSpeed wheel (tests/fakes.py: `import deepspeed` works and its
 `ds_report` prints the op table line of its one op, nothing else of DeepSpeed) and a fake
 dependency, so a module installs in seconds; Lmod, venv and pip are real. The real wheel's module
-(torch, every op, a DeepSpeed config) is tested by test_pipeline.py and on the cluster's nodes by
+(torch, every op, a DeepSpeed config) is tested by test_pipeline_images.py and on the cluster's nodes by
 test_cluster.py.
 """
 

@@ -1,6 +1,6 @@
 """The wheelhouse page (index.html): rendered from the validated manifest, escaped, checked by
 verify, rewritten by repair; the last matrix run's coverage shown with its Slurm job ids. On
-fake wheels; the real page of a real build is opened in chromium in test_pipeline."""
+fake wheels; the real page of a real build is opened in chromium in test_pipeline_images."""
 
 from __future__ import annotations
 
@@ -167,12 +167,12 @@ def test_only_real_locks_are_listed_and_a_lock_header_is_never_trusted(tmp_path:
 @pytest.mark.skipif(NO_BROWSER is not None, reason=str(NO_BROWSER))
 def test_the_signed_page_fits_a_phone(tmp_path: Path) -> None:
     """The signer's fingerprint and key (long unbreakable words) wrap at 390 px: the page itself never
-    scrolls sideways (a FAKE wheel; the full page of a real build is checked in test_pipeline)."""
+    scrolls sideways (a FAKE wheel; the full page of a real build is checked in test_pipeline_images)."""
     house = tmp_path / "house"
     publish([fake_wheel(tmp_path)], house)
     manifest = load_manifest(house)
     with chromium() as driver:
-        driver.set_window_size(390, 844)  # as test_pipeline's phone check does (a new window is at least 500 wide)
+        driver.set_window_size(390, 844)  # as test_pipeline_images does (a new window is at least 500 wide)
         driver.get((house / PAGE).as_uri())
         assert driver.execute_script("return document.documentElement.scrollWidth") <= 390
         text = driver.find_element("id", "install").text

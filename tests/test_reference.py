@@ -1,5 +1,5 @@
 """Whose failure is it (issue 49): a config that fails from the wheel against the same config run
-without the wheel. The pure parts here; the reference itself runs for real in test_pipeline (a
+without the wheel. The pure parts here; the reference itself runs for real in test_pipeline_units (a
 site config with DeepSpeed's own LBFGS failure)."""
 
 from __future__ import annotations
