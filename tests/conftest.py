@@ -81,10 +81,15 @@ def own_workspace(workspace: Path, tmp_path: Path) -> Path:
     for a test whose recipes make the same wheel file names as another test's: sharing dist/
     would make the second build refuse the name clash (or, with --force, replace the other's wheel)."""
     (workspace / "cache").mkdir(parents=True, exist_ok=True)
-    own = tmp_path / "work"
-    own.mkdir()
-    (own / "cache").symlink_to(workspace / "cache", target_is_directory=True)
-    return own
+    return work_sharing_cache(workspace, tmp_path / "work")
+
+
+def work_sharing_cache(work: Path, folder: Path) -> Path:
+    """A new work folder `folder` whose cache/ is `work`'s (its sdists, build env, units, the image
+    base): its tmp/, dist/ and logs/ are its own, so a test can assert they are clean."""
+    folder.mkdir(parents=True)
+    (folder / "cache").symlink_to(work / "cache", target_is_directory=True)
+    return folder
 
 
 @dataclass(frozen=True)
@@ -92,7 +97,7 @@ class DefaultBuild:
     """The default recipe built, smoke-tested and published once for the whole test run."""
 
     work: Path  # its work folder: dist/ (the wheel, its build record), cache/ (sdists, build env, units)
-    house: Path  # its wheelhouse: read it; a test that writes into one copies it (default_house_copy)
+    house: Path  # its wheelhouse: read it; a test that writes into one copies it (copy_house)
     result: subprocess.CompletedProcess[str]  # what `build-wheel` said
     tmpdir: Path  # the TMPDIR it ran with, which it must leave empty
 
@@ -149,14 +154,6 @@ def copy_house(build: DefaultBuild, into: Path) -> Path:
                           text=True)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     return into
-
-
-def work_of_own(build: DefaultBuild, folder: Path) -> Path:
-    """A work folder of a test file's own whose cache/ is the default build's (its sdist, build env,
-    units and the image base): its tmp/ and dist/ are the file's, so it can assert they are clean."""
-    folder.mkdir(parents=True)
-    (folder / "cache").symlink_to(build.work / "cache", target_is_directory=True)
-    return folder
 
 
 # The order test files reach the pytest workers (nox -s tests: --dist loadfile, --no-loadscope-reorder;

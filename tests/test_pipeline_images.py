@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from browser import ARTIFACTS, NO_BROWSER, chromium, full_page_screenshot
-from conftest import DefaultBuild, copy_house, work_of_own
+from conftest import DefaultBuild, copy_house, work_sharing_cache
 from pipeline_common import OPS, OPTIMIZERS, ROOT, VERSION, WHEEL, builder
 
 pytestmark = pytest.mark.integration
@@ -33,7 +33,7 @@ def house(default_build: DefaultBuild, tmp_path_factory: pytest.TempPathFactory)
 @pytest.fixture(scope="module")
 def workspace(default_build: DefaultBuild, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """This file's work folder, its cache the default build's (the build env, the image base)."""
-    return work_of_own(default_build, tmp_path_factory.mktemp("images-work") / "work")
+    return work_sharing_cache(default_build.work, tmp_path_factory.mktemp("images-work") / "work")
 
 
 def test_lock_installs_with_hashes_required(house: Path, workspace: Path, tmp_path: Path) -> None:
@@ -367,9 +367,8 @@ def test_an_interrupted_image_build_and_a_full_disk_leave_nothing_behind(
 
     if os.geteuid() != 0:
         return
-    small = tmp_path / "work"
-    (small / "tmp").mkdir(parents=True)
-    (small / "cache").symlink_to(workspace / "cache", target_is_directory=True)
+    small = work_sharing_cache(workspace, tmp_path / "work")
+    (small / "tmp").mkdir()
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(small / "tmp")],
                              capture_output=True, text=True)  # fmt: skip
     if mounted.returncode != 0:

@@ -17,7 +17,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import DefaultBuild, copy_house, work_of_own
+from conftest import DefaultBuild, copy_house, work_sharing_cache
 from nodes import node_venv
 from pipeline_common import OPS, ROOT, VERSION, WHEEL, builder
 
@@ -31,7 +31,7 @@ def test_check_config_says_what_each_config_needs_and_every_bad_one(
     for async_io, which the default wheel lacks (found by running it, with the recipe line); the bad
     configs each get their line and the others are still reported; exit 14."""
     house, _ = pipeline
-    workspace = work_of_own(default_build, tmp_path / "work")
+    workspace = work_sharing_cache(default_build.work, tmp_path / "work")
     nvme = tmp_path / "nvme"
     nvme.mkdir()
     base = {"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}}
