@@ -190,12 +190,17 @@ def _stop(proc: subprocess.Popen[str]) -> None:
             proc.wait()
 
 
+class NoAnswer(ToolError):
+    """A short query that hung past its timeout: a busy or restarting service, which a caller
+    that follows jobs may ask again rather than give up on."""
+
+
 def ask(
     args: Sequence[str], timeout: float = 60, env: Mapping[str, str] | None = None, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     """A short query whose failure matters (squeue while following jobs, a script piped to ssh):
-    silent, its exit status and both streams returned; ToolError only when the program is missing
-    or hangs."""
+    silent, its exit status and both streams returned; ToolError when the program is missing,
+    NoAnswer when it hangs."""
     if which(args[0], env) is None:
         raise ToolError(f"'{args[0]}' was not found on PATH", f"install {args[0]} or put it on PATH")
     try:
@@ -204,7 +209,7 @@ def ask(
             env=dict(env) if env is not None else None, input=stdin,
         )  # fmt: skip
     except subprocess.TimeoutExpired as exc:
-        raise ToolError(f"{quote(list(args))} did not answer in {timeout:.0f} s", "check the service it asks") from exc
+        raise NoAnswer(f"{quote(list(args))} did not answer in {timeout:.0f} s", "check the service it asks") from exc
 
 
 def query(args: Sequence[str]) -> str:

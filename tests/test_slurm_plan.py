@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -81,13 +82,16 @@ def test_the_matrix_gpu_table_is_checked(tmp_path: Path) -> None:
             parse_matrix({**base, "slurm": table}, tmp_path / "m.toml")
 
 
-def _answers(monkeypatch: pytest.MonkeyPatch, answers: list[tuple[int, str, str]]) -> list[list[str]]:
-    """FAKE squeue: each call returns the next (exit status, stdout, stderr)."""
+def _answers(monkeypatch: pytest.MonkeyPatch, answers: Sequence[tuple[int | None, str, str]]) -> list[list[str]]:
+    """FAKE squeue: each call returns the next (exit status, stdout, stderr); a None status hangs."""
     asked: list[list[str]] = []
+    left = list(answers)
 
     def ask(args: list[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
         asked.append(list(args))
-        code, out, err = answers.pop(0)
+        code, out, err = left.pop(0)
+        if code is None:  # squeue hung past its timeout: a controller too busy to answer
+            raise cmd.NoAnswer(f"squeue did not answer in {timeout:.0f} s", "check the service it asks")
         return subprocess.CompletedProcess(args, code, out, err)
 
     monkeypatch.setattr(cmd, "ask", ask)
@@ -109,6 +113,16 @@ def test_an_unreachable_controller_is_not_taken_for_the_end(monkeypatch: pytest.
     assert slurm.queue(["12"], poll=0) == {"12": "PENDING"}  # a controller restarting: asked again, answered
     _answers(monkeypatch, [(1, "", "Unable to contact slurm controller\n")] * 500)
     with pytest.raises(ToolError, match="squeue failed for 0 s: Unable to contact slurm controller"):
+        slurm.queue(["12"], patience=0, poll=0)
+
+
+def test_a_controller_too_busy_to_answer_is_asked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seen in CI on a loaded machine: squeue hung a minute while slurmctld was starved of CPU,
+    and the matrix it followed was given up while its jobs still ran."""
+    _answers(monkeypatch, [(None, "", "")] * 2 + [(0, "12 RUNNING\n", "")])
+    assert slurm.queue(["12"], poll=0) == {"12": "RUNNING"}
+    _answers(monkeypatch, [(None, "", "")] * 500)
+    with pytest.raises(ToolError, match="squeue failed for 0 s: squeue did not answer in 60 s"):
         slurm.queue(["12"], patience=0, poll=0)
 
 

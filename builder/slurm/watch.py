@@ -17,27 +17,32 @@ from builder.slurm.submit import jobs_of
 ACTIVE = "PENDING,RUNNING,CONFIGURING,COMPLETING,SUSPENDED,REQUEUED,RESIZING"
 
 
-def queue(jobs: Sequence[str], patience: float = 180.0, poll: float = 2.0) -> dict[str, str]:
+def queue(jobs: Sequence[str], patience: float = 600.0, poll: float = 2.0) -> dict[str, str]:
     """Slurm's state of each job still queued or running ({} when none is). Slurm forgets
     finished jobs (MinJobAge): "Invalid job id" then means done. Any other failure of squeue
-    (the controller restarting, unreachable) is retried for `patience` seconds, then reported,
-    never taken for the end: jobs wait in the controller's saved state while it restarts."""
+    (the controller restarting, unreachable, too busy to answer in a minute) is retried for
+    `patience` seconds, then reported, never taken for the end: jobs go on running while the
+    controller is busy, and wait in its saved state while it restarts."""
     deadline = time.monotonic() + patience
     said = False
     while True:
-        done = cmd.ask(["squeue", "-h", "-r", "-j", ",".join(jobs), "-t", ACTIVE, "-o", "%i %T"])
-        if done.returncode == 0:
-            if said:
-                output.note("squeue answers again")
-            return dict(line.split(maxsplit=1) for line in done.stdout.splitlines() if len(line.split()) == 2)
-        if "Invalid job id" in done.stderr:
-            return {}
-        why = (done.stderr.strip().splitlines() or ["no output"])[-1][-300:]
+        try:
+            done = cmd.ask(["squeue", "-h", "-r", "-j", ",".join(jobs), "-t", ACTIVE, "-o", "%i %T"])
+        except cmd.NoAnswer as exc:
+            why = exc.message
+        else:
+            if done.returncode == 0:
+                if said:
+                    output.note("squeue answers again")
+                return dict(line.split(maxsplit=1) for line in done.stdout.splitlines() if len(line.split()) == 2)
+            if "Invalid job id" in done.stderr:
+                return {}
+            why = (done.stderr.strip().splitlines() or ["no output"])[-1][-300:]
         if time.monotonic() >= deadline:
             raise ToolError(f"squeue failed for {patience:.0f} s: {why}",
                             f"the jobs may still run: squeue -j {','.join(jobs)}")  # fmt: skip
         if not said:
-            output.note(f"squeue failed ({why}); asking again for up to {patience:.0f} s (is slurmctld restarting?)")
+            output.note(f"squeue failed ({why}); asking again for up to {patience:.0f} s (slurmctld busy, restarting?)")
             said = True
         time.sleep(poll)
 
