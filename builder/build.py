@@ -86,7 +86,8 @@ def prepare(
         output.note(f"Python {target.python.version}: {target.python.path}")
     reqs = build_requirements(recipe, src)
     base = None if target.python.own else target.python.path
-    venv = envs.cached(ws.cache / "envs", reqs, log, verbose, system_site_packages=recipe.torch.system, base=base,
+    venv = envs.cached(envs.build_envs_folder(ws.cache, os.environ), reqs, log, verbose,
+                       system_site_packages=recipe.torch.system, base=base,
                        index=envs.torch_index(recipe.torch))  # fmt: skip
     return src, envs.python_in(venv)
 

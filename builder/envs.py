@@ -35,11 +35,24 @@ from typing import TYPE_CHECKING
 
 from builder import cmd, output
 from builder.errors import ToolError
+from builder.files import env_folder
 
 if TYPE_CHECKING:
     from builder.recipe import TorchSpec
 
 COMPLETE = ".builder-complete"
+
+# One folder of build environments for several work folders (a site building many recipes on one
+# host, a test run): an environment is keyed by what it holds, so another work folder's is the same.
+ENV_CACHE_ENV = "DS_BUILDER_ENV_CACHE"
+
+
+def build_envs_folder(work_cache: Path, env: Mapping[str, str]) -> Path:
+    """DS_BUILDER_ENV_CACHE (shared by several work folders), else the work folder's own."""
+    named = env_folder(env, ENV_CACHE_ENV, "build environments and their lock files")
+    return named if named is not None else work_cache / "envs"
+
+
 UV_VERSION = "0.13.9"  # also pinned in pyproject.toml
 BACKENDS = ("uv", "pip")
 # Where the toolkit installs uv when neither its own install nor PATH has one (a folder it owns).

@@ -151,6 +151,17 @@ def test_a_cached_build_environment_is_compiled_a_smoke_one_is_not(
     assert "--compile-bytecode" not in next(c for c in calls if c[1:3] == ["pip", "install"])
 
 
+def test_build_environments_are_the_work_folders_unless_a_shared_folder_is_named(tmp_path: Path) -> None:
+    """DS_BUILDER_ENV_CACHE: one folder of build environments for several work folders (keyed by
+    what they hold, so another folder's is the same); unset or empty, each work folder has its own."""
+    from builder import envs
+
+    cache = tmp_path / "work" / "cache"
+    assert envs.build_envs_folder(cache, {}) == cache / "envs"
+    assert envs.build_envs_folder(cache, {envs.ENV_CACHE_ENV: ""}) == cache / "envs"
+    assert envs.build_envs_folder(cache, {envs.ENV_CACHE_ENV: str(tmp_path / "shared")}) == tmp_path / "shared"
+
+
 def test_the_op_probe_asks_py_cpuinfo_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """DeepSpeed's CPU op builders ask py-cpuinfo twice each (2.2 s a call here); the probe asks once."""
     import importlib.util

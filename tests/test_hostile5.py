@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from test_recipe import GOOD
 
-from builder import node
+from builder import envs, node
 from builder.buildroot.make import ROOTS_ENV, roots_folder
 from builder.envs import PackageSources
 from builder.errors import FolderError, RecipeError
@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
         (ROOTS_ENV, roots_folder),
         (source.SDIST_CACHE_ENV, lambda env: source.sdist_folder(Path("/tmp/work/cache"), env)),
         (ccache.CACHE_DIR_ENV, lambda env: ccache.cache_dir(Path("/tmp/work/cache"), env)),
+        (envs.ENV_CACHE_ENV, lambda env: envs.build_envs_folder(Path("/tmp/work/cache"), env)),
     ],
 )
 def test_a_system_folder_from_the_environment_is_refused_wherever_one_is_read(name: str, folder: Any) -> None:

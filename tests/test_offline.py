@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import own_envs
 
 from builder import offline
 from builder.errors import SourceError, UsageError
@@ -108,7 +109,7 @@ def test_an_air_gapped_build_host_builds_and_smokes_from_the_gathered_folder_alo
                                 "socket.create_connection(('pypi.org', 443), timeout=5)"], capture_output=True,
                                text=True)  # fmt: skip
         assert reach.returncode != 0  # nothing outside is reachable from the namespace
-        env = {**os.environ, "DS_BUILDER_UNIT_CACHE": str(tmp_path / "units")}
+        env = own_envs({**os.environ, "DS_BUILDER_UNIT_CACHE": str(tmp_path / "units")})  # made from the folder
         built = subprocess.run(["ip", "netns", "exec", netns, sys.executable, "-m", "builder", "build-wheel",
                                 "--recipe", "recipes/system-cpu.toml", "--offline", str(folder), "--work-dir",
                                 str(tmp_path / "work"), "--no-publish"], cwd=ROOT, capture_output=True, text=True,

@@ -18,7 +18,7 @@ from email.parser import Parser
 from pathlib import Path
 
 import pytest
-from conftest import DefaultBuild, copy_house
+from conftest import DefaultBuild, copy_house, own_envs
 from pipeline_common import OPS, OPTIMIZERS, PLATFORM, ROOT, VERSION, WHEEL, builder
 
 pytestmark = pytest.mark.integration
@@ -29,16 +29,17 @@ def clean_rebuild(
     pipeline: tuple[Path, subprocess.CompletedProcess[str]], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Path, Path, subprocess.Popen[bytes]]]:
     """A second clean build of the default recipe, in a folder of another name with its own cold
-    ccache and without the precompiled torch header (DS_BUILDER_PCH=0), started in the background
-    once the first is published: it compiles while the tests below use the wheelhouse (most of them
-    wait on processes, not cores), and the reproducibility test reads it. Killed at the module's end
+    ccache, its own build environment (at another path) and without the precompiled torch header
+    (DS_BUILDER_PCH=0), started in the background once the first is published: it compiles while the
+    tests below use the wheelhouse (most of them wait on processes, not cores), and the
+    reproducibility test reads it. Killed at the module's end
     if it is still running (its compilers die with it)."""
     other = tmp_path_factory.mktemp("rebuild") / "another-work-folder"
     log = other.parent / "build-wheel.log"
     with open(log, "wb") as out:
         argv = [sys.executable, "-m", "builder", "build-wheel", "--work-dir", str(other), "--no-smoke"]
         proc = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, "DS_BUILDER_PCH": "0"})  # fmt: skip
+                                env=own_envs({**os.environ, "DS_BUILDER_PCH": "0"}))  # fmt: skip
     yield other, log, proc
     if proc.poll() is None:
         proc.kill()
