@@ -5,7 +5,8 @@ so a local folder index laid out as PyTorch's stands in for one: the same PEP 50
 machine's torch 2.13.0+cpu wheel. pip's sources are narrowed to ones without that wheel, so the torch
 the environment gets can only have come from the index the recipe names. Each case runs the real
 `detect --recipe`, which makes the recipe's build environment and checks it as a build does, in a
-work folder of its own (an environment with that exact torch elsewhere would rightly be reused).
+work folder of its own, not the run's shared folder of environments (an environment with that exact
+torch elsewhere would rightly be reused).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import urllib.parse
 from pathlib import Path
 
 import pytest
+from conftest import own_envs
 from fakes import CPU_TORCH, default_recipe_text, local_cpu_torch, pytorch_like_index
 
 from builder import envs
@@ -57,7 +59,7 @@ def recipe_with_torch(folder: Path, torch_table: str, name: str = "named") -> Pa
 def detect(recipe: Path, work: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "builder", "detect", "--recipe", str(recipe), "--work-dir", str(work), "--json"],
-        cwd=ROOT, capture_output=True, text=True, env=env, timeout=900,
+        cwd=ROOT, capture_output=True, text=True, env=own_envs(env), timeout=900,
     )  # fmt: skip
 
 
