@@ -115,15 +115,16 @@ def _shared_build_envs(tmp_path_factory: pytest.TempPathFactory) -> None:
     bytecode-compiled, was made eight times a run, now three. Run-wide, not machine-wide: a run still
     makes each once. The default build and the clean rebuild keep their own (a new user's start, and
     a build whose environment lies at another path), as does the air-gapped build (made from its folder)."""
-    os.environ.setdefault(ENV_CACHE, str(run_folder(tmp_path_factory) / "envs"))
+    from builder.envs import ENV_CACHE_ENV
 
-
-ENV_CACHE = "DS_BUILDER_ENV_CACHE"
+    os.environ.setdefault(ENV_CACHE_ENV, str(run_folder(tmp_path_factory) / "envs"))
 
 
 def own_envs(env: dict[str, str]) -> dict[str, str]:
     """`env` for a build that makes its environment in its own work folder (DS_BUILDER_ENV_CACHE unset)."""
-    return {k: v for k, v in env.items() if k != ENV_CACHE}
+    from builder.envs import ENV_CACHE_ENV
+
+    return {k: v for k, v in env.items() if k != ENV_CACHE_ENV}
 
 
 @pytest.fixture(scope="session")

@@ -32,8 +32,8 @@ def clean_rebuild(
     ccache, its own build environment (at another path) and without the precompiled torch header
     (DS_BUILDER_PCH=0), started in the background once the first is published: it compiles while the
     tests below use the wheelhouse (most of them wait on processes, not cores), and the
-    reproducibility test reads it. Killed at the module's end
-    if it is still running (its compilers die with it)."""
+    reproducibility test reads it. Killed at the module's end if it is still running (its compilers
+    die with it)."""
     other = tmp_path_factory.mktemp("rebuild") / "another-work-folder"
     log = other.parent / "build-wheel.log"
     with open(log, "wb") as out:
