@@ -8,6 +8,7 @@ on failure shows the tail of the output and where the whole log is.
 from __future__ import annotations
 
 import collections
+import contextlib
 import inspect
 import os
 import shlex
@@ -72,19 +73,29 @@ def run(
     with open(log if log is not None else os.devnull, "a", encoding="utf-8") as log_file:
         log_file.write(f"+ {quote(argv)}\n")
         log_file.flush()
-        proc = subprocess.Popen(
-            argv,
-            env=dict(env) if env is not None else None,
-            cwd=cwd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            errors="replace",
-            bufsize=1,
-            start_new_session=group,
-        )
-        dog = _watchdog(proc.pid) if group else None
+        # The watchdog is up before the command starts: started after it, a kill while it started
+        # (a fork and exec, seconds on a loaded machine) left the command's group running (CI).
+        dog = _watchdog() if group else None
+        try:
+            proc = subprocess.Popen(
+                argv,
+                env=dict(env) if env is not None else None,
+                cwd=cwd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                text=True,
+                errors="replace",
+                bufsize=1,
+                start_new_session=group,
+            )
+        except BaseException:
+            if dog is not None:
+                _call_off(dog, None)
+            raise
+        if dog is not None:
+            with contextlib.suppress(BrokenPipeError):  # a watchdog already gone guards nothing, stops nothing
+                os.write(dog[1], f"{proc.pid}\n".encode())  # the session to kill when the pipe closes
         assert proc.stdout is not None
         try:
             for line in proc.stdout:
@@ -148,28 +159,28 @@ def signal_session(sid: int, sig: int) -> None:
 
 
 # The watchdog: a tiny Python that reads its stdin (a pipe only we hold the other end of) until it
-# closes, that is until we exit or are killed, then kills every process of the command's session
-# (with the same function as above, its source handed over).
+# closes, that is until we exit or are killed, then kills every process of the command's session,
+# whose id we write first (with the same function as above, its source handed over).
 _WATCHDOG = (
-    "import os, signal, sys\n" + inspect.getsource(signal_session) + "sys.stdin.buffer.read()\n"
-    "signal_session(int(sys.argv[1]), signal.SIGKILL)\n"
+    "import os, signal, sys\n" + inspect.getsource(signal_session) + "sid = sys.stdin.buffer.read().split(b'\\n')[0]\n"
+    "if sid.isdigit():\n    signal_session(int(sid), signal.SIGKILL)\n"
 )
 
 
-def _watchdog(pgid: int) -> tuple[subprocess.Popen[bytes], int]:
+def _watchdog() -> tuple[subprocess.Popen[bytes], int]:
     read_end, write_end = os.pipe()  # not inherited by any other child (os.pipe is non-inheritable)
     try:
-        dog = subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(pgid)], stdin=read_end, start_new_session=True,
+        dog = subprocess.Popen([sys.executable, "-c", _WATCHDOG], stdin=read_end, start_new_session=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     finally:
         os.close(read_end)
     return dog, write_end
 
 
-def _call_off(dog: tuple[subprocess.Popen[bytes], int], proc: subprocess.Popen[str]) -> None:
-    """The command is over (or stopped): what is left of its group goes, then the watchdog."""
+def _call_off(dog: tuple[subprocess.Popen[bytes], int], proc: subprocess.Popen[str] | None) -> None:
+    """The command is over (or stopped, or never started): what is left of its group goes, then the watchdog."""
     watchdog, write_end = dog
-    if proc.poll() is not None:
+    if proc is not None and proc.poll() is not None:
         signal_session(proc.pid, signal.SIGKILL)  # stragglers a finished command left in its session
     watchdog.kill()
     watchdog.wait()

@@ -4,6 +4,9 @@ tests/test_units_build.py build real units."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
+import time
 import zipfile
 from pathlib import Path
 
@@ -276,7 +279,7 @@ def test_a_killed_unit_stops_the_build_with_the_memory_fix_even_where_ops_may_be
 def test_memory_is_the_least_of_the_machine_its_cgroup_and_its_slurm_job(tmp_path: Path) -> None:
     """Issue 30: a build on a shared login node or in a Slurm job must size itself by its own room.
     On a FAKE /proc and /sys tree: cgroup v1 (this machine's layout) and v2, "no limit" values, Slurm."""
-    from builder.detect import available_memory_gb
+    from builder.detect import available_memory_gb, total_memory_gb
     from builder.detect.parsers import cgroup_memory_files, slurm_memory_gb
 
     gib = 1024**3
@@ -291,6 +294,7 @@ def test_memory_is_the_least_of_the_machine_its_cgroup_and_its_slurm_job(tmp_pat
     (v1 / "memory.limit_in_bytes").write_text(f"{10 * gib}\n")  # a 10 GB limit, 3 GB used: 7 GB of room
     assert available_memory_gb({}, tmp_path) == 7.0
     assert available_memory_gb({"SLURM_MEM_PER_NODE": "4096"}, tmp_path) == 4.0
+    assert total_memory_gb(tmp_path) == 10.0  # what the machine's pool shares out: the limit, not MemTotal
     (tmp_path / "proc" / "self" / "cgroup").write_text("0::/slurm/job_42/step_0\n")
     v2 = tmp_path / "sys" / "fs" / "cgroup" / "slurm" / "job_42" / "step_0"
     v2.mkdir(parents=True)
@@ -298,8 +302,8 @@ def test_memory_is_the_least_of_the_machine_its_cgroup_and_its_slurm_job(tmp_pat
     (v2 / "memory.current").write_text(f"{gib}\n")
     assert available_memory_gb({}, tmp_path) == 5.0
     (v2 / "memory.max").write_text("max\n")
-    assert available_memory_gb({}, tmp_path) == 16.0
-    assert available_memory_gb({}, tmp_path / "nothing") is None
+    assert available_memory_gb({}, tmp_path) == 16.0 and total_memory_gb(tmp_path) == 24.0
+    assert available_memory_gb({}, tmp_path / "nothing") is None and total_memory_gb(tmp_path / "nothing") is None
     assert slurm_memory_gb({"SLURM_MEM_PER_CPU": "2048", "SLURM_CPUS_ON_NODE": "4"}) == 8.0
     assert slurm_memory_gb({"SLURM_MEM_PER_NODE": "0"}) is None
     assert cgroup_memory_files("12:cpu,cpuacct:/x\n") == []
@@ -314,15 +318,104 @@ def test_a_unit_asks_for_memory_again_before_it_starts(monkeypatch: pytest.Monke
     (unit,), _ = plan_units(plan_for("cpu_adam"), {}, 8, None)
     unit = dataclasses.replace(unit, env={**unit.env, "MAX_JOBS": "4"})
     slept: list[float] = []
-    assert runner.room_for(unit, 2.0, lambda: 9.0, slept.append) is unit  # 8 GB needed, 9 free
-    assert runner.room_for(unit, 2.0, lambda: None, slept.append) is unit  # nothing known: as planned
-    fewer = runner.room_for(unit, 2.0, lambda: 5.0, slept.append)  # nothing of ours compiling
+    assert runner.room_for(unit, 2.0, lambda: 9.0, slept.append) == (unit, None)  # 8 GB needed, 9 free
+    assert runner.room_for(unit, 2.0, lambda: None, slept.append)[0] is unit  # nothing known: as planned
+    fewer, _ = runner.room_for(unit, 2.0, lambda: 5.0, slept.append)  # nothing of ours compiling
     assert fewer.env["MAX_JOBS"] == "2" and fewer.key == unit.key and slept == []
-    assert runner.room_for(unit, 2.0, lambda: 0.5, slept.append).env["MAX_JOBS"] == "1"
+    assert runner.room_for(unit, 2.0, lambda: 0.5, slept.append)[0].env["MAX_JOBS"] == "1"
     frees = iter([3.0, 3.0, 12.0])
     monkeypatch.setattr(runner, "_COMPILING", [1])  # another unit of this build is compiling
-    assert runner.room_for(unit, 2.0, lambda: next(frees), slept.append) is unit
+    assert runner.room_for(unit, 2.0, lambda: next(frees), slept.append)[0] is unit
     assert slept == [runner.MEMORY_POLL_S, runner.MEMORY_POLL_S]
+
+
+def _no_wait(seconds: float) -> None:
+    raise AssertionError("waited for memory that was there")
+
+
+class _Holder:
+    """Another builder (a process of its own, forked) holding `n` tokens of the pool until killed."""
+
+    def __init__(self, folder: Path, size: int, n: int) -> None:
+        from builder.units.memory import Pool
+
+        read, write = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:  # the child: take the tokens, say so, wait to be killed
+            claim = Pool(folder, size).take(n, n)
+            os.write(write, str(len(claim or [])).encode())
+            time.sleep(600)
+            os._exit(0)
+        os.close(write)
+        assert os.read(read, 16) == str(n).encode()
+        os.close(read)
+
+    def kill(self) -> None:
+        if self.pid:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+            self.pid = 0
+
+
+def test_builders_on_one_machine_share_its_memory_for_compile_jobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The test run's builders and its Slurm nodes' tasks each saw the free memory before their
+    compilers took it, and together ran 18 compilers on this 24 GB machine; in CI it stalled for
+    minutes. A unit now takes tokens of one pool per machine (1 GB each, lock files) for its jobs:
+    what another builder holds is not free, a builder killed frees its tokens with it, and a unit
+    with nothing of its own build compiling starts with the jobs the pool gives."""
+    from builder.units import memory, runner
+
+    (unit,), _ = plan_units(plan_for("cpu_adam"), {}, 8, None)
+    unit = dataclasses.replace(unit, env={**unit.env, "MAX_JOBS": "2"})  # 2 jobs of 2 GB: 4 tokens
+    pool = memory.Pool(tmp_path, 6)
+    other = _Holder(tmp_path, 6, 5)  # another builder holds 5 of the 6
+    slept: list[float] = []
+
+    def killed(seconds: float) -> None:  # the other builder dies (OOM, kill -9) while this one waits
+        assert not slept, "waited again after the other builder died"
+        slept.append(seconds)
+        other.kill()
+
+    try:
+        monkeypatch.setattr(runner, "_COMPILING", [1])  # a unit of this build compiles: wait for all 4
+        got, claim = runner.room_for(unit, 2.0, lambda: 20.0, killed, pool)
+        assert got is unit and claim is not None and len(claim) == 4 and slept == [runner.MEMORY_POLL_S]
+        assert pool.take(6, 3) is None  # held: 2 of 6 left
+        left = pool.take(2, 2)
+        assert left is not None and len(left) == 2
+        left.release()
+        claim.release()
+    finally:
+        other.kill()
+    other = _Holder(tmp_path, 6, 4)
+    try:
+        monkeypatch.setattr(runner, "_COMPILING", [0])  # nothing of ours to wait for: the jobs there are
+        fewer, claim = runner.room_for(unit, 2.0, lambda: 20.0, _no_wait, pool)
+        assert fewer.env["MAX_JOBS"] == "1" and claim is not None and len(claim) == 2
+        claim.release()
+    finally:
+        other.kill()
+    assert memory.tokens(2.0) == 2 and memory.tokens(6.0) == 6 and memory.tokens(0.5) == 1
+
+
+def test_the_memory_pool_is_a_private_folder_of_this_user_or_none(tmp_path: Path) -> None:
+    """Another user's folder, or a link, is never used (its owner could hold every token): each
+    build then sizes itself from the free memory alone. Its size is a share of the machine's memory."""
+    from builder.units import memory
+
+    made = memory.machine_pool(tmp_path / "pool", total_gb=24.0)
+    assert made is not None and made.size == 18 and (tmp_path / "pool").stat().st_mode & 0o777 == 0o700
+    (tmp_path / "elsewhere").mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
+    assert memory.machine_pool(tmp_path / "link", total_gb=24.0) is None
+    (tmp_path / "open").mkdir(mode=0o777)
+    (tmp_path / "open").chmod(0o777)
+    assert memory.machine_pool(tmp_path / "open", total_gb=24.0) is None
+    assert memory.machine_pool(tmp_path / "pool", total_gb=None) is not None  # this machine's own memory
+    assert memory.pool_folder({memory.POOL_ENV: str(tmp_path / "x")}) == tmp_path / "x"
+    assert memory.pool_folder({}).name == f"ds-builder-memory-{os.getuid()}"
 
 
 def test_units_that_make_no_header_start_first_and_results_keep_the_plans_order(

@@ -53,6 +53,7 @@ from builder.detect.probes import (
     probe_toolkits,
     probe_torch,
     toolkit_roots,
+    total_memory_gb,
 )
 from builder.detect.problems import (
     choose_toolkit,
@@ -103,6 +104,7 @@ __all__ = [
     "probe_torch",
     "render_table",
     "toolkit_roots",
+    "total_memory_gb",
 ]
 
 

@@ -91,12 +91,20 @@ def cuda_major_minor(version: str | None) -> str | None:
     return f"{v.major}.{v.minor}"
 
 
-def parse_meminfo(text: str) -> float | None:
-    """MemAvailable from /proc/meminfo, in GB (None when absent)."""
+def parse_meminfo(text: str, field: str = "MemAvailable") -> float | None:
+    """A field of /proc/meminfo (MemAvailable unless named: MemTotal), in GB (None when absent)."""
     for line in text.splitlines():
-        if line.startswith("MemAvailable:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024**2
     return None
+
+
+def cgroup_limit_gb(limit: str) -> float | None:
+    """A cgroup memory limit in GB; None for no limit (v2 "max", v1's page-rounded 2**63)."""
+    limit = limit.strip()
+    if not limit.isdigit() or int(limit) >= 1 << 60:
+        return None
+    return int(limit) / 1024**3
 
 
 def cgroup_memory_files(text: str) -> list[tuple[str, str]]:
@@ -121,10 +129,10 @@ def cgroup_memory_files(text: str) -> list[tuple[str, str]]:
 def cgroup_room_gb(limit: str, current: str) -> float | None:
     """What a cgroup memory limit leaves (limit - usage), in GB; None for no limit (v2 "max", v1's
     page-rounded 2**63)."""
-    limit, current = limit.strip(), current.strip()
-    if not limit.isdigit() or not current.isdigit() or int(limit) >= 1 << 60:
+    gb, current = cgroup_limit_gb(limit), current.strip()
+    if gb is None or not current.isdigit():
         return None
-    return max(0.0, (int(limit) - int(current)) / 1024**3)
+    return max(0.0, gb - int(current) / 1024**3)
 
 
 def slurm_memory_gb(env: Mapping[str, str]) -> float | None:

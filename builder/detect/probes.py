@@ -24,6 +24,7 @@ from builder.detect.model import (
     TorchFacts,
 )
 from builder.detect.parsers import (
+    cgroup_limit_gb,
     cgroup_memory_files,
     cgroup_room_gb,
     host_range_fallback,
@@ -208,24 +209,35 @@ def probe_libraries(toolkit_root: str | None, site_packages: str | None, nccl: s
     return Libraries(libaio=aio, cufile=cufile, nccl=nccl)
 
 
+def total_memory_gb(root: Path = Path("/")) -> float | None:
+    """The memory this process's builds may ever have: the machine's MemTotal, or its cgroup's
+    limit where lower. What units.memory shares out between builders; None where nothing can be read."""
+    found = [parse_meminfo(_read(root, "proc/meminfo") or "", "MemTotal")]
+    for limit_file, _ in cgroup_memory_files(_read(root, "proc/self/cgroup") or ""):
+        found.append(cgroup_limit_gb(_read(root, f"sys/fs/cgroup/{limit_file}") or ""))
+    known = [gb for gb in found if gb is not None]
+    return min(known) if known else None
+
+
+def _read(root: Path, rel: str) -> str | None:
+    try:
+        return (root / rel).read_text(encoding="utf-8")
+    except OSError:
+        return None
+
+
 def available_memory_gb(env: Mapping[str, str] | None = None, root: Path = Path("/")) -> float | None:
     """Memory free for compile jobs now: the least of the machine's MemAvailable, what this process's
     cgroup (v2) memory limit leaves, and a Slurm job's memory. A login node other builds share, or a
     Slurm job confined to its allocation, gets its own room, not the machine's. None where nothing
     can be read. Asked again before each unit starts (units.runner), not only once."""
 
-    def read(rel: str) -> str | None:
-        try:
-            return (root / rel).read_text(encoding="utf-8")
-        except OSError:
-            return None
-
     found = []
-    meminfo = read("proc/meminfo")
+    meminfo = _read(root, "proc/meminfo")
     if meminfo is not None:
         found.append(parse_meminfo(meminfo))
-    for limit_file, usage_file in cgroup_memory_files(read("proc/self/cgroup") or ""):
-        limit, current = read(f"sys/fs/cgroup/{limit_file}"), read(f"sys/fs/cgroup/{usage_file}")
+    for limit_file, usage_file in cgroup_memory_files(_read(root, "proc/self/cgroup") or ""):
+        limit, current = _read(root, f"sys/fs/cgroup/{limit_file}"), _read(root, f"sys/fs/cgroup/{usage_file}")
         if limit is not None and current is not None:
             found.append(cgroup_room_gb(limit, current))
     found.append(slurm_memory_gb(os.environ if env is None else env))

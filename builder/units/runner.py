@@ -11,6 +11,7 @@ build compiles only what failed or changed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import shutil
 import threading
@@ -26,7 +27,7 @@ from builder import cmd, output
 from builder.detect import available_memory_gb
 from builder.errors import BuilderError, BuildError, ToolError
 from builder.files import Sweeper, make_dirs
-from builder.units import cache, pch
+from builder.units import cache, memory, pch
 from builder.units.plan import WITH_PIN_MEMORY, Unit
 from builder.wheelbuild import artifacts, ccache, diagnose, source
 from builder.wheelbuild.diagnose import CompileFailure
@@ -183,7 +184,7 @@ def run_unit(unit: Unit, job: UnitJob, sweeper: Sweeper) -> UnitResult:
         folder = job.work / name
         make_dirs(folder)
         with FileLock(str(job.work / f".{name}.lock")):
-            unit = room_for(unit, job.job_gb)
+            unit, claim = room_for(unit, job.job_gb, pool=machine_pool())
             with _COMPILING_LOCK:
                 _COMPILING[0] += 1
             try:
@@ -191,6 +192,8 @@ def run_unit(unit: Unit, job: UnitJob, sweeper: Sweeper) -> UnitResult:
             finally:
                 with _COMPILING_LOCK:
                     _COMPILING[0] -= 1
+                if claim is not None:
+                    claim.release()
 
 
 # Units of this process compiling now, and how often a unit waiting for memory looks again.
@@ -200,31 +203,50 @@ MEMORY_POLL_S = 5.0
 
 
 def room_for(unit: Unit, job_gb: float, free_gb: Callable[[], float | None] = available_memory_gb,
-             sleep: Callable[[float], None] = time.sleep) -> Unit:  # fmt: skip
-    """The unit, once the memory its MAX_JOBS compile jobs need is free: asked again now, not taken
-    from the start of the build (other builds on a shared login node, a Slurm or cgroup limit:
-    available_memory_gb). While units of this build are compiling it waits for them; with none left
-    to wait for it starts with as many jobs as the free memory holds (at least one)."""
-    jobs = int(unit.env["MAX_JOBS"])
+             sleep: Callable[[float], None] = time.sleep,
+             pool: memory.Pool | None = None) -> tuple[Unit, memory.Claim | None]:  # fmt: skip
+    """The unit, once the memory its MAX_JOBS compile jobs need is free, and the tokens of the
+    machine's pool (units.memory) it holds for them while it builds. Free memory is asked again
+    now, not taken from the start of the build (other builds on a shared login node, a Slurm or
+    cgroup limit: available_memory_gb), and the pool counts what other builders' units have claimed
+    and not yet taken. While units of this build are compiling it waits for them; with none left to
+    wait for it starts with as many jobs as the free memory and the pool hold (at least one)."""
+    jobs, per = int(unit.env["MAX_JOBS"]), memory.tokens(job_gb)
     said = False
     while True:
         free = free_gb()
-        if free is None or free >= jobs * job_gb:
-            return unit
         with _COMPILING_LOCK:
             others = _COMPILING[0]
-        if not others:
-            fewer = max(1, min(jobs, int(free // job_gb)))
-            if fewer < jobs:
-                output.note(f"unit {unit.op.name}: {free:.1f} GB free, {jobs * job_gb:.0f} GB wanted for "
-                            f"MAX_JOBS={jobs}: building with MAX_JOBS={fewer}")  # fmt: skip
-                return dataclasses.replace(unit, env={**unit.env, "MAX_JOBS": str(fewer)})
-            return unit
+        short = free is not None and free < jobs * job_gb
+        can = jobs if not short else 0 if others else max(1, min(jobs, int((free or 0) // job_gb)))
+        claim = pool.take(can * per, can * per if others else per) if can and pool is not None else None
+        if claim is not None:  # the pool may give fewer jobs than the free memory would
+            can = min(can, max(1, len(claim) // per))
+            claim.keep(can * per)
+        elif pool is not None:
+            can = 0
+        if can:
+            if can < jobs:
+                why = (f"{free:.1f} GB free, {jobs * job_gb:.0f} GB wanted" if short
+                       else f"other builds on this machine hold most of its {pool.size if pool else 0} GB "
+                       "for compile jobs")  # fmt: skip
+                output.note(f"unit {unit.op.name}: {why}: building with MAX_JOBS={can} of {jobs}")
+                unit = dataclasses.replace(unit, env={**unit.env, "MAX_JOBS": str(can)})
+            return unit, claim
         if not said:
-            output.note(f"unit {unit.op.name}: waiting for memory ({free:.1f} GB free, {jobs * job_gb:.0f} GB for "
-                        f"MAX_JOBS={jobs}; {others} unit(s) of this build compiling)")  # fmt: skip
+            where = (f"{others} unit(s) of this build compiling" if others
+                     else "other builds on this machine hold its memory for compile jobs")  # fmt: skip
+            shown = "unknown" if free is None else f"{free:.1f} GB"
+            output.note(f"unit {unit.op.name}: waiting for memory ({shown} free, {jobs * job_gb:.0f} GB for "
+                        f"MAX_JOBS={jobs}; {where})")  # fmt: skip
             said = True
         sleep(MEMORY_POLL_S)
+
+
+@functools.cache
+def machine_pool() -> memory.Pool | None:
+    """The pool this process's units share with every builder on the machine (once a process)."""
+    return memory.machine_pool()
 
 
 def _build(unit: Unit, job: UnitJob, folder: Path, log: Path, sweeper: Sweeper) -> UnitResult:
