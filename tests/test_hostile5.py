@@ -14,6 +14,7 @@ from builder.buildroot.make import ROOTS_ENV, roots_folder
 from builder.envs import PackageSources
 from builder.errors import FolderError, RecipeError
 from builder.recipe import parse_recipe
+from builder.units import memory
 from builder.wheelbuild import ccache, source
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
         (source.SDIST_CACHE_ENV, lambda env: source.sdist_folder(Path("/tmp/work/cache"), env)),
         (ccache.CACHE_DIR_ENV, lambda env: ccache.cache_dir(Path("/tmp/work/cache"), env)),
         (envs.ENV_CACHE_ENV, lambda env: envs.build_envs_folder(Path("/tmp/work/cache"), env)),
+        (memory.POOL_ENV, memory.pool_folder),
     ],
 )
 def test_a_system_folder_from_the_environment_is_refused_wherever_one_is_read(name: str, folder: Any) -> None:

@@ -19,10 +19,12 @@ import math
 import os
 import stat
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from builder import output
 from builder.detect import total_memory_gb
+from builder.files import env_folder
 
 # The share of the machine's memory compile jobs may hold at once; the rest is for everything
 # else (the builders' Pythons, smoke runs, the page cache the compilers read their headers from).
@@ -77,12 +79,13 @@ class Pool:
         return Claim(fds)
 
 
-def pool_folder(env: dict[str, str] | None = None) -> Path:
-    """DS_BUILDER_MEMORY_POOL, else one folder per user in /dev/shm (every builder of the machine
-    sees it, the namespace nodes' too), else in the temporary folder."""
-    named = (os.environ if env is None else env).get(POOL_ENV, "")
-    if named:
-        return Path(named)
+def pool_folder(env: Mapping[str, str] | None = None) -> Path:
+    """DS_BUILDER_MEMORY_POOL (a system folder refused, exit 10, as for every folder the environment
+    names), else one folder per user in /dev/shm (every builder of the machine sees it, the
+    namespace nodes' too), else in the temporary folder."""
+    named = env_folder(os.environ if env is None else env, POOL_ENV, "the compile memory pool's lock files")
+    if named is not None:
+        return named
     shm = Path("/dev/shm")
     base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
     return base / f"ds-builder-memory-{os.getuid()}"
