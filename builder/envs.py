@@ -359,15 +359,24 @@ def _create_system_with_uv(venv: Path, requirements: Sequence[str], log: Path, v
     return venv
 
 
+# " + name==version", " + name @ URL", and for a local file uv has cached already (a wheel installed a
+# minute earlier by check-config) " + name==version (from file:///...)": the file is what is wanted.
+_DRY_RUN_LINE = re.compile(r"^\s*\+\s+([A-Za-z0-9._-]+)(?:==(\S+?)(?:\s+\(from\s+(\S+)\))?|\s+@\s+(\S+))\s*$")
+
+
 def parse_dry_run(text: str) -> list[str]:
     """The packages `uv pip install --dry-run` would add (" + name==version", " + name @ file:///..."),
     as requirements for an exact, dependency-free install."""
     wanted = []
     for line in text.splitlines():
-        m = re.match(r"^\s*\+\s+([A-Za-z0-9._-]+)(?:==(\S+)|\s+@\s+(\S+))\s*$", line)
+        m = _DRY_RUN_LINE.match(line)
         if not m:
+            if line.lstrip().startswith("+ "):  # an added package in a form not known here: never dropped silently
+                raise ToolError(f"uv's dry run printed a line this toolkit cannot read: {line.strip()[:200]!r}",
+                                f"use the uv this toolkit pins (uv=={UV_VERSION}), or report the line")  # fmt: skip
             continue
-        name, version, url = m.groups()
+        name, version, url, cached = m.groups()
+        url = url or cached
         if url:
             parsed = urllib.parse.urlparse(url)
             wanted.append(urllib.request.url2pathname(parsed.path) if parsed.scheme == "file" else url)

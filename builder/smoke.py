@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
 from builder import bundle, cmd, configs, envs, output, reference
 from builder.contracts import BuildManifest, Check, SmokeReport, verdict
@@ -132,10 +132,34 @@ def wheel_env(wheel: Path, manifest: BuildManifest, tmp: Path, log: Path, verbos
         tmp / "venv", [torch.requirement, str(wheel), *extras], log, verbose, system_site_packages=system,
         base=interpreter_for(manifest.python_tag), index=envs.torch_index(torch),
     )  # fmt: skip
+    holds_the_wheel(venv, manifest.version, wheel.name)
     env = {**envs.venv_environ(venv), **run_folders(tmp), "DS_ACCELERATOR": manifest.accelerator}
     if manifest.accelerator == "cuda":
         env = without_toolkit(env)
     return venv, env
+
+
+def holds_the_wheel(venv: Path, version: str, wheel: str) -> None:
+    """Refuse a venv whose DeepSpeed is not the wheel under test, before any check runs: every check
+    after this would prove something about another DeepSpeed, or fail for want of one (uv once printed
+    the wheel in a form the installer's reader did not know, and it was left out). Read from the
+    package metadata: no import of torch."""
+    said = cmd.ask([str(envs.python_in(venv)), "-c", "import importlib.metadata as m\ntry:\n print(m.version("
+                    "'deepspeed'))\nexcept m.PackageNotFoundError:\n print('none')"], timeout=120)  # fmt: skip
+    found = (said.stdout or "").strip().splitlines()[-1:] or ["none"]
+    if said.returncode != 0 or not _same_version(found[0], version):
+        what = "holds no DeepSpeed" if found[0] == "none" else f"holds DeepSpeed {found[0][:80]!r}"
+        raise SmokeError(f"the fresh environment {venv} {what}, not the wheel under test ({wheel}, "
+                         f"DeepSpeed {version}): the toolkit's install left it out, so no check was run",
+                         "run again with --verbose and read the install lines in the log; report it if the wheel "
+                         "is named there")  # fmt: skip
+
+
+def _same_version(found: str, wanted: str) -> bool:
+    try:
+        return Version(found) == Version(wanted)
+    except InvalidVersion:
+        return False
 
 
 def run_folders(tmp: Path) -> dict[str, str]:

@@ -96,6 +96,14 @@ def test_uv_dry_run_lines_become_exact_requirements() -> None:
         "hjson==3.1.0",
         "/work/dist/deepspeed-0.19.8+cpu.torch2.13-cp311-cp311-manylinux_2_35_x86_64.whl",
     ]
+    # Issue 56: a local wheel uv has cached already (check-config installed it a minute earlier) is
+    # printed with its version and the file it comes from; the wheel under test was silently left out.
+    cached = " + deepspeed==0.19.8+cpu.torch2.13 (from file:///w/dist/deepspeed-0.19.8%2Bcpu.torch2.13-cp311-x.whl)\n"
+    assert parse_dry_run(said + cached)[-1] == "/w/dist/deepspeed-0.19.8+cpu.torch2.13-cp311-x.whl"
+    # A form not known here is never dropped silently.
+    with pytest.raises(ToolError, match="cannot read") as err:
+        parse_dry_run(" + deepspeed (some new form)\n")
+    assert "uv==" in err.value.fix
 
 
 def test_torch_index_is_part_of_the_environment_and_of_its_failure(
@@ -187,3 +195,28 @@ def test_the_op_probe_asks_py_cpuinfo_once(monkeypatch: pytest.MonkeyPatch) -> N
 
     assert [cpuinfo.get_cpu_info()["arch"] for _ in range(10)] == ["X86_64"] * 10
     assert len(asked) == 1
+
+
+@pytest.mark.spawns
+def test_a_fresh_environment_without_the_wheel_under_test_is_refused_before_any_check(tmp_path: Path) -> None:
+    """Issue 56: the smoke venv was filled from uv's dry run, whose form for a cached local wheel was not
+    read: the wheel under test was left out, and the config runner failed on "No module named
+    'deepspeed'". Now the venv's DeepSpeed is read from its metadata before any check runs."""
+    import subprocess
+    import sys
+
+    from builder.errors import SmokeError
+    from builder.smoke import holds_the_wheel
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    with pytest.raises(SmokeError, match="holds no DeepSpeed, not the wheel under test") as err:
+        holds_the_wheel(venv, "0.19.8+cpu.torch2.13", "deepspeed-0.19.8+cpu.torch2.13-cp311-x.whl")
+    assert err.value.exit_code == 6 and "--verbose" in err.value.fix
+    site = next((venv / "lib").glob("python3.*")) / "site-packages"
+    meta = site / "deepspeed-0.19.8+cpu.torch2.14.dist-info"
+    meta.mkdir(parents=True)
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: deepspeed\nVersion: 0.19.8+cpu.torch2.14\n")
+    with pytest.raises(SmokeError, match="holds DeepSpeed '0.19.8\\+cpu.torch2.14', not the wheel under test"):
+        holds_the_wheel(venv, "0.19.8+cpu.torch2.13", "deepspeed-0.19.8+cpu.torch2.13-cp311-x.whl")
+    holds_the_wheel(venv, "0.19.8+cpu.torch2.14", "deepspeed-0.19.8+cpu.torch2.14-cp311-x.whl")  # its own: fine

@@ -35,6 +35,11 @@ def test_what_a_folder_holds_and_what_the_node_already_has() -> None:
     assert offline.keep(closure, False, {})[:2] == ["torch==2.13.0", "nvidia-cublas==13.4.1.3"]
     assert offline.keep(closure, True, {"numpy": "2.1.0", "transformers": "5.24.0"}) == ["einops==0.8.2"]
     assert offline.keep(closure, False, {"numpy": "2.1.0"}) == closure  # its environments are its own
+    # Issue 56: the toolkit's own nvidia-ml-py is not torch's: `pip install --no-index --find-links
+    # DIR/wheels .` on the node needs it from the folder, unless the node has it.
+    assert offline.keep([*closure, "nvidia-ml-py==13.580.82"], True, {}) == [*offline.keep(closure, True, {}),
+                                                                            "nvidia-ml-py==13.580.82"]  # fmt: skip
+    assert offline.keep(["nvidia-ml-py==13.580.82"], True, {"nvidia-ml-py": "12.0"}) == []
     have = offline.parse_freeze("# comment\ntorch==2.11.0+cu130\n-e git+https://x/y#egg=z\nNumPy==2.1.0\n", "f")
     assert have == {"torch": "2.11.0+cu130", "numpy": "2.1.0"}
     with pytest.raises(UsageError, match="is not a `pip freeze` line") as err:
