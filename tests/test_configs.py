@@ -217,7 +217,26 @@ def test_the_runner_sorts_deepspeeds_errors() -> None:
         raise RuntimeError("InductorError: InvalidCxxCompiler: No working C++ compiler found")
     except RuntimeError as exc:
         status, detail = runner_outcome.classify(exc)
-        assert status == "needs-compiler" and "no prebuilt wheel can carry that" in detail
+        assert status == "needs-compiler" and "no prebuilt wheel can carry it" in detail
+    # Issue 56: Muon on a GPU node with the compilers hidden: Triton's launcher needs a C compiler. It is
+    # torch's need, not the wheel's (skipped, never sent to the reference, which has a compiler).
+    try:
+        raise RuntimeError("InductorError: RuntimeError: Failed to find C compiler. Please specify via CC "
+                           "environment variable or set triton.knobs.build.impl.")  # fmt: skip
+    except RuntimeError as exc:
+        status, detail = runner_outcome.classify(exc)
+        assert status == "needs-compiler" and "Triton's GPU launcher" in detail and "not the wheel's" in detail
+        outcome = configs.Outcome("Muon/zero0/none/bf16", status, detail)
+        check = configs.as_check(outcome, "cuda", site=False)
+        assert check.status == "skipped" and "compiler" in check.detail
+        assert config_category(check.status, check.detail) == "needs a compiler (torch.compile)"
+    # ... and the wheel's own JIT in the same config is still caught: a missing op, not a compiler.
+    runner_jit.jit_asked.append("fused_adam")
+    try:
+        raise RuntimeError("Failed to find C compiler")
+    except RuntimeError as exc:
+        assert runner_outcome.classify(exc)[0] == "needs-op"
+    runner_jit.jit_asked.clear()
     runner_jit.jit_asked.append("fused_adam")
     try:
         raise runner_jit.JitRefused("refused")

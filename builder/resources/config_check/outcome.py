@@ -12,14 +12,21 @@ from typing import Any
 from builder.resources.config_check.jit import NOT_IMPLEMENTED, jit_allowed, jit_asked, refused_loads
 
 
+# What torch.compile says where no compiler is found: inductor's CPU code (C++), and Triton's launcher on
+# a GPU ("Failed to find C compiler. Please specify via CC environment variable": DeepSpeed 0.19.8's Muon
+# on an H200 node). Checked after the wheel's own JIT, which is still a missing op.
+NO_COMPILER = ("InvalidCxxCompiler", "No working C++ compiler", "Failed to find C compiler")
+
+
 def classify(exc: BaseException) -> tuple[str, str]:
     text = f"{type(exc).__name__}: {exc}".strip()
     if jit_asked and not jit_allowed():
         return "needs-op", f"needs {', '.join(jit_asked)}, which the installed wheel lacks ({text.splitlines()[0]})"
-    if "InvalidCxxCompiler" in text or "No working C++ compiler" in text:
+    if any(said in text for said in NO_COMPILER):
         return "needs-compiler", (
-            "torch.compile (inductor) compiles code for this config at first use, which needs a C++ compiler on "
-            f"the node; no prebuilt wheel can carry that ({text.splitlines()[0]})"
+            "torch.compile (inductor) compiles code for this config at first use, which needs a compiler on the "
+            "node (a C++ compiler for its CPU code, a C compiler for Triton's GPU launcher: gcc); torch's need, "
+            f"not the wheel's, and no prebuilt wheel can carry it ({text.splitlines()[0]})"
         )
     if refused_loads or NOT_IMPLEMENTED in text:
         return "unsupported", text
