@@ -19,6 +19,17 @@ from builder.errors import BuilderError
 # else, so each command imports what it needs when it runs.
 
 
+def _offline_option(p: argparse.ArgumentParser) -> None:
+    """--offline DIR, the same for every command that installs (build-wheel, smoke, check-config)."""
+    p.add_argument(
+        "--offline",
+        type=Path,
+        metavar="DIR",
+        help="an air-gapped host: install only from DIR, a folder `gather` made on a connected machine "
+        "(its sdist and wheels; no index is asked, nothing else is reached)",
+    )
+
+
 def positive_int(text: str) -> int:
     """An argparse type: a whole number of at least 1."""
     try:
@@ -146,13 +157,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--json", action="store_true", help="print each target's result (wheel, smoke, install command) as JSON"
     )
-    b.add_argument(
-        "--offline",
-        type=Path,
-        metavar="DIR",
-        help="an air-gapped build host: install only from DIR, a folder `gather` made on a connected machine "
-        "(its sdist and wheels; no index is asked)",
-    )
+    _offline_option(b)
 
     g = sub.add_parser(
         "gather",
@@ -161,7 +166,8 @@ def parser() -> argparse.ArgumentParser:
         description="On a connected machine: fetch the recipe's sdist (sha256 checked) and every wheel its build, "
         "smoke and publish install on a node of the given Python (build tools, DeepSpeed's dependencies, the "
         "smoke's checks, the toolkit's own), except the torch a 'system' recipe's node already has, into DEST "
-        "with offline.json listing each with its size. On the node: build-wheel --recipe R --offline DEST.",
+        "with offline.json listing each with its size, and the build root packed (DEST/root/). On the node: "
+        "build-wheel --recipe R --offline DEST.",
     )
     g.add_argument("--recipe", type=Path, default=Path(DEFAULT_RECIPE), metavar="PATH",
                    help=f"recipe TOML (default: {DEFAULT_RECIPE})")  # fmt: skip
@@ -171,6 +177,11 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--have", type=Path, metavar="FREEZE",
                    help="the node's `python -m pip freeze`: for a recipe of the node's own torch, what the node "
                    "already holds is left out")  # fmt: skip
+    g.add_argument("--no-root", action="store_true",
+                   help="leave out the build root (by default the Debian 11 root this machine made, packed into "
+                   "DEST/root/, so that a node with no Debian mirror builds a manylinux recipe; made here first "
+                   "if missing); for a node that has the root, or a recipe of platform = 'host' or its own "
+                   "[root]")  # fmt: skip
 
     def slurm_command(name: str, help: str, description: str) -> argparse.ArgumentParser:
         """A command about one matrix run on Slurm: its RUN folder first. The ones Slurm's jobs run
@@ -233,6 +244,7 @@ def parser() -> argparse.ArgumentParser:
         "wheels", nargs="*", type=Path, metavar="WHEEL", help="wheels to test (default: the newest in WORK_DIR/dist)"
     )
     s.add_argument("--keep-env", action="store_true", help="keep the smoke venv for inspection")
+    _offline_option(s)
 
     cc = sub.add_parser(
         "check-config",
@@ -254,6 +266,7 @@ def parser() -> argparse.ArgumentParser:
     cc.add_argument("--timeout", type=_seconds, default=180.0, metavar="SECONDS",
                     help="time limit per config (default 180)")  # fmt: skip
     cc.add_argument("--json", action="store_true", help="print the results as JSON")
+    _offline_option(cc)
 
     u = sub.add_parser(
         "publish",

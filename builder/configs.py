@@ -135,7 +135,7 @@ def runner_spec(cases: Sequence[ConfigCase], accelerator: str | None, timeout: f
         if max_world:
             entry["max_world"] = max_world
         entries.append(entry)
-    jobs = jobs or default_jobs()
+    jobs = jobs or default_jobs(accelerator)
     return {"configs": entries, "accelerator": accelerator, "timeout": timeout, "jobs": jobs}
 
 

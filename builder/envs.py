@@ -293,19 +293,23 @@ def _index_args(python: Path, sources: PackageSources, index: IndexFor | None) -
     return ["--extra-index-url", index.url]
 
 
-def install_source(venv: Path, sdist: Path, env: Mapping[str, str], log: Path, verbose: bool = False) -> None:
+def install_source(venv: Path, sdist: Path, env: Mapping[str, str], log: Path, verbose: bool = False,
+                   deps: bool = True) -> None:  # fmt: skip
     """Install an sdist into `venv` without build isolation (its setup.py imports what the venv
-    holds: DeepSpeed's imports torch), its build steered by `env` (DS_BUILD_OPS=0)."""
+    holds: DeepSpeed's imports torch), its build steered by `env` (DS_BUILD_OPS=0). deps=False: the
+    sdist alone, its dependencies already in the venv or reached by it (a node's own packages, which an
+    installer resolving against the venv does not count when reached through a .pth file)."""
     fix = "check that pip's package index is reachable and has the sdist's dependencies"
     run_env = {**venv_environ(venv), **env}
+    no_deps = [] if deps else ["--no-deps"]
     if backend() == "uv":
         sources = pip_sources()
         cmd.run([uv_binary(TOOLS), "pip", "install", "--python", python_in(venv), "--no-build-isolation",
-                 "--compile-bytecode", *sources.uv_args(), sdist], env=run_env, log=log, verbose=verbose,
+                 "--compile-bytecode", *no_deps, *sources.uv_args(), sdist], env=run_env, log=log, verbose=verbose,
                 progress=_uv_progress, fix=fix)  # fmt: skip
     else:
-        cmd.run([python_in(venv), "-m", "pip", "install", "--no-build-isolation", sdist], env=run_env, log=log,
-                verbose=verbose, progress=_pip_progress, fix=fix)  # fmt: skip
+        cmd.run([python_in(venv), "-m", "pip", "install", "--no-build-isolation", *no_deps, sdist], env=run_env,
+                log=log, verbose=verbose, progress=_pip_progress, fix=fix)  # fmt: skip
 
 
 def install_into(

@@ -20,7 +20,6 @@ import json
 import os
 import re
 import sys
-import tarfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,12 +28,16 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from builder import cmd, envs, output
-from builder.errors import SourceError, UsageError
+from builder.buildroot import pack
+from builder.buildroot.pack import PackedRoot
+from builder.errors import RootError, SourceError, UsageError
 from builder.files import make_dirs, sha256_of, write_atomic
+from builder.glibc import HOST
 from builder.recipe import Recipe
 from builder.wheelbuild import source
 
 RECORD = "offline.json"
+ROOT_FOLDER = "root"  # the packed build root and its record (builder.buildroot.pack)
 SCHEMA = 1
 # What the toolkit itself runs on (pyproject.toml's dependencies), for a node that installs it from the folder.
 TOOLKIT = ("packaging>=23", "py-cpuinfo>=9", "nvidia-ml-py>=12", "pyelftools>=0.31", "pip>=23",
@@ -51,10 +54,11 @@ class Gathered:
     folder: Path
     sdist: Path
     wheels: tuple[tuple[str, int], ...]  # (file, bytes)
+    root_size: int = 0  # the packed build root's bytes (0: none gathered)
 
     @property
     def size(self) -> int:
-        return self.sdist.stat().st_size + sum(n for _, n in self.wheels)
+        return self.sdist.stat().st_size + sum(n for _, n in self.wheels) + self.root_size
 
 
 def wanted(recipe: Recipe, deepspeed_requirements: Sequence[str], smoke_extras: Sequence[str],
@@ -98,19 +102,8 @@ def parse_freeze(text: str, where: str) -> dict[str, str]:
     return found
 
 
-def sdist_requirements(sdist: Path) -> list[str]:
-    """DeepSpeed's requirements/requirements.txt, read from the sdist without unpacking it."""
-    with tarfile.open(sdist) as tf:
-        member = next((m for m in tf.getmembers() if m.name.endswith("/requirements/requirements.txt")
-                       and m.name.count("/") == 2 and m.isfile()), None)  # fmt: skip
-        if member is None or (f := tf.extractfile(member)) is None:
-            raise SourceError(f"{sdist.name} holds no requirements/requirements.txt", "check the recipe's sdist")
-        text = f.read(1 << 20).decode("utf-8", errors="replace")
-    return [r.strip() for r in text.splitlines() if r.strip() and not r.startswith("#")]
-
-
 def gather(recipe: Recipe, folder: Path, python: str, have: Mapping[str, str], log: Path,
-           verbose: bool = False) -> Gathered:  # fmt: skip
+           verbose: bool = False, with_root: bool = True) -> Gathered:  # fmt: skip
     """Fill `folder` for `recipe` on a node with CPython `python` (3.12): the sdist, the wheels, the record."""
     from builder.build import BUILD_TOOLS
     from builder.smoke import SMOKE_EXTRAS
@@ -120,7 +113,7 @@ def gather(recipe: Recipe, folder: Path, python: str, have: Mapping[str, str], l
     make_dirs(folder / "wheels")
     output.step(f"gather: {recipe.name} for CPython {python} on x86_64 Linux into {folder}")
     sdist = source.fetch(recipe.deepspeed, folder / "sdists", log, verbose)
-    requirements = wanted(recipe, sdist_requirements(sdist), SMOKE_EXTRAS, BUILD_TOOLS)
+    requirements = wanted(recipe, source.sdist_requirements(sdist), SMOKE_EXTRAS, BUILD_TOOLS)
     sources = envs.pip_sources()
     wanted_file, pinned_file = folder / ".wanted.txt", folder / ".pinned.txt"
     wanted_file.write_text("\n".join(requirements) + "\n", encoding="utf-8")
@@ -144,17 +137,45 @@ def gather(recipe: Recipe, folder: Path, python: str, have: Mapping[str, str], l
              *wheels],
             log=log, verbose=verbose, fix="check that the index has wheels of them for that Python")  # fmt: skip
     files = sorted((p.name, p.stat().st_size) for p in (folder / "wheels").glob("*.whl"))
+    root = pack_root(recipe, folder, log) if with_root else None
     record = {"schema": SCHEMA, "recipe": recipe.name, "python": python,
               "sdist": {"file": str(sdist.relative_to(folder)), "sha256": recipe.deepspeed.sha256},
               "wheels": [{"file": n, "size": s, "sha256": sha256_of(folder / "wheels" / n)}
-                         for n, s in files]}  # fmt: skip
+                         for n, s in files],
+              "root": root.to_json() if root is not None else None}  # fmt: skip
     write_atomic(folder / RECORD, json.dumps(record, indent=2) + "\n")
-    gathered = Gathered(folder, sdist, tuple(files))
+    gathered = Gathered(folder, sdist, tuple(files), root.size if root is not None else 0)
     for name, size in sorted(files, key=lambda f: -f[1])[:8]:
         output.note(f"{size / 1e6:6.1f} MB  {name}")
-    output.step(f"gathered {len(files)} wheels and the sdist: {gathered.size / 1e6:.1f} MB in {folder}; on the node: "
+    said = f"{len(files)} wheels, the sdist" + (
+        f" and the build root ({gathered.root_size / 1e6:.1f} MB)" if root else ""
+    )
+    output.step(f"gathered {said}: {gathered.size / 1e6:.1f} MB in {folder}; on the node: "
                 f"python -m builder build-wheel --recipe RECIPE --offline {folder}")  # fmt: skip
     return gathered
+
+
+def needs_toolkit_root(recipe: Recipe) -> bool:
+    """Whether the recipe builds in the toolkit's own root (a manylinux floor and no [root] of the site's)."""
+    return recipe.platform != HOST and recipe.root is None
+
+
+def pack_root(recipe: Recipe, folder: Path, log: Path) -> PackedRoot | None:
+    """The toolkit's root this machine made (made now if it has none), packed once per machine and put in
+    the folder's root/, for a node with no Debian mirror; None where the recipe builds in no such root."""
+    if not needs_toolkit_root(recipe):
+        output.note(f"recipe {recipe.name} builds in no root of the toolkit's (platform or [root]): none gathered")
+        return None
+    from builder.buildroot import make
+    from builder.buildroot.spec import default_spec
+    from builder.debian import host_mirror
+
+    spec = default_spec(host_mirror())
+    roots = make.roots_folder(os.environ)
+    facts = make.ensure_debian(spec, roots)
+    packed = pack.pack(spec, facts, roots, log)
+    pack.copy_into(packed, roots, folder / ROOT_FOLDER)
+    return packed
 
 
 def environ(folder: Path, recipe: Recipe | None = None) -> dict[str, str]:
@@ -175,11 +196,12 @@ def environ(folder: Path, recipe: Recipe | None = None) -> dict[str, str]:
                               f"recipe {recipe.name} pins", f"gather it for this recipe: python -m builder gather "
                               f"--recipe {recipe.path or 'RECIPE'} --dest {folder}")  # fmt: skip
     wheels = str(folder / "wheels")
+    packed = {pack.PACKED_ENV: str(folder / ROOT_FOLDER)} if (folder / ROOT_FOLDER).is_dir() else {}
     # PIP_CONFIG_FILE=/dev/null: pip reads no configuration file (a machine's find-links or index would
     # still be asked); uv reads none of pip's, and UV_NO_CONFIG none of its own.
     return {"PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": wheels, "UV_NO_CONFIG": "1",
             "UV_NO_INDEX": "1", "UV_FIND_LINKS": wheels, "UV_OFFLINE": "1",
-            source.SDIST_CACHE_ENV: str(folder / "sdists")}  # fmt: skip
+            source.SDIST_CACHE_ENV: str(folder / "sdists"), **packed}  # fmt: skip
 
 
 def check_record(folder: Path) -> None:
@@ -200,10 +222,36 @@ def check_record(folder: Path) -> None:
         elif path.stat().st_size != want[0] or sha256_of(path) != want[1]:
             wrong.append(f"{path.name} (size or sha256 differs)")
     wrong += [f"{name} (missing)" for name in sorted(set(listed) - {p.name for p in (folder / "wheels").iterdir()})]
+    wrong += _root_wrong(folder, data.get("root"))
     if wrong:
-        raise SourceError(f"{folder}/wheels is not what gather fetched: {', '.join(wrong[:8])}"
+        raise SourceError(f"{folder} is not what gather fetched: {', '.join(wrong[:8])}"
                           + (f" and {len(wrong) - 8} more" if len(wrong) > 8 else ""),
                           "copy the folder again from where gather made it, or gather it again")  # fmt: skip
+
+
+def _root_wrong(folder: Path, listed: object) -> list[str]:
+    """What differs between the folder's root/ and the packed root offline.json lists (the same rule as
+    for the wheels: nothing put there after gather, nothing changed)."""
+    where = folder / ROOT_FOLDER
+    if listed is None:
+        return [f"{ROOT_FOLDER}/ (not listed)"] if where.exists() else []
+    try:
+        packed = pack.read_record(where / f"{listed['name']}.pack.json")  # type: ignore[index]
+    except (KeyError, TypeError) as exc:
+        raise SourceError(f"{folder / RECORD}: its root entry cannot be read ({exc})",
+                          "gather the folder again on a connected machine") from exc  # fmt: skip
+    except RootError as exc:
+        return [f"{ROOT_FOLDER}/ ({exc.message})"]
+    if packed.to_json() != listed:
+        return [f"{ROOT_FOLDER}/{packed.name}.pack.json (differs from {RECORD})"]
+    wrong = [f"{ROOT_FOLDER}/{p.name} (not listed)" for p in sorted(where.iterdir())
+             if p.name not in (packed.file, f"{packed.name}.pack.json")]  # fmt: skip
+    path = where / packed.file
+    if path.is_symlink() or not path.is_file():
+        wrong.append(f"{ROOT_FOLDER}/{packed.file} (missing)")
+    elif path.stat().st_size != packed.size or sha256_of(path) != packed.sha256:
+        wrong.append(f"{ROOT_FOLDER}/{packed.file} (size or sha256 differs)")
+    return wrong
 
 
 UV_INDEXES = ("UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_INDEX", "UV_DEFAULT_INDEX", "PIP_INDEX_URL",

@@ -17,6 +17,8 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from builder import configs, envs, output
@@ -63,13 +65,25 @@ def environment(manifest: BuildManifest, ws: Workspace, base: Path | None, log: 
     def deepspeed_without_ops(venv: Path) -> None:
         output.step(f"reference: {describe(manifest)}, in {venv}")
         # DeepSpeed's setup.py imports torch: no build isolation (it would hide torch, DeepSpeed issue 7286).
-        envs.install_source(venv, sdist, {"DS_BUILD_OPS": "0", "DS_ACCELERATOR": manifest.accelerator}, log, verbose)
+        # Its dependencies are already there (below): the sdist alone, so nothing is resolved again.
+        envs.install_source(venv, sdist, {"DS_BUILD_OPS": "0", "DS_ACCELERATOR": manifest.accelerator}, log, verbose,
+                            deps=False)  # fmt: skip
         (venv / EXTENSIONS).mkdir(exist_ok=True)
 
     key = [f"deepspeed-sdist={manifest.source_sha256}", f"accelerator={manifest.accelerator}"]
-    return envs.cached(ws.cache / "reference", [torch.requirement, "setuptools", "wheel", "ninja"], log, verbose,
+    return envs.cached(ws.cache / "reference", requirements(torch, source.sdist_requirements(sdist)), log, verbose,
                        manifest.recipe_torch == "system", base, envs.torch_index(torch), then=deepspeed_without_ops,
                        key=key)  # fmt: skip
+
+
+def requirements(torch: TorchSpec, deepspeed: Sequence[str]) -> list[str]:
+    """What the reference venv is made with before the sdist goes in (pure): the wheel's torch, the build
+    tools, and DeepSpeed's own requirements less its torch. Made this way, a venv that reaches a node's
+    packages counts them (envs.create asks the installer against the node's interpreter), so an
+    air-gapped node's folder need not hold them, and no second torch is ever resolved, online or not:
+    `uv pip install <sdist>` into such a venv resolved einops and torch again ("einops was not found")."""
+    own = [r for r in deepspeed if canonicalize_name(Requirement(r).name) != "torch"]
+    return list(dict.fromkeys([torch.requirement, "setuptools", "wheel", "ninja", *own]))
 
 
 def blame(failed: Sequence[configs.Outcome], cases: Sequence[configs.ConfigCase], manifest: BuildManifest,

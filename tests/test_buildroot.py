@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from builder.buildroot import make
+from builder.buildroot import make, pack
 from builder.buildroot.sandbox import check_trusted
 from builder.buildroot.spec import (
     RootFacts,
@@ -227,4 +227,79 @@ def test_no_debootstrap_and_no_apt_get_is_one_message(tmp_path: Path, monkeypatc
     with pytest.raises(RootError, match="needs debootstrap, which is not installed") as said:
         make.debootstrap(tmp_path / "tools", tmp_path / "log")
     assert "install debootstrap" in said.value.fix and 'platform = "host"' in said.value.fix
+    # Issue 56: the three ways out of a node that cannot make a root, named.
+    assert "--offline DIR" in said.value.fix and "[root] folder" in said.value.fix
     assert not (tmp_path / "tools").exists()
+
+
+def _packed_root(folder: Path, members: list[tuple[str, bytes | str]]) -> pack.PackedRoot:
+    """A packed root written here in-process (FAKE content: a few files, links as `->target`) and its record."""
+    import hashlib
+    import io
+    import json
+    import tarfile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    file = folder / "build-bullseye-x.tar.xz"
+    with tarfile.open(file, "w:xz") as tf:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            if isinstance(data, str):
+                info.type, info.linkname = tarfile.SYMTYPE, data
+                tf.addfile(info)
+            else:
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+    facts = RootFacts(Path("/"), "identity-1", "2.31", "10.2.1", "Debian bullseye")
+    packed = pack.PackedRoot("build-bullseye-x", "bullseye", "buildd", ("libaio-dev",), facts, file.name,
+                             file.stat().st_size, hashlib.sha256(file.read_bytes()).hexdigest())  # fmt: skip
+    pack.record_path(folder, packed.name).write_text(json.dumps(packed.to_json()))
+    return packed
+
+
+def test_a_packed_root_is_found_by_what_it_holds_and_unpacked_inside_its_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 56: a node with no mirror unpacks the root an offline folder carries (FAKE root content)."""
+    from builder.buildroot.spec import RootSpec
+
+    folder = tmp_path / "offline" / "root"
+    packed = _packed_root(folder, [("./usr/bin/g++-10", b"ELF"), ("./usr/bin/g++", "g++-10"),
+                                   ("./usr/bin/cc", "/etc/alternatives/cc")])  # fmt: skip
+    spec = RootSpec("debian", mirror="http://elsewhere/debian")  # another mirror: the same root
+    assert pack.find(spec, {}) is None
+    found = pack.find(spec, {pack.PACKED_ENV: str(folder)})
+    assert found is not None and found[1] == packed
+    assert pack.find(RootSpec("debian", suite="bookworm"), {pack.PACKED_ENV: str(folder)}) is None
+    # ensure_debian takes it, with no debootstrap and no root (FAKE: the machine's user is not root).
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    roots = tmp_path / "roots"
+    monkeypatch.setenv(pack.PACKED_ENV, str(folder))
+    facts = make.ensure_debian(spec, roots)
+    assert facts.identity == "identity-1" and facts.gcc == "10.2.1" and facts.path.parent == roots
+    assert (facts.path / "usr" / "bin" / "g++-10").read_bytes() == b"ELF"
+    assert os.readlink(facts.path / "usr" / "bin" / "cc") == "/etc/alternatives/cc"  # read inside the root
+    assert make.ensure_debian(spec, roots) == facts  # recorded: made once
+    assert not list(roots.glob(".*.tmp-*"))
+
+
+def test_a_packed_root_that_is_changed_or_leads_out_of_its_folder_is_refused(tmp_path: Path) -> None:
+    import json
+
+    folder = tmp_path / "root"
+    packed = _packed_root(folder, [("./usr/bin/g++", b"ELF")])
+    (folder / packed.file).write_bytes((folder / packed.file).read_bytes()[:-1] + b"\0")
+    with pytest.raises(RootError, match="is not the packed root its record describes"):
+        pack.unpack(folder, packed, tmp_path / "out")
+    # A link out of the root, then a file through it: nothing is written outside.
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    evil = _packed_root(tmp_path / "evil", [("./etc", str(outside)), ("./etc/passwd", b"owned")])
+    with pytest.raises(RootError, match="cannot unpack"):
+        pack.unpack(tmp_path / "evil", evil, tmp_path / "out2")
+    assert list(outside.iterdir()) == []
+    for bad in ({"schema": 2}, {"file": "../x.tar.xz"}, {"size": "1"}, {"name": "a\nb"}):
+        record = pack.record_path(folder, packed.name)
+        record.write_text(json.dumps({**packed.to_json(), **bad}))
+        with pytest.raises(RootError, match="is not a packed root's record"):
+            pack.read_record(record)

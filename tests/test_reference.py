@@ -128,3 +128,14 @@ def test_the_wheels_manifest_carries_known_failures_each_checked() -> None:
             BuildManifest.from_dict(_manifest(schema=BUILD_SCHEMA, known_failures=table), "ds_builder.json")
         assert expected in err.value.message, (table, err.value.message)
     assert json.loads(manifest.to_json())["known_failures"]["configs/lbfgs.json"]["reason"] == "r"
+
+
+def test_the_reference_venv_is_made_with_deepspeeds_requirements_and_never_a_second_torch() -> None:
+    """Issue 56: on an air-gapped node the reference venv reaches the node's own packages through a .pth
+    file, which `uv pip install <sdist>` does not count ("einops was not found in the provided package
+    locations"); DeepSpeed's requirements now go in with torch's requirement first, the sdist alone after."""
+    from builder.recipe import TorchSpec
+    from builder.reference import requirements
+
+    got = requirements(TorchSpec("2.11.0"), ["einops", "hjson", "torch>=2.0", "Torch", "numpy", "einops"])
+    assert got == ["torch==2.11.0", "setuptools", "wheel", "ninja", "einops", "hjson", "numpy"]

@@ -3,6 +3,7 @@ each once per machine, into the roots folder, under a lock, renamed into place o
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import hashlib
 import json
@@ -17,12 +18,17 @@ from pathlib import Path
 from filelock import FileLock
 
 from builder import cmd, output
+from builder.buildroot import pack
 from builder.buildroot.spec import RootFacts, RootSpec, identity_of, root_name
 from builder.debian import debootstrap_stage
 from builder.errors import RootError
 from builder.files import env_folder, make_dirs, write_atomic
 
 ROOTS_ENV = "DS_BUILDER_ROOTS"
+# What a machine that cannot make the root (no mirror, no debootstrap, no apt, not root) can do instead.
+WAYS_OUT = ("bring the root in a folder `python -m builder gather` made on a connected machine (build with --offline "
+            'DIR: its root/ holds the root packed), name a root of your own in the recipe ([root] folder = "..."), '
+            'or build for this machine\'s own OS only with platform = "host"')  # fmt: skip
 
 
 def roots_folder(env: Mapping[str, str]) -> Path:
@@ -50,13 +56,13 @@ def debootstrap(tools: Path, log: Path) -> tuple[str, dict[str, str]]:
             raise RootError(
                 "making the build root needs debootstrap, which is not installed, and this machine has no apt-get "
                 "to fetch it",
-                'install debootstrap (or name a root in the recipe: [root] folder = "..." or image = "..."), or '
-                'build for this machine only with platform = "host"',
+                f"install debootstrap, or {WAYS_OUT}",
             )
         make_dirs(tools)
         with tempfile.TemporaryDirectory(dir=tools, prefix=".fetch-") as tmp:
             cmd.run(["apt-get", "download", "debootstrap"], cwd=Path(tmp), log=log,
-                    fix="apt-get download needs the host's Debian package sources; or install debootstrap")  # fmt: skip
+                    fix="apt-get download needs the host's Debian package sources (this machine reaches none?); "
+                        f"install debootstrap, or {WAYS_OUT}")  # fmt: skip
             (deb,) = Path(tmp).glob("debootstrap_*.deb")
             staged = Path(tmp) / "tree"
             cmd.run(["dpkg-deb", "-x", deb, staged], log=log)
@@ -101,11 +107,13 @@ def ensure_debian(spec: RootSpec, roots: Path) -> RootFacts:
         facts = read_facts(_facts_file(roots, name))
         if facts is not None and path.is_dir() and facts.path == path:
             return facts
+        found = pack.find(spec, os.environ)
+        if found is not None:  # an offline folder's packed root: no mirror, no debootstrap, no apt
+            return _unpacked(*found, roots, name)
         if os.geteuid() != 0:
             raise RootError(
                 f"making the build root ({spec.describe()}) needs root (debootstrap), and this is user {os.geteuid()}",
-                f"have root make it once (the roots folder {roots}, or DS_BUILDER_ROOTS), name a root in the recipe "
-                '([root] folder = "..."), or build for this machine only with platform = "host"',
+                f"have root make it once (the roots folder {roots}, or DS_BUILDER_ROOTS), or {WAYS_OUT}",
             )
         program, env = debootstrap(roots / "tools", log)
         for stale in roots.glob(f".{name}.tmp-*"):  # a killed making: ours, never a root in use
@@ -113,10 +121,20 @@ def ensure_debian(spec: RootSpec, roots: Path) -> RootFacts:
         tmp = roots / f".{name}.tmp-{os.getpid()}"
         output.step(f"root: making {spec.describe()} from {spec.mirror} in {path}: about a minute, once per machine")
         try:
-            cmd.run([program, f"--variant={spec.variant}", f"--include={','.join(spec.packages)}", spec.suite, tmp,
-                     spec.mirror], env=env, log=log, progress=debootstrap_stage,
-                    fix="debootstrap needs the Debian mirror the host's apt uses (read the log); or name a root in "
-                        'the recipe, or platform = "host"')  # fmt: skip
+            cmd.run(
+                [
+                    program,
+                    f"--variant={spec.variant}",
+                    f"--include={','.join(spec.packages)}",
+                    spec.suite,
+                    tmp,
+                    spec.mirror,
+                ],
+                env=env,
+                log=log,
+                progress=debootstrap_stage,
+                fix=f"debootstrap needs the Debian mirror the host's apt uses (read the log); or {WAYS_OUT}",
+            )
             for rel in ("var/cache/apt/archives", "var/lib/apt/lists"):
                 for child in (tmp / rel).glob("*"):
                     if child.is_file():
@@ -134,6 +152,26 @@ def ensure_debian(spec: RootSpec, roots: Path) -> RootFacts:
         write_atomic(_facts_file(roots, name), json.dumps(facts.to_json(), indent=2, sort_keys=True) + "\n")
         output.note(f"root: {path} (gcc {gcc}, glibc {glibc}, {len(packages.splitlines())} packages)")
         return facts
+
+
+def _unpacked(folder: Path, packed: pack.PackedRoot, roots: Path, name: str) -> RootFacts:
+    """The root unpacked from an offline folder into the roots folder under this machine's name for it,
+    with the facts recorded where it was made (its identity, so the unit keys are the same)."""
+    path = roots / name
+    for stale in roots.glob(f".{name}.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = roots / f".{name}.tmp-{os.getpid()}"
+    try:
+        pack.unpack(folder, packed, tmp)
+        shutil.rmtree(path, ignore_errors=True)  # a root of ours whose record was lost: made again
+        tmp.rename(path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    facts = dataclasses.replace(packed.facts, path=path)
+    write_atomic(_facts_file(roots, name), json.dumps(facts.to_json(), indent=2, sort_keys=True) + "\n")
+    output.note(f"root: {path} (gcc {facts.gcc}, glibc {facts.glibc}, unpacked from {folder / packed.file})")
+    return facts
 
 
 _GLIBC_FILE = re.compile(r"libc-(\d+\.\d+)\.so$")

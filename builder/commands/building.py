@@ -193,7 +193,9 @@ def gather(args: argparse.Namespace) -> int:
     have = offline.parse_freeze(text, str(args.have)) if args.have else {}
     ws = _workspace(args, check=False)
     ws.logs.mkdir(parents=True, exist_ok=True)
-    offline.gather(recipe, args.dest.resolve(), args.python, have, ws.logs / "gather.log", args.verbose)
+    offline.gather(
+        recipe, args.dest.resolve(), args.python, have, ws.logs / "gather.log", args.verbose, with_root=not args.no_root
+    )
     return 0
 
 

@@ -17,9 +17,18 @@ def smoke(args: argparse.Namespace) -> int:
     from builder.smoke import smoke as smoke_wheel
 
     ws = _workspace(args)
+    _go_offline(args)
     for wheel in args.wheels or [_newest_wheel(ws.dist)]:
         smoke_wheel(wheel, ws, args.verbose, args.keep_env)
     return 0
+
+
+def _go_offline(args: argparse.Namespace) -> None:
+    """With --offline DIR: before the first install, every later pip and uv reads only the folder."""
+    if getattr(args, "offline", None) is not None:
+        from builder import offline
+
+        offline.use(args.offline, [])
 
 
 def check_config(args: argparse.Namespace) -> int:
@@ -29,7 +38,9 @@ def check_config(args: argparse.Namespace) -> int:
 
     if args.timeout <= 0:
         raise ConfigError(f"--timeout {args.timeout:g} is not a time limit", "give seconds above 0, e.g. --timeout 120")
-    outcomes = check_configs(args.configs, _workspace(args), args.wheel, args.python, args.verbose, args.timeout)
+    ws = _workspace(args)
+    _go_offline(args)
+    outcomes = check_configs(args.configs, ws, args.wheel, args.python, args.verbose, args.timeout)
     accelerator = "this accelerator"
     if args.wheel is not None:
         from builder.contracts import BuildManifest

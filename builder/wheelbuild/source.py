@@ -151,3 +151,14 @@ def patch_build_tree(src: Path) -> None:
     cpu_builder = src / "op_builder" / "cpu" / "builder.py"
     if cpu_builder.is_file():
         _insert_hooks(cpu_builder, {}, _CPU_BUILDER_HOOKS)
+
+
+def sdist_requirements(sdist: Path) -> list[str]:
+    """DeepSpeed's requirements/requirements.txt, read from the sdist without unpacking it."""
+    with tarfile.open(sdist) as tf:
+        member = next((m for m in tf.getmembers() if m.name.endswith("/requirements/requirements.txt")
+                       and m.name.count("/") == 2 and m.isfile()), None)  # fmt: skip
+        if member is None or (f := tf.extractfile(member)) is None:
+            raise SourceError(f"{sdist.name} holds no requirements/requirements.txt", "check the recipe's sdist")
+        text = f.read(1 << 20).decode("utf-8", errors="replace")
+    return [r.strip() for r in text.splitlines() if r.strip() and not r.startswith("#")]

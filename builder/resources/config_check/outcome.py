@@ -11,7 +11,6 @@ from typing import Any
 
 from builder.resources.config_check.jit import NOT_IMPLEMENTED, jit_allowed, jit_asked, refused_loads
 
-
 # What torch.compile says where no compiler is found: inductor's CPU code (C++), and Triton's launcher on
 # a GPU ("Failed to find C compiler. Please specify via CC environment variable": DeepSpeed 0.19.8's Muon
 # on an H200 node). Checked after the wheel's own JIT, which is still a missing op.

@@ -96,9 +96,17 @@ WARM = ("deepspeed.runtime.engine", "deepspeed.runtime.zero.stage_1_and_2", "dee
         "deepspeed.ops.lion", "deepspeed.ops.lamb", "torch._dynamo")  # fmt: skip
 
 
-# spawn: each config's processes start a new Python, as on CUDA (a CUDA context cannot be forked); the
-# bench runs the CPU matrix so to measure what compiling torch's modules in every process costs there.
+# How a config's processes start: "fork" (CPU: from this process, DeepSpeed imported once), "forkserver"
+# (CUDA: from a server that imported torch and DeepSpeed without touching a GPU; each child sets up CUDA
+# itself), "spawn" (a new Python per process, the fallback). Set, it overrides the accelerator's choice:
+# the bench runs the CPU matrix spawned and from the server, to measure the GPU node's setting on CPU.
 START_ENV = "DS_CONFIG_RUNNER_START"
+STARTS = ("fork", "forkserver", "spawn")
+# What the fork server imports before its first fork (a module it cannot import is left out, as
+# multiprocessing does): every later child starts with them loaded. On an H200 node a spawned config
+# spent most of its 9 s median importing these again; the GPU was 0-16% busy.
+SERVER_PRELOAD = ("torch", "deepspeed", *WARM, "deepspeed.ops.op_builder.all_ops")
+PROBE_SECONDS = 600.0  # the server's first start imports torch and DeepSpeed (tens of seconds on a cold node)
 
 
 def _gpu_visible() -> bool:
@@ -116,8 +124,13 @@ def prepare(accelerator: str) -> Any:
     import deepspeed  # noqa: F401
 
     intercept()
-    if accelerator != "cpu" or os.environ.get(START_ENV) == "spawn":
+    start = os.environ.get(START_ENV) or ("fork" if accelerator == "cpu" else "forkserver")
+    if start not in STARTS:
+        raise SystemExit(f"{START_ENV}={start[:40]!r} is not one of {', '.join(STARTS)}")
+    if start == "spawn":
         return multiprocessing.get_context("spawn")
+    if start == "forkserver":
+        return server_context(accelerator)
     for name in WARM:
         try:
             importlib.import_module(name)
@@ -133,6 +146,46 @@ def prepare(accelerator: str) -> Any:
     except Exception:
         pass
     return multiprocessing.get_context("fork")
+
+
+def server_context(accelerator: str) -> Any:
+    """The fork server's context, proven before any config uses it: a first child forked from it must see
+    a GPU it can compute on (where CUDA was set up in the server by an import, torch refuses CUDA in every
+    forked child). Where it cannot be proven, configs are spawned, each in a new Python, and this says why."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["__main__", *SERVER_PRELOAD])
+    began = time.monotonic()
+    try:
+        probe = context.Process(target=probe_fork, args=(accelerator,), daemon=True)
+        probe.start()
+        probe.join(PROBE_SECONDS)
+        code = probe.exitcode
+        if code is None:
+            probe.kill()
+            probe.join()
+    except Exception as exc:  # the server could not start: its imports failed in a way multiprocessing does not skip
+        code, why = -1, f"{type(exc).__name__}: {exc}"
+    else:
+        why = f"exit code {code}" if code is not None else f"no answer in {PROBE_SECONDS:g} s"
+    if code == 0:
+        print(f"config runner: a fork server imported torch and DeepSpeed in {time.monotonic() - began:.1f} s; "
+              "each config's processes are forked from it", file=sys.stderr, flush=True)  # fmt: skip
+        return context
+    print(f"config runner: a child of the fork server could not use {accelerator} ({why}; its traceback is above); "
+          "each config's processes are spawned instead (a new Python each: slower, the same results)",
+          file=sys.stderr, flush=True)  # fmt: skip
+    return multiprocessing.get_context("spawn")
+
+
+def probe_fork(accelerator: str) -> None:
+    """In the fork server's first child: the accelerator works here (exit 0), or the exception says why."""
+    import torch
+
+    if accelerator == "cuda":
+        if torch.cuda._is_in_bad_fork():
+            raise SystemExit("CUDA was set up in the fork server before it forked: a forked child cannot use it")
+        if float(torch.ones(1, device="cuda").add(1).item()) != 2.0:
+            raise SystemExit("a forked child computed 1 + 1 wrong on the GPU")
 
 
 def run(spec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -194,6 +247,8 @@ def again_alone(entry: dict[str, Any], context: Any, timeout: float, first: dict
     return {**done, "detail": f"{done['detail']} (run again alone: the first run {said.rstrip(', ')})"}
 
 
-def default_jobs() -> int:
-    """Configs run at once: two per core (each is mostly waiting on its process group), 2 to 8."""
-    return max(2, min(8, 2 * (os.cpu_count() or 1)))
+def default_jobs(accelerator: str | None = None) -> int:
+    """Configs run at once: two per core (each is mostly waiting on its process group), 2 to 8; on GPUs
+    up to 16 (their configs wait on the GPU and its libraries, which sat 0-16% busy with 8 on an H200)."""
+    most = 16 if accelerator == "cuda" else 8
+    return max(2, min(most, 2 * (os.cpu_count() or 1)))
