@@ -160,9 +160,9 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none", default=False, tags=["gpu"])
 def gpu(session: nox.Session) -> None:
-    """The GPU tier on a GPU node, in the node's own Python and torch (no venv is made; the toolkit's
-    dependencies must be there: `pip install --no-index --find-links DIR/wheels .` from a `gather`
-    folder): detect, the system recipe built and smoked with every op checked on the GPU, a
+    """The GPU tier on a GPU node, in the node's own Python and torch (no venv is made; with --offline the
+    toolkit and its dependencies are installed there from the folder first, as docs/pipeline.md tells a
+    node: `pip install --no-index --find-links DIR/wheels .`): detect, the system recipe built and smoked with every op checked on the GPU, a
     manylinux_2_28 CUDA wheel built with no GPU visible run on it; one table at the end.
     -- [--offline DIR] (build from a `gather` folder: the node reaches nothing)."""
     args = list(session.posargs)
@@ -171,6 +171,9 @@ def gpu(session: nox.Session) -> None:
         at = args.index("--offline")
         env["DS_GPU_OFFLINE"] = os.path.abspath(args[at + 1])
         del args[at : at + 2]
+        # The documented node step: the toolkit (and its dependencies) from the folder alone.
+        wheels = os.path.join(env["DS_GPU_OFFLINE"], "wheels")
+        session.run("python", "-m", "pip", "install", "--quiet", "--no-index", "--find-links", wheels, ".")
     session.run("python", "-m", "pytest", "-m", "gpu", "tests/test_gpu.py", "-p", "no:cacheprovider", *args, env=env)
 
 

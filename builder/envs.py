@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 from builder import cmd, output
 from builder.errors import ToolError
-from builder.files import env_folder
+from builder.files import trusted_folder
 
 if TYPE_CHECKING:
     from builder.recipe import TorchSpec
@@ -49,7 +49,7 @@ ENV_CACHE_ENV = "DS_BUILDER_ENV_CACHE"
 
 def build_envs_folder(work_cache: Path, env: Mapping[str, str]) -> Path:
     """DS_BUILDER_ENV_CACHE (shared by several work folders), else the work folder's own."""
-    named = env_folder(env, ENV_CACHE_ENV, "build environments and their lock files")
+    named = trusted_folder(env, ENV_CACHE_ENV, "build environments")  # their code runs in every build
     return named if named is not None else work_cache / "envs"
 
 
@@ -428,6 +428,7 @@ def cached(
 
     venv = root / env_key([*requirements, *key], system_site_packages, base, index)
     if (venv / COMPLETE).is_file():
+        _check_own(venv)
         output.note(f"reusing environment {venv}")
         return venv
     root.mkdir(parents=True, exist_ok=True)
@@ -440,6 +441,31 @@ def cached(
             then(venv)
         (venv / COMPLETE).write_text("\n".join(requirements) + "\n", encoding="utf-8")
     return venv
+
+
+def _check_own(venv: Path) -> None:
+    """A made environment is reused only where no one else could have put code in it: the folder, its
+    completion mark and its packages' folders belong to this user or root and no one else can write
+    them (a planted `.pth` runs in every Python process of the build). FolderError (exit 10) otherwise."""
+    from builder.errors import FolderError
+
+    places = [venv, venv / COMPLETE, *sorted(venv.glob("lib/python3*/site-packages")), venv / "bin"]
+    for place in places:
+        try:
+            st = place.lstat()
+        except FileNotFoundError:
+            continue
+        if place.is_symlink() or st.st_uid not in (os.getuid(), 0) or st.st_mode & 0o022:
+            why = (
+                "is a link"
+                if place.is_symlink()
+                else f"belongs to user {st.st_uid}"
+                if st.st_uid not in (os.getuid(), 0)
+                else f"can be written by others (mode {st.st_mode & 0o7777:o})"
+            )
+            raise FolderError(f"the build environment {venv} is not trusted: {place} {why}, so code in it may not "
+                              "be this toolkit's", f"remove {venv} (the next build makes it again), and keep the "
+                              "environments' folder writable by you alone")  # fmt: skip
 
 
 def _pip_progress(line: str) -> str | None:

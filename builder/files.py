@@ -68,6 +68,44 @@ def env_folder(env: Mapping[str, str], name: str, what: str) -> Path | None:
     return Path(value)
 
 
+def trusted_folder(env: Mapping[str, str], name: str, what: str) -> Path | None:
+    """The folder an environment variable names (None where unset) for something whose content decides
+    what a build runs or trusts (shared build environments, a shared compiler cache): env_folder's check,
+    then refused (FolderError, exit 10) where it is not a folder, where a link on its path was made by
+    a user other than this one or root, or where it or a folder above it belongs to another user or
+    can be written by others (a sticky folder above, such as /tmp, is fine), as OpenSSH refuses a key
+    file others can write. A folder not made yet is checked by its parents."""
+    from builder.errors import FolderError
+
+    named = env_folder(env, name, what)
+    if named is None:
+        return None
+    absolute = Path(os.path.abspath(named))
+    fix = f"point {name} at a folder of your own that only you (or root) can write, or unset it"
+    probe = Path(absolute.anchor)
+    for part in absolute.parts[1:]:
+        probe = probe / part
+        if probe.is_symlink() and probe.lstat().st_uid not in (os.getuid(), 0):
+            raise FolderError(f"{name}={named} passes through {probe}, a link made by another user "
+                              f"(uid {probe.lstat().st_uid}): it decides where {what} are read from", fix)  # fmt: skip
+    resolved = absolute.resolve()
+    if resolved.exists() and not resolved.is_dir():
+        raise FolderError(f"{name}={str(named)[:200]} is not a folder ({resolved} is a file)", fix)
+    for folder in (resolved, *resolved.parents):
+        try:
+            st = folder.stat()
+        except FileNotFoundError:
+            continue
+        if st.st_uid not in (os.getuid(), 0):
+            raise FolderError(f"{name}={named}: {folder} belongs to user {st.st_uid}, who could change the {what} "
+                              "this build uses", fix)  # fmt: skip
+        if st.st_mode & 0o022 and not (folder != resolved and st.st_mode & 0o1000):
+            raise FolderError(f"{name}={named}: {folder} can be written by others (mode {st.st_mode & 0o7777:o}), "
+                              f"who could change the {what} this build uses",
+                              f"chmod go-w {folder}, or {fix}")  # fmt: skip
+    return named
+
+
 def scratch_folder(parent: Path, prefix: str) -> Path:
     """A temporary folder named for this process (`<prefix><pid>-<random>`), so a later run can tell
     one a killed process left (sweep_dead) from one a live run still uses."""

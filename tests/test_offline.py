@@ -40,6 +40,8 @@ def test_what_a_folder_holds_and_what_the_node_already_has() -> None:
     assert offline.keep([*closure, "nvidia-ml-py==13.580.82"], True, {}) == [*offline.keep(closure, True, {}),
                                                                             "nvidia-ml-py==13.580.82"]  # fmt: skip
     assert offline.keep(["nvidia-ml-py==13.580.82"], True, {"nvidia-ml-py": "12.0"}) == []
+    # What pip's build isolation needs to install the toolkit from the folder is there, node or not.
+    assert offline.keep(["setuptools==80.9.0"], True, {"setuptools": "80.9.0"}) == ["setuptools==80.9.0"]
     have = offline.parse_freeze("# comment\ntorch==2.11.0+cu130\n-e git+https://x/y#egg=z\nNumPy==2.1.0\n", "f")
     assert have == {"torch": "2.11.0+cu130", "numpy": "2.1.0"}
     with pytest.raises(UsageError, match="is not a `pip freeze` line") as err:

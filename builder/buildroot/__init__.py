@@ -10,4 +10,5 @@ namespace of their own, with the build's folders bound in at the same paths.
 - spec: what a root is made of and its key, the wrapper scripts, the pinned symbols (pure).
 - make: making (debootstrap) or exporting (podman) a root into the roots folder, once.
 - sandbox: checking that a root may be trusted, and writing the wrappers that enter it.
+- pack: a made root as one file, for `gather`'s folder, unpacked on a node with no Debian mirror.
 """

@@ -62,7 +62,18 @@ from builder.node.fields import (
     torch_variant,
     url_secret,
 )
-from builder.node.files import NotAFile, TooLarge, open_regular, printable, read_bounded, read_limited, scratch_dir
+from builder.node.files import (
+    SYSTEM_TREES,
+    NotAFile,
+    TooLarge,
+    is_system_folder,
+    open_regular,
+    printable,
+    read_bounded,
+    read_limited,
+    scratch_dir,
+    unsafe_folder,
+)
 from builder.node.install import checked_dependencies, checked_wheel, load_verified, load_wheelhouse
 from builder.node.manifest import (
     LOCK_FILE_RE,
@@ -84,13 +95,10 @@ from builder.node.module import (
     MODULE_MARK,
     MODULE_PARTIAL,
     MODULE_RECORD,
-    SYSTEM_TREES,
     clean_env,
-    is_system_folder,
     module_version,
     parse_lock,
     render_modulefile,
-    unsafe_folder,
 )
 from builder.node.names import check_variants_json_name, check_wheel_name, is_wheel_name, normalize, split_variant_name
 from builder.node.probe import cpu_flags, parse_node_probe, probe_node

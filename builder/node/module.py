@@ -16,7 +16,12 @@ from builder.node.choosing import describe_floor
 from builder.node.contract import SHA256_RE, InstallError, ManifestError
 from builder.node.entries import WheelEntry, WheelhouseManifest
 from builder.node.fetch import download
-from builder.node.files import open_regular, printable, say
+from builder.node.files import (
+    open_regular,
+    printable,
+    say,
+    unsafe_folder,
+)
 from builder.node.names import check_wheel_name, normalize
 from builder.node.pip import pip_fix, run_pip
 
@@ -34,12 +39,6 @@ MODULE_RECORD = "ds-module.json"  # in the venv's folder, written last: the inst
 MODULE_PARTIAL = ".ds-module-partial"  # in a venv folder being made: a leftover this installer may remove
 LMOD_INITS = ("/usr/share/lmod/lmod/init/bash", "/opt/apps/lmod/lmod/init/bash", "/usr/local/lmod/lmod/init/bash")
 # Folders of the system (and everything below the trees): no folder the toolkit writes may be one.
-SYSTEM_FOLDERS = ("/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/media", "/mnt", "/opt",
-                  "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/usr/local", "/var",
-                  "/var/tmp", "/var/lib")  # fmt: skip
-SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/run", "/sbin", "/sys",
-                "/usr/bin", "/usr/include", "/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/libexec", "/usr/sbin",
-                "/usr/share")  # fmt: skip
 _LOCK_REQ = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>\S+)\s*\\?$")
 _LOCK_HASH = re.compile(r"^\s*--hash=sha256:(?P<digest>[0-9a-f]{64})\s*$")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -51,13 +50,6 @@ class ModuleError(InstallError):
     does not load and list its ops."""
 
     exit_code = EXIT_MODULE
-
-
-def is_system_folder(resolved: str, home: str = "") -> bool:
-    """Whether a resolved path is a system folder, inside a system tree, or the user's home itself."""
-    home = home or os.path.realpath(os.path.expanduser("~"))
-    inside = any(resolved == t or resolved.startswith(t + "/") for t in SYSTEM_TREES)
-    return resolved in SYSTEM_FOLDERS or resolved == home or inside
 
 
 def parse_lock(text: str, where: str) -> "tuple[str, dict[str, str]]":
@@ -155,35 +147,6 @@ def modulefile_lock(path: str) -> "str | None":
                           "to replace), or install into another --modulefiles folder")  # fmt: skip
     digest = found[0].rsplit(" ", 1)[-1]
     return digest if SHA256_RE.match(digest) else None
-
-
-def unsafe_folder(path: str) -> "str | None":
-    """What makes a folder unsafe to install into (None: nothing): a folder of the system, or on
-    its way a link another user made, a folder another user owns, or one any user may write
-    without the sticky bit (as OpenSSH checks the path of a user's keys)."""
-    path = os.path.abspath(path)
-    if any(c in path for c in "\n\r\t\x00"):
-        return f"{path!r} holds a control character"
-    if is_system_folder(os.path.realpath(path)):
-        return f"{path} is a system folder (or inside one)"
-    me, parts, current = os.geteuid(), [p for p in path.split("/") if p], "/"
-    for part in parts:
-        current = os.path.join(current, part)
-        try:
-            st = os.lstat(current)
-        except FileNotFoundError:
-            return None  # made by the installer from here on
-        except OSError as exc:
-            return f"{current} cannot be read ({exc.strerror})"
-        if os.path.islink(current):
-            if st.st_uid not in (0, me):
-                return f"{current} is a link made by another user (uid {st.st_uid}): it decides where files go"
-            continue
-        if st.st_uid not in (0, me):
-            return f"{current} belongs to another user (uid {st.st_uid}), who could move what is below it"
-        if st.st_mode & 0o002 and not st.st_mode & 0o1000:
-            return f"{current} is writable by every user (and not sticky): anyone could replace what is below it"
-    return None
 
 
 def check_module_folders(prefix: str, modulefiles: str) -> None:

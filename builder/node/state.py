@@ -13,7 +13,7 @@ from typing import Any
 from builder.node.contract import InstallError, ManifestError
 from builder.node.entries import WheelhouseManifest
 from builder.node.fields import stamp
-from builder.node.files import open_regular, printable, read_limited
+from builder.node.files import open_regular, printable, read_limited, unsafe_folder
 from builder.node.trust import Signature
 
 STATE_ENV = "DS_NODE_STATE_DIR"  # where a node keeps the serial it last accepted per wheelhouse
@@ -22,14 +22,46 @@ SERIALS_FILE = "serials.json"
 
 def state_dir(env: "Mapping[str, str]") -> "Path":
     """Where this node keeps the serials it accepted: DS_NODE_STATE_DIR, /var/lib for root, else
-    the user's state folder."""
+    the user's state folder; refused (InstallError) where another user could change it: whoever can
+    delete serials.json turns the rollback protection off."""
     if env.get(STATE_ENV):
-        return Path(env[STATE_ENV])
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        return Path("/var/lib/ds-node-install")
-    return Path(env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")) / (
-        "ds-node-install"
-    )
+        folder = Path(env[STATE_ENV])
+    elif hasattr(os, "geteuid") and os.geteuid() == 0:
+        folder = Path("/var/lib/ds-node-install")
+    else:
+        folder = Path(env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")) / (
+            "ds-node-install"
+        )
+    why = _unsafe_state(folder)
+    if why:
+        named = f"{STATE_ENV}={printable(str(folder))}" if env.get(STATE_ENV) else f"this node's state folder {folder}"
+        raise InstallError(f"{named} cannot hold what this node accepted: {why}; another user could delete "
+                           f"{SERIALS_FILE} and an older signed wheelhouse would be accepted again (rollback)",
+                           f"point {STATE_ENV} at a folder only you (or root) can write, e.g. "
+                           "/var/lib/ds-node-install")  # fmt: skip
+    return folder
+
+
+def _unsafe_state(folder: "Path") -> "str | None":
+    """unsafe_folder's checks of the path, then the folder and its records: this user's or root's,
+    written by no one else."""
+    if any(c in str(folder) for c in "\n\r\t\x00"):
+        return "the path holds a control character"
+    why = unsafe_folder(str(folder))
+    if why:
+        return why
+    for path in (folder, folder / SERIALS_FILE, folder / SOURCES_FILE):
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            return f"{path} cannot be read ({exc.strerror})"
+        if st.st_uid not in (0, os.geteuid()):
+            return f"{path} belongs to another user (uid {st.st_uid})"
+        if st.st_mode & 0o022:
+            return f"{path} can be written by others (mode {st.st_mode & 0o7777:o})"
+    return None
 
 
 def _read_state(folder: "Path", name: str, field: str, kind: type, what: str, after: str) -> "dict[str, Any]":
