@@ -37,6 +37,7 @@ from builder.node import (
     arch_table,
     check_wheel_name,
     embedded_build_manifest,
+    link_secret,
     reason_table,
 )
 
@@ -135,6 +136,8 @@ def known_table(f: Fields) -> dict[str, dict[str, str]]:
         if name not in configs:
             raise f.fail("known_failures", f"names {name[:60]!r}, which is not one of its configs")
         reason, link = e.text("reason", _REASON), e.text("link", _LINK, optional=True)
+        if link and (secret := link_secret(link)) is not None:
+            raise e.fail("link", f"holds {secret}")
         out[name] = {"reason": reason, **({"link": link} if link else {})}
     return out
 

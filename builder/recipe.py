@@ -25,7 +25,7 @@ from packaging.version import InvalidVersion, Version
 from builder.archs import normalize_all
 from builder.buildroot.spec import DEFAULT_FLOOR, RootSpec
 from builder.errors import RecipeError
-from builder.node import INDEX_URL_RE, TORCH_VARIANT_RE, url_secret
+from builder.node import INDEX_URL_RE, TORCH_VARIANT_RE, link_secret, url_secret
 
 ACCELERATORS = ("cpu", "cuda")
 SYSTEM = "system"
@@ -295,6 +295,10 @@ def _known_failures(table: Mapping[str, Any], config_files: list[str], where: st
                               "characters", _KNOWN_EXAMPLE)  # fmt: skip
         if not isinstance(link, str) or (link and not re.match(r"^https?://[^\s<>\"']{1,500}$", link)):
             raise RecipeError(f"{where}: known_failures.{name}.link is not an http(s) URL", _KNOWN_EXAMPLE)
+        if (secret := link_secret(link)) is not None:  # the same rule as torch.index's
+            raise RecipeError(f"{where}: known_failures.{name}.link holds {secret}: it would be embedded in every "
+                              "wheel's build manifest and shown on the wheelhouse page",
+                              "link to the issue without credentials or a query string")  # fmt: skip
         out.append((name, " ".join(reason.split()), link))
     return tuple(sorted(out))
 

@@ -300,6 +300,7 @@ def _unusable_key(k: Keys, exc: ToolError) -> TrustError:
 
 
 UNIT_SECRET_FILE = "unit-seal-secret"  # in the key folder, 0600: seals op-unit records where ssh-keygen is absent
+SECRET_BYTES = 32
 _SEAL = b"ds-wheel-builder unit seal hmac-sha256 "
 
 
@@ -337,7 +338,7 @@ def _unit_secret(k: Keys, make: bool) -> bytes | None:
             return None
         with _lock(k):
             if not path.exists():
-                write_atomic(path, secrets.token_bytes(32), mode=0o600)
+                write_atomic(path, secrets.token_bytes(SECRET_BYTES), mode=0o600)
                 output.note(f"no ssh-keygen here: op units are sealed with the secret {path} instead of signed")
     if path.is_symlink() or not path.is_file():
         raise TrustError(f"the unit secret {path} is not a regular file", f"move {path} away; the toolkit writes it")
@@ -346,7 +347,26 @@ def _unit_secret(k: Keys, make: bool) -> bytes | None:
         raise TrustError(f"the unit secret {path} is another user's or others can read it "
                          f"(mode {st.st_mode & 0o777:o})",
                          f"remove {path} (a new one is made; the units it sealed are built again)")  # fmt: skip
+    if st.st_size != SECRET_BYTES:
+        # A short secret makes every seal forgeable (1 byte: 256 tries); an empty one rebuilt every unit
+        # while blaming the cache. Only what the toolkit makes is used.
+        raise TrustError(f"the unit secret {path} is {st.st_size} bytes, not the {SECRET_BYTES} random bytes the "
+                         "toolkit makes: a short secret lets anyone forge a unit's seal",
+                         f"remove {path} (or run `python -m builder key rotate`): a new one is made, and the units "
+                         "the old one sealed are built again")  # fmt: skip
     return path.read_bytes()
+
+
+def new_unit_secret(k: Keys) -> Path | None:
+    """On `key rotate`: a new unit secret in place of the old one, where there is one (the units the
+    old one sealed are then built again, as with a new key)."""
+    path = k.folder / UNIT_SECRET_FILE
+    if not path.exists() and not path.is_symlink():
+        return None
+    with _lock(k):
+        path.unlink()
+        write_atomic(path, secrets.token_bytes(SECRET_BYTES), mode=0o600)
+    return path
 
 
 def check(data: bytes, signature: bytes, where: str, trust: Trust, namespace: str = node.NAMESPACE) -> Signature:

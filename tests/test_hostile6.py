@@ -115,3 +115,63 @@ def test_a_node_state_folder_another_user_could_change_is_refused(tmp_path: Path
     assert state_dir({STATE_ENV: str(shared)}) == shared
     with pytest.raises(InstallError, match="is a system folder"):
         state_dir({STATE_ENV: "/etc"})
+
+
+def test_a_unit_secret_that_is_not_what_the_toolkit_makes_is_refused_and_rotate_makes_a_new_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 1: a unit-seal secret of any length was used (1 byte: every seal forgeable in 256 tries; empty:
+    every unit rebuilt while the cache was blamed), and `key rotate` left the old secret in place."""
+    import argparse
+
+    from builder import signing
+    from builder.commands.publishing import key
+    from builder.errors import TrustError
+
+    monkeypatch.setenv("DS_BUILDER_KEYS", str(tmp_path / "keys"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))  # no ssh-keygen: units are sealed by the secret
+    k = signing.keys()
+    (tmp_path / "keys").mkdir(mode=0o700)
+    secret = k.folder / signing.UNIT_SECRET_FILE
+    for short in (b"", b"x", b"y" * 31, b"z" * 33):
+        secret.write_bytes(short)
+        secret.chmod(0o600)
+        with pytest.raises(TrustError, match=f"is {len(short)} bytes, not the 32 random bytes") as err:
+            signing.seal_unit(b"record", k)
+        assert "key rotate" in err.value.fix and err.value.exit_code == TrustError.exit_code
+    old = b"o" * 32
+    secret.write_bytes(old)
+    seal = signing.seal_unit(b"record", k)
+    assert key(argparse.Namespace(action="rotate", value=None)) == 0  # no signing key here: the secret alone
+    new = secret.read_bytes()
+    assert len(new) == 32 and new != old and secret.stat().st_mode & 0o777 == 0o600
+    with pytest.raises(TrustError, match="is not sealed by this host's secret"):
+        signing.check_unit(b"record", seal, "unit.json", k)  # the old secret's seals: built again
+
+
+def test_a_known_failures_link_with_credentials_or_a_query_is_refused_as_torch_index_is() -> None:
+    """Item 2: `user:token@` or a query string in a known failure's link loaded and was embedded in every
+    manifest and the page, while the same in [torch] index was refused. One rule now (a fragment, an
+    anchor in the issue's page, stays)."""
+    import copy
+
+    from test_reference import _manifest
+    from test_recipe import GOOD
+
+    from builder.contracts import BUILD_SCHEMA, BuildManifest
+    from builder.errors import RecipeError
+    from builder.node import ManifestError
+    from builder.recipe import parse_recipe
+
+    data = {**copy.deepcopy(GOOD), "configs": ["configs/lbfgs.json"]}
+    for link, said in (("https://user:tok@github.com/x/y/issues/1", "a user name or password"),
+                       ("https://github.com/x/y/issues/1?token=abc", "a query string")):  # fmt: skip
+        with pytest.raises(RecipeError, match=f"known_failures.configs/lbfgs.json.link holds {said}") as err:
+            parse_recipe({**data, "known_failures": {"configs/lbfgs.json": {"reason": "r", "link": link}}})
+        assert err.value.exit_code == 2 and "without credentials" in err.value.fix
+        forged = _manifest(schema=BUILD_SCHEMA, known_failures={"configs/lbfgs.json": {"reason": "r", "link": link}})
+        with pytest.raises(ManifestError, match=f"field 'link' holds {said}"):
+            BuildManifest.from_dict(forged, "ds_builder.json")
+    anchor = "https://github.com/x/y/issues/1#issuecomment-2"
+    recipe = parse_recipe({**data, "known_failures": {"configs/lbfgs.json": {"reason": "r", "link": anchor}}})
+    assert recipe.known_failures[0][2] == anchor

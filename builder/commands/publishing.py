@@ -105,9 +105,15 @@ def key(args: argparse.Namespace) -> int:
         signing.create(k)
     elif args.action == "rotate":
         if not k.exists():
-            raise TrustError(f"no signing key in {k.folder} to rotate", "`python -m builder key create`")
+            secret = signing.new_unit_secret(k)  # a host with no ssh-keygen has only its unit secret
+            if secret is None:
+                raise TrustError(f"no signing key in {k.folder} to rotate", "`python -m builder key create`")
+            output.step(f"a new unit secret in {secret}: the op units the old one sealed are built again")
+            return 0
         old = k.key()
         new = signing.create(k, rotate=True)
+        if (secret := signing.new_unit_secret(k)) is not None:
+            output.note(f"a new unit secret in {secret} too: the op units the old one sealed are built again")
         output.note(
             f"the old key {old.fingerprint()} stays trusted until you revoke it: give nodes the new "
             f"allowed_signers ({k.trust_file}), re-sign every wheelhouse (`python -m builder sign`), then "

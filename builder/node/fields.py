@@ -93,6 +93,13 @@ def url_secret(url: str) -> "str | None":
     return None
 
 
+def link_secret(url: str) -> "str | None":
+    """url_secret for a link people follow (a known failure's issue): a fragment (#issuecomment-1) is
+    an anchor in a page, not a secret; a user name, password or query string is."""
+    secret = url_secret(url)
+    return None if secret is not None and secret.startswith("a fragment") else secret
+
+
 def torch_variant(cuda: "str | None") -> str:
     """The build of a torch as PyTorch's indexes name it: cpu, cu126 (CUDA 12.6), cu130."""
     if not cuda:
