@@ -22,18 +22,22 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import stat
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import Version
 
 from builder import cmd, envs, output
 from builder.buildroot import pack
 from builder.buildroot.pack import PackedRoot
-from builder.errors import RootError, SourceError, UsageError
+from builder.errors import FolderError, RootError, SourceError, UsageError
 from builder.files import make_dirs, sha256_of, write_atomic
 from builder.glibc import HOST
 from builder.recipe import Recipe
@@ -93,30 +97,65 @@ def keep(pinned: Sequence[str], system_torch: bool, have: Mapping[str, str]) -> 
 
 
 def parse_freeze(text: str, where: str) -> dict[str, str]:
-    """`pip freeze` output: name -> version (editable and URL lines are left out)."""
+    """`pip freeze` output: name -> version; a direct URL install (`name @ URL`) counts with no version
+    (the node holds it). Anything else is UsageError (exit 2) naming the line: a marker or a range is
+    not what pip freeze prints."""
     found: dict[str, str] = {}
-    for line in text.splitlines():
+    for number, line in enumerate(text.splitlines(), start=1):
         line = line.strip()
-        if not line or line.startswith(("#", "-e ")) or "==" not in line:
+        if not line or line.startswith(("#", "-e ")):
             continue
         try:
             req = Requirement(line)
         except InvalidRequirement as exc:
-            raise UsageError(f"{where}: {line[:80]!r} is not a `pip freeze` line ({exc})",
-                             "pass the output of `python -m pip freeze` run on the node") from exc  # fmt: skip
-        found[canonicalize_name(req.name)] = str(next(iter(req.specifier)).version)
+            raise UsageError(f"{where}: line {number} {line[:80]!r} is not a `pip freeze` line ({exc})",
+                             FREEZE_FIX) from exc  # fmt: skip
+        pins = [s for s in req.specifier if s.operator == "=="]
+        if req.url and not req.specifier and req.marker is None:
+            found[canonicalize_name(req.name)] = ""
+        elif len(pins) == 1 and len(req.specifier) == 1 and req.marker is None and not req.url:
+            found[canonicalize_name(req.name)] = str(pins[0].version)
+        else:
+            raise UsageError(f"{where}: line {number} {line[:80]!r} is not a `pip freeze` line (name==version, "
+                             "or name @ URL)", FREEZE_FIX)  # fmt: skip
     return found
+
+
+FREEZE_FIX = "pass the output of `python -m pip freeze` run on the node"
+FREEZE_LIMIT = 4 << 20  # bytes: a node's pip freeze is a few KB
+
+
+def read_freeze(path: Path) -> dict[str, str]:
+    """--have: a regular file within FREEZE_LIMIT, parsed (a FIFO, a device such as /dev/zero, or a
+    huge file is UsageError, exit 2, at once: never a hang, never all of memory)."""
+    from builder.node import printable
+
+    where = printable(str(path))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO with no writer: no wait at open
+    except OSError as exc:
+        raise UsageError(f"cannot read --have {where}: {exc.strerror or exc}", FREEZE_FIX) from exc
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UsageError(f"--have {where} is not a regular file (a pipe or a device)",
+                             "save the node's `python -m pip freeze` to a file and pass that")  # fmt: skip
+        data = f.read(FREEZE_LIMIT + 1)
+    if len(data) > FREEZE_LIMIT:
+        raise UsageError(f"--have {where} is larger than {FREEZE_LIMIT >> 20} MB: it is not a pip freeze", FREEZE_FIX)
+    return parse_freeze(data.decode("utf-8", errors="replace"), where)
 
 
 def gather(recipe: Recipe, folder: Path, python: str, have: Mapping[str, str], log: Path,
            verbose: bool = False, with_root: bool = True) -> Gathered:  # fmt: skip
-    """Fill `folder` for `recipe` on a node with CPython `python` (3.12): the sdist, the wheels, the record."""
+    """Fill `folder` for `recipe` on a node with CPython `python` (3.12): the sdist, the wheels, the record.
+    Only this run's closure is recorded: wheels/ is filled anew, and a wheels/ holding files gather did
+    not put there is refused, never emptied."""
     from builder.build import BUILD_TOOLS
     from builder.smoke import SMOKE_EXTRAS
 
     if not re.match(r"^3\.\d{1,2}$", python):
         raise UsageError(f"--python {python[:20]!r} is not a CPython version", "give the node's version, e.g. 3.12")
-    make_dirs(folder / "wheels")
+    ours = check_dest(folder)
     output.step(f"gather: {recipe.name} for CPython {python} on x86_64 Linux into {folder}")
     sdist = source.fetch(recipe.deepspeed, folder / "sdists", log, verbose)
     requirements = wanted(recipe, source.sdist_requirements(sdist), SMOKE_EXTRAS, BUILD_TOOLS)
@@ -137,12 +176,7 @@ def gather(recipe: Recipe, folder: Path, python: str, have: Mapping[str, str], l
     output.note(
         f"{len(wheels)} wheels to fetch ({len(pinned) - len(wheels)} of the closure left out: the node has them)"
     )
-    platforms = [a for p in PLATFORMS for a in ("--platform", p)]
-    cmd.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-             "--python-version", python, "--implementation", "cp", *platforms, "-d", folder / "wheels",
-             *wheels],
-            log=log, verbose=verbose, fix="check that the index has wheels of them for that Python")  # fmt: skip
-    files = sorted((p.name, p.stat().st_size) for p in (folder / "wheels").glob("*.whl"))
+    files = _fetch(folder, wheels, ours, python, log, verbose)
     root = pack_root(recipe, folder, log) if with_root else None
     record = {"schema": SCHEMA, "recipe": recipe.name, "python": python,
               "sdist": {"file": str(sdist.relative_to(folder)), "sha256": recipe.deepspeed.sha256},
@@ -159,6 +193,97 @@ def gather(recipe: Recipe, folder: Path, python: str, have: Mapping[str, str], l
     output.step(f"gathered {said}: {gathered.size / 1e6:.1f} MB in {folder}; on the node: "
                 f"python -m builder build-wheel --recipe RECIPE --offline {folder}")  # fmt: skip
     return gathered
+
+
+def check_dest(folder: Path) -> set[str]:
+    """--dest may be written by gather (FolderError, exit 10, otherwise): not a system folder, no link of
+    another user's or a folder others could swap on its way, a folder; its wheels/, sdists/ and root/ no
+    links; wheels/ holding only what an earlier gather listed (those names returned: replaced now)."""
+    from builder.node import printable, unsafe_folder
+
+    why = unsafe_folder(str(folder))
+    if why:
+        raise FolderError(f"--dest {printable(str(folder))} cannot be gather's folder: {why}",
+                          "give a folder of its own, e.g. ./ds-offline or /srv/ds-offline")  # fmt: skip
+    try:
+        make_dirs(folder)
+        if not folder.is_dir():
+            raise NotADirectoryError(20, "it is a file, not a folder")
+    except OSError as exc:
+        raise FolderError(f"cannot make --dest {printable(str(folder))}: {exc.strerror or exc}",
+                          "give a folder you can write (not a file, not on a read-only mount)") from exc  # fmt: skip
+    for sub in ("wheels", "sdists", ROOT_FOLDER):
+        if (folder / sub).is_symlink() or ((folder / sub).exists() and not (folder / sub).is_dir()):
+            raise FolderError(f"{folder / sub} is a link or a file, not a folder gather made: gather would write "
+                              "where it points", f"remove {folder / sub}, or give another --dest")  # fmt: skip
+    present = sorted(p.name for p in (folder / "wheels").iterdir()) if (folder / "wheels").is_dir() else []
+    listed = set(_listed_wheels(folder)) if present else set()
+    stray = [n for n in present if n not in listed or (folder / "wheels" / n).is_symlink()]
+    if stray:
+        raise FolderError(f"{folder / 'wheels'} holds files gather did not put there: "
+                          f"{', '.join(printable(n) for n in stray[:6])}" + (" ..." if len(stray) > 6 else ""),
+                          "gather records and hands the node only what it fetched: empty that folder yourself, or "
+                          "give another --dest")  # fmt: skip
+    return listed
+
+
+def _listed_wheels(folder: Path) -> list[str]:
+    """The wheels an earlier gather's offline.json lists ([] where there is none or it cannot be read)."""
+    try:
+        data = read_record(folder)
+        return [str(w["file"]) for w in data["wheels"]]
+    except (SourceError, KeyError, TypeError):
+        return []
+
+
+def _fetch(folder: Path, wheels: Sequence[str], ours: set[str], python: str, log: Path,
+           verbose: bool) -> list[tuple[str, int]]:  # fmt: skip
+    """`wheels` (pinned requirements) downloaded into a new wheels/ (an earlier gather's files linked in
+    first, so pip fetches only what changed), which then takes the old one's place; (file, bytes) of
+    each, and only those: nothing else is in the folder a node reads."""
+
+    tmp = folder / f".wheels.tmp-{os.getpid()}"
+    old = folder / f".wheels.old-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    make_dirs(tmp)
+    try:
+        for name in ours:
+            try:
+                os.link(folder / "wheels" / name, tmp / name)
+            except OSError:
+                pass
+        platforms = [a for p in PLATFORMS for a in ("--platform", p)]
+        cmd.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+                 "--python-version", python, "--implementation", "cp", *platforms, "-d", tmp, *wheels],
+                log=log, verbose=verbose, fix="check that the index has wheels of them for that Python")  # fmt: skip
+        wanted_pins = {_pin(line) for line in wheels}
+        files = []
+        for path in sorted(tmp.iterdir()):
+            if path.suffix == ".whl" and _wheel_pin(path.name) in wanted_pins:
+                files.append((path.name, path.stat().st_size))
+            else:
+                path.unlink()  # an earlier closure's wheel this one does not pin
+        if (folder / "wheels").exists():
+            (folder / "wheels").rename(old)
+        tmp.rename(folder / "wheels")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+    return files
+
+
+def _pin(line: str) -> tuple[str, str]:
+    req = Requirement(line)
+    version = next((s.version for s in req.specifier if s.operator == "=="), "")
+    return canonicalize_name(req.name), str(Version(version)) if version else ""
+
+
+def _wheel_pin(file: str) -> tuple[str, str] | None:
+    try:
+        name, version, _, _ = parse_wheel_filename(file)
+    except InvalidWheelFilename:
+        return None
+    return str(name), str(version)
 
 
 def needs_toolkit_root(recipe: Recipe) -> bool:
@@ -194,6 +319,7 @@ def environ(folder: Path, recipe: Recipe | None = None) -> dict[str, str]:
         raise SourceError(f"{folder} is not a folder `gather` made (no {RECORD} and wheels/)",
                           "run `python -m builder gather --recipe RECIPE --dest DIR` on a connected machine and "
                           "copy DIR here")  # fmt: skip
+    read_record(folder, recipe, f"{sys.version_info.major}.{sys.version_info.minor}")
     check_record(folder)
     if recipe is not None:
         sdist = folder / "sdists" / recipe.deepspeed.sha256 / f"deepspeed-{recipe.deepspeed.version}.tar.gz"
@@ -210,14 +336,49 @@ def environ(folder: Path, recipe: Recipe | None = None) -> dict[str, str]:
             source.SDIST_CACHE_ENV: str(folder / "sdists"), **packed}  # fmt: skip
 
 
+RECORD_LIMIT = 16 << 20  # bytes: a record of a few hundred wheels is tens of KB
+
+
+def read_record(folder: Path, recipe: Recipe | None = None, python: str | None = None) -> dict[str, Any]:
+    """offline.json, read within RECORD_LIMIT and checked for its schema, and where given for the recipe
+    and the Python it was gathered for: SourceError (exit 4) in one line otherwise."""
+    path = folder / RECORD
+    fix = "gather the folder again on a connected machine"
+    try:
+        with open(path, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise ValueError("not a regular file")
+            text = f.read(RECORD_LIMIT + 1)
+        if len(text) > RECORD_LIMIT:
+            raise ValueError(f"larger than {RECORD_LIMIT >> 20} MB")
+        data = json.loads(text)
+    except RecursionError as exc:
+        raise SourceError(f"{path} cannot be read as gather writes it (nested too deeply)", fix) from exc
+    except (OSError, ValueError) as exc:
+        raise SourceError(f"{path} cannot be read as gather writes it ({exc})", fix) from exc
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        got = data.get("schema") if isinstance(data, dict) else type(data).__name__
+        raise SourceError(f"{path} has schema {str(got)[:20]!r}, not {SCHEMA}: another version of the toolkit "
+                          "gathered it", fix + " with this toolkit")  # fmt: skip
+    if recipe is not None and data.get("recipe") != recipe.name:
+        raise SourceError(f"{path} was gathered for recipe {str(data.get('recipe'))[:60]!r}, not {recipe.name!r}",
+                          f"gather it for this recipe: python -m builder gather --recipe {recipe.path or 'RECIPE'} "
+                          f"--dest {folder}")  # fmt: skip
+    if python is not None and data.get("python") != python:
+        raise SourceError(f"{path} was gathered for CPython {str(data.get('python'))[:20]}, and this is {python}: "
+                          "its wheels are for another Python",
+                          f"gather it with --python {python}, or run the toolkit with that Python")  # fmt: skip
+    return data
+
+
 def check_record(folder: Path) -> None:
     """Every wheel in the folder is one offline.json lists, with its size and sha256: a file damaged on
     its way to the node, or one put there after gather, is refused by name (exit 4). (The record sits
     in the same folder: it proves nothing against whoever can write it; the node's own copy does.)"""
+    data = read_record(folder)
     try:
-        data = json.loads((folder / RECORD).read_text(encoding="utf-8"))
         listed = {w["file"]: (int(w["size"]), str(w["sha256"])) for w in data["wheels"]}
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError) as exc:
         raise SourceError(f"{folder / RECORD} cannot be read as gather writes it ({exc})",
                           "gather the folder again on a connected machine") from exc  # fmt: skip
     wrong = []

@@ -155,8 +155,8 @@ def test_a_known_failures_link_with_credentials_or_a_query_is_refused_as_torch_i
     anchor in the issue's page, stays)."""
     import copy
 
-    from test_reference import _manifest
     from test_recipe import GOOD
+    from test_reference import _manifest
 
     from builder.contracts import BUILD_SCHEMA, BuildManifest
     from builder.errors import RecipeError
@@ -175,3 +175,133 @@ def test_a_known_failures_link_with_credentials_or_a_query_is_refused_as_torch_i
     anchor = "https://github.com/x/y/issues/1#issuecomment-2"
     recipe = parse_recipe({**data, "known_failures": {"configs/lbfgs.json": {"reason": "r", "link": anchor}}})
     assert recipe.known_failures[0][2] == anchor
+
+
+def _record(folder: Path, **fields: Any) -> None:
+    import json
+    import sys
+
+    data = {"schema": 1, "recipe": "system-cpu", "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+            "wheels": [], **fields}  # fmt: skip
+    (folder / "offline.json").write_text(json.dumps(data))
+
+
+def test_gather_writes_only_where_it_may_and_records_only_what_it_fetched(tmp_path: Path) -> None:
+    """Item 2: wheels already in DEST/wheels (a planted numpy-99.0.0, a stale wheel) were recorded and then
+    picked by the offline resolver; DEST/wheels a link another user made was written through as root; a
+    system folder was accepted as --dest. Each is refused (exit 10) before anything is fetched, and the
+    planted files are left where they are (nothing the toolkit did not create is removed)."""
+    from builder import offline
+
+    dest = tmp_path / "dest"
+    (dest / "wheels").mkdir(parents=True)
+    planted = dest / "wheels" / "numpy-99.0.0-cp311-cp311-manylinux_2_28_x86_64.whl"
+    planted.write_bytes(b"planted")
+    with pytest.raises(FolderError, match="holds files gather did not put there: numpy-99.0.0") as err:
+        offline.check_dest(dest)
+    assert err.value.exit_code == 10 and "empty that folder yourself" in err.value.fix
+    assert planted.read_bytes() == b"planted"
+    _record(dest, wheels=[{"file": planted.name, "size": 7, "sha256": "0" * 64}])
+    assert offline.check_dest(dest) == {planted.name}  # an earlier gather's: replaced by this run's closure
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (dest / "wheels").rename(tmp_path / "old-wheels")
+    (dest / "wheels").symlink_to(elsewhere)
+    with pytest.raises(FolderError, match="is a link or a file, not a folder gather made"):
+        offline.check_dest(dest)
+    (dest / "wheels").unlink()
+    if os.geteuid() == 0:
+        link = tmp_path / "dest-link"
+        link.symlink_to(dest)
+        os.chown(link, OTHER, OTHER, follow_symlinks=False)
+        with pytest.raises(FolderError, match="a link made by another user"):
+            offline.check_dest(link)
+    for system in (Path("/srv"), Path("/usr/lib/x")):
+        with pytest.raises(FolderError, match="is a system folder") as err:
+            offline.check_dest(system)
+        assert err.value.exit_code == 10
+    afile = tmp_path / "a-file"
+    afile.write_text("")
+    with pytest.raises(FolderError, match="cannot make --dest") as err:
+        offline.check_dest(afile)
+    assert err.value.exit_code == 10
+    with pytest.raises(FolderError, match=r"cannot be read \(Not a directory\)"):
+        offline.check_dest(afile / "sub")
+
+
+def test_have_is_a_bounded_regular_file_of_pip_freeze_lines(tmp_path: Path) -> None:
+    """Item 2: `foo @ https://...==...whl` or a marker line gave a StopIteration traceback; a FIFO hung for
+    ever; /dev/zero read until memory ran out. Each is one line, exit 2 (a URL install counts as held)."""
+    from builder import offline
+    from builder.errors import UsageError
+
+    good = tmp_path / "freeze.txt"
+    good.write_text("torch==2.11.0+cu130\nfoo @ https://x.org/foo-1.0==2-py3-none-any.whl\n# c\n-e git+https://x/y\n")
+    assert offline.read_freeze(good) == {"torch": "2.11.0+cu130", "foo": ""}
+    for line in ('foo; python_version=="3.11"', "foo>=1", "foo==1,!=2", 'foo==1; sys_platform=="linux"'):
+        good.write_text(line + "\n")
+        with pytest.raises(UsageError, match="line 1 .* is not a `pip freeze` line") as err:
+            offline.read_freeze(good)
+        assert err.value.exit_code == 2
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(UsageError, match="is not a regular file"):
+        offline.read_freeze(fifo)  # at once: no writer is waited for
+    with pytest.raises(UsageError, match="is not a regular file"):
+        offline.read_freeze(Path("/dev/zero"))
+    big = tmp_path / "big.txt"
+    with big.open("wb") as f:
+        f.truncate(offline.FREEZE_LIMIT + 10)
+    with pytest.raises(UsageError, match="larger than 4 MB"):
+        offline.read_freeze(big)
+    with pytest.raises(UsageError, match="cannot read --have"):
+        offline.read_freeze(tmp_path / "absent.txt")
+
+
+def test_a_gathered_folders_record_is_checked_before_it_is_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 2: offline.json's schema, recipe and python were never read (schema 999 was used); 200,000
+    nested brackets gave a RecursionError; a huge one was read whole. Each is exit 4 in one line."""
+    from builder import offline
+    from builder.errors import SourceError
+    from builder.recipe import load_recipe
+
+    recipe = load_recipe(Path(__file__).resolve().parents[1] / "recipes" / "system-cpu.toml")
+    (tmp_path / "wheels").mkdir()
+    cases = [
+        ({"schema": 999}, "has schema '999', not 1"),
+        ({"recipe": "other"}, "was gathered for recipe 'other', not 'system-cpu'"),
+        ({"python": "2.7"}, "was gathered for CPython 2.7"),
+    ]
+    for fields, said in cases:
+        _record(tmp_path, **fields)
+        with pytest.raises(SourceError, match=said) as err:
+            offline.environ(tmp_path, recipe)
+        assert err.value.exit_code == 4
+    (tmp_path / "offline.json").write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(SourceError, match="cannot be read as gather writes it"):
+        offline.environ(tmp_path, recipe)
+    monkeypatch.setattr(offline, "RECORD_LIMIT", 1000)
+    _record(tmp_path, padding="x" * 2000)
+    with pytest.raises(SourceError, match="larger than"):
+        offline.environ(tmp_path, recipe)
+
+
+def test_gathers_work_folder_or_dest_a_file_is_one_line_exit_10(tmp_path: Path, capsys: Any) -> None:
+    """Item 2: --work-dir or --dest a regular file gave raw tracebacks; exit 10 with one line, as
+    build-wheel does, and --have a FIFO one line, exit 2, before anything is fetched."""
+    from builder import cli
+
+    afile = tmp_path / "a-file"
+    afile.write_text("")
+    recipe = str(Path(__file__).resolve().parents[1] / "recipes" / "system-cpu.toml")
+    assert cli.main(["gather", "--recipe", recipe, "--dest", str(tmp_path / "d"), "--work-dir", str(afile)]) == 10
+    assert f"cannot write to {afile}" in capsys.readouterr().err
+    assert cli.main(["gather", "--recipe", recipe, "--dest", str(afile), "--work-dir", str(tmp_path / "w")]) == 10
+    err = capsys.readouterr().err
+    assert "cannot make --dest" in err and "Traceback" not in err
+    os.mkfifo(tmp_path / "fifo")
+    assert cli.main(["gather", "--recipe", recipe, "--dest", str(tmp_path / "d"), "--have", str(tmp_path / "fifo"),
+                     "--work-dir", str(tmp_path / "w")]) == 2  # fmt: skip
+    assert "is not a regular file" in capsys.readouterr().err

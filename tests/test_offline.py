@@ -55,13 +55,14 @@ def test_a_folder_gather_did_not_make_or_without_the_recipes_sdist_is_refused(tm
         offline.environ(tmp_path, recipe)
     assert "python -m builder gather" in err.value.fix and err.value.exit_code == 4
     (tmp_path / "wheels").mkdir()
-    (tmp_path / offline.RECORD).write_text("{}")
-    with pytest.raises(SourceError, match="cannot be read as gather writes it"):
+    (tmp_path / offline.RECORD).write_text("[]")
+    with pytest.raises(SourceError, match="has schema 'list', not 1"):
         offline.environ(tmp_path, recipe)
     wheel = tmp_path / "wheels" / "hjson-3.1.0-py3-none-any.whl"
     wheel.write_bytes(b"a wheel")
-    (tmp_path / offline.RECORD).write_text(json.dumps({"schema": 1, "wheels": [
-        {"file": wheel.name, "size": 7, "sha256": hashlib.sha256(b"a wheel").hexdigest()}]}))  # fmt: skip
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    (tmp_path / offline.RECORD).write_text(json.dumps({"schema": 1, "recipe": "system-cpu", "python": python,
+        "wheels": [{"file": wheel.name, "size": 7, "sha256": hashlib.sha256(b"a wheel").hexdigest()}]}))  # fmt: skip
     # A file put there after gather, or damaged on its way: refused by name.
     (tmp_path / "wheels" / "planted-1.0-py3-none-any.whl").write_bytes(b"x")
     with pytest.raises(SourceError, match=r"planted-1.0-py3-none-any.whl \(not listed\)"):

@@ -16,7 +16,7 @@ from typing import Any
 
 from builder import DEFAULT_RECIPE, output
 from builder.commands.common import _publish_coverage, _report_run, _workspace
-from builder.errors import ToolError, UsageError
+from builder.errors import ToolError
 
 
 def build_wheel(args: argparse.Namespace) -> int:
@@ -185,13 +185,8 @@ def gather(args: argparse.Namespace) -> int:
     from builder.recipe import load_recipe
 
     recipe = load_recipe(args.recipe)
-    try:
-        text = args.have.read_text(encoding="utf-8", errors="replace") if args.have else ""
-    except OSError as exc:
-        raise UsageError(f"cannot read --have {args.have}: {exc.strerror or exc}",
-                         "pass a file holding the node's `python -m pip freeze`") from exc  # fmt: skip
-    have = offline.parse_freeze(text, str(args.have)) if args.have else {}
-    ws = _workspace(args, check=False)
+    have = offline.read_freeze(args.have) if args.have else {}
+    ws = _workspace(args)  # a file or a read-only mount in its place: exit 10, one line
     ws.logs.mkdir(parents=True, exist_ok=True)
     offline.gather(
         recipe, args.dest.resolve(), args.python, have, ws.logs / "gather.log", args.verbose, with_root=not args.no_root
