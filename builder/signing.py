@@ -227,7 +227,16 @@ def ensure_key(k: Keys) -> PublicKey:
 
 
 def trust_key(k: Keys, line: str) -> PublicKey:
-    """Trust another key (a second build host's, or the next one during a rotation)."""
+    """Trust another key (a second build host's, or the next one during a rotation). A line with options
+    (namespaces=, valid-before=, valid-after=, cert-authority) is refused: allowed_signers gets the
+    toolkit's own namespaces for every key it lists, so such a line would lose what it says (a key
+    meant for unit seals would sign wheelhouses, an expired key never expire, a CA become a signer)."""
+    said = _options_of(line)
+    if said:
+        raise UsageError(f"the key line carries {said}, which `key trust` would drop: allowed_signers lists every key "
+                         "it trusts for the toolkit's own namespaces, with no expiry",
+                         "give the plain key line (`python -m builder key show` on that host); to limit a key, "
+                         f"revoke it when it must stop signing (`key revoke`), or edit {k.trust_file} by hand")  # fmt: skip
     try:
         found = node.parse_trust(line, "key line").keys
     except InstallError as exc:
@@ -241,6 +250,18 @@ def trust_key(k: Keys, line: str) -> PublicKey:
                              "one")  # fmt: skip
         _add_trust(k, add=found)
     return found[0]
+
+
+def _options_of(line: str) -> str:
+    """What of an allowed-signers line's options (or a marker) stands before its key, in words; "" for
+    a plain key line (`keytype base64 [comment]`, or `principals keytype base64`)."""
+    fields = line.split()
+    at = next((i for i, t in enumerate(fields) if t in node.KEY_TYPES), len(fields))
+    before = fields[:at]
+    found = [f for f in before if "=" in f or f.lstrip("@").lower().startswith("cert-authority")]
+    if len(before) > 1 and not found:
+        found = before[1:]
+    return ", ".join(repr(f[:60]) for f in found)
 
 
 def revoke_key(k: Keys, fingerprint: str) -> PublicKey:

@@ -305,3 +305,32 @@ def test_gathers_work_folder_or_dest_a_file_is_one_line_exit_10(tmp_path: Path, 
     assert cli.main(["gather", "--recipe", recipe, "--dest", str(tmp_path / "d"), "--have", str(tmp_path / "fifo"),
                      "--work-dir", str(tmp_path / "w")]) == 2  # fmt: skip
     assert "is not a regular file" in capsys.readouterr().err
+
+
+def test_key_trust_keeps_what_a_line_says_or_refuses_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item 3: namespaces="ds-wheel-builder-unit", valid-before="20200101" and cert-authority on a trusted
+    line were dropped: allowed_signers got a plain ds-wheelhouse line (a unit key signing wheelhouses, an
+    expired key never expiring, a CA key a signer), and provision hands that file to nodes. Refused now."""
+    import shutil
+
+    from builder import signing
+    from builder.errors import UsageError
+
+    if shutil.which("ssh-keygen") is None:
+        pytest.skip("ssh-keygen makes the keys (apt-get install openssh-client)")
+    monkeypatch.setenv(signing.KEYS_ENV, str(tmp_path / "keys"))
+    k = signing.keys()
+    signing.create(k)
+    before = k.trust_file.read_text()
+    other = signing.Keys(tmp_path / "other")
+    (tmp_path / "other").mkdir(mode=0o700)
+    key = signing.create(other).line()
+    for options in ('namespaces="ds-wheel-builder-unit"', 'valid-before="20200101"', "cert-authority",
+                    'cert-authority,namespaces="ds-wheelhouse"'):  # fmt: skip
+        for line in (f"{options} {key}", f"ds-wheelhouse {options} {key}", f"@cert-authority * {key}"):
+            with pytest.raises(UsageError, match="which `key trust` would drop") as err:
+                signing.trust_key(k, line)
+            assert err.value.exit_code == 2 and "plain key line" in err.value.fix
+    assert k.trust_file.read_text() == before  # nothing written
+    assert signing.trust_key(k, key) in k.trust().keys  # the plain line: trusted
+    assert signing.trust_key(k, f"someone@host {key}") in k.trust().keys  # a principal and the key: fine
