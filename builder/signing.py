@@ -236,7 +236,8 @@ def trust_key(k: Keys, line: str) -> PublicKey:
         raise UsageError(f"the key line carries {said}, which `key trust` would drop: allowed_signers lists every key "
                          "it trusts for the toolkit's own namespaces, with no expiry",
                          "give the plain key line (`python -m builder key show` on that host); to limit a key, "
-                         f"revoke it when it must stop signing (`key revoke`), or edit {k.trust_file} by hand")  # fmt: skip
+                         f"revoke it when it must stop signing (`key revoke`), or edit {k.trust_file} by "
+                         "hand")  # fmt: skip
     try:
         found = node.parse_trust(line, "key line").keys
     except InstallError as exc:
