@@ -269,7 +269,7 @@ def test_a_gathered_folders_record_is_checked_before_it_is_used(
 
     recipe = load_recipe(Path(__file__).resolve().parents[1] / "recipes" / "system-cpu.toml")
     (tmp_path / "wheels").mkdir()
-    cases = [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"schema": 999}, "has schema '999', not 1"),
         ({"recipe": "other"}, "was gathered for recipe 'other', not 'system-cpu'"),
         ({"python": "2.7"}, "was gathered for CPython 2.7"),
