@@ -7,6 +7,7 @@ the wheel, then pin torch and embed the build manifest. A failed step leaves no 
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import datetime
 import json
@@ -119,12 +120,14 @@ _ROOT_TMPS: dict[Path, Path] = {}
 
 
 def root_tmp(ws: Workspace) -> Path:
-    """This process's temporary folder for builds in a root, in the work folder (made once a process;
-    what a killed process left is removed by the next, files.sweep_dead)."""
+    """This process's temporary folder for builds in a root, in the work folder (made once a process,
+    removed when it exits, SIGTERM and Ctrl-C included; what a killed process left is removed by the
+    next, files.sweep_dead)."""
     if ws.scratch not in _ROOT_TMPS or not _ROOT_TMPS[ws.scratch].is_dir():
         ws.scratch.mkdir(parents=True, exist_ok=True)
         sweep_dead(ws.scratch, ROOT_TMP)
-        _ROOT_TMPS[ws.scratch] = scratch_folder(ws.scratch, ROOT_TMP)
+        _ROOT_TMPS[ws.scratch] = folder = scratch_folder(ws.scratch, ROOT_TMP)
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
     return _ROOT_TMPS[ws.scratch]
 
 

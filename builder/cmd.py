@@ -16,14 +16,18 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from builder import output
 from builder.errors import NoRoom, ToolError
 
 TAIL_LINES = 40
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def quote(args: Sequence[str | os.PathLike[str]]) -> str:
@@ -59,6 +63,8 @@ def run(
     """
     argv = [str(a) for a in args]
     program = argv[0]
+    if _STOPPING.is_set():  # a signal reached the main thread: a unit's thread starts nothing new
+        raise Stopped(f"not started, the run is stopping: {quote(argv)[:200]}", "")
     found = which(program, env)
     if found is None:
         raise ToolError(f"'{program}' was not found on PATH", fix or f"install {program} or put it on PATH")
@@ -97,6 +103,10 @@ def run(
             with contextlib.suppress(BrokenPipeError):  # a watchdog already gone guards nothing, stops nothing
                 os.write(dog[1], f"{proc.pid}\n".encode())  # the session to kill when the pipe closes
         assert proc.stdout is not None
+        with _RUNNING_LOCK:
+            _RUNNING[proc.pid] = group
+        if _STOPPING.is_set():  # stop_all ran while it started
+            _kill(proc.pid, group)
         try:
             for line in proc.stdout:
                 log_file.write(line)
@@ -117,9 +127,13 @@ def run(
             _stop(proc)
             raise
         finally:
+            with _RUNNING_LOCK:
+                _RUNNING.pop(proc.pid, None)
             if dog is not None:
                 _call_off(dog, proc)
         log_file.write(f"# exit status {code} after {time.monotonic() - start:.1f}s\n")
+    if _STOPPING.is_set() and code != 0:
+        raise Stopped(f"stopped, the run is stopping: {quote(argv)[:200]}", "")
     if code != 0 and check:
         where = f"\n  full log: {log}" if log is not None else ""
         full = "".join(lines)
@@ -137,6 +151,58 @@ def run(
             fix or "read the output above; rerun with --verbose to stream it",
         )
     return "".join(lines)
+
+
+# Commands running now (pid -> started in a session of its own) and whether the run is stopping: a
+# SIGTERM or Ctrl-C lands in the main thread while units' threads run their compilers (stop_all).
+_RUNNING: dict[int, bool] = {}
+_RUNNING_LOCK = threading.Lock()
+_STOPPING = threading.Event()
+
+
+class Stopped(ToolError):
+    """A command not started, or killed, because the run is stopping (stop_all)."""
+
+
+def stopping() -> bool:
+    return _STOPPING.is_set()
+
+
+def stop_all() -> None:
+    """The run is stopping (a signal reached the main thread): no command starts from now on, and every
+    running one is killed at once, its whole session where it has one (setup.py, ninja, every compiler).
+    A Slurm time limit gives 30 s between SIGTERM and SIGKILL: the compilers must not finish their files."""
+    _STOPPING.set()
+    with _RUNNING_LOCK:
+        running = dict(_RUNNING)
+    for pid, group in running.items():
+        _kill(pid, group)
+
+
+def _kill(pid: int, group: bool) -> None:
+    if group:
+        signal_session(pid, signal.SIGKILL)
+    else:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def in_threads(work: Callable[[T], R], items: Sequence[T], workers: int, name: str) -> list[R]:
+    """`work` over `items`, `workers` at once, results in order. Where the main thread is interrupted
+    while they run (SIGTERM raised as an exception, Ctrl-C), every command they run is killed at once
+    (stop_all), those not started never start, and the threads' own clean-up has run before the
+    interruption goes on: nothing of theirs is left behind, nothing half-made is kept."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix=name) as pool:
+        futures = [pool.submit(work, item) for item in items]
+        try:
+            return [f.result() for f in futures]
+        except BaseException:
+            stop_all()
+            for f in futures:
+                f.cancel()
+            raise  # the pool's exit waits for the running threads, whose commands are gone
 
 
 # What a program says when its disk is full, its quota spent or its folder read-only (errno's words).

@@ -334,3 +334,110 @@ def test_key_trust_keeps_what_a_line_says_or_refuses_it(tmp_path: Path, monkeypa
     assert k.trust_file.read_text() == before  # nothing written
     assert signing.trust_key(k, key) in k.trust().keys  # the plain line: trusted
     assert signing.trust_key(k, f"someone@host {key}") in k.trust().keys  # a principal and the key: fine
+
+
+def _count(command: str) -> int:
+    """Processes whose command line is exactly `command` (read from /proc)."""
+    found = 0
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            found += cmdline.read_bytes().replace(b"\0", b" ").strip().decode(errors="replace") == command
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.spawns
+def test_sigterm_kills_every_threads_commands_at_once_and_starts_none(tmp_path: Path) -> None:
+    """Item 4: with units compiling, `kill -TERM <builder>` exited 143 only after 217 s: the compilers ran
+    on and new compile steps started 47 s after the signal. The units' threads (cmd.in_threads) now lose
+    their commands' sessions at once, and what was queued never starts. FAKE compiles: sleeps."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = Path(__file__).resolve().parents[1]
+    marker = f"sleep 4{os.getpid() % 1000:03d}"
+    script = tmp_path / "builder.py"
+    script.write_text(
+        f"import sys\nsys.path.insert(0, {str(root)!r})\nfrom builder import cli, cmd\ncli._terminate_cleanly()\n"
+        f"try:\n    cmd.in_threads(lambda i: cmd.run(['sh', '-c', '{marker} & {marker}; wait'], group=True), "
+        "range(6), 2, 'unit')\nexcept cli.Terminated:\n    sys.exit(143)\n"
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _count(marker) < 4:
+            time.sleep(0.1)
+        assert _count(marker) == 4  # two units, two compiles each
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 143
+        took = time.monotonic() - sent
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _count(marker):
+            time.sleep(0.1)
+        assert _count(marker) == 0, "a compile ran on after the builder stopped"
+        time.sleep(1)
+        assert _count(marker) == 0, "a queued unit started after the signal"
+        assert took < 20, took  # not the length of a compile (400 s here)
+    finally:
+        proc.kill()
+
+
+def _compilers_of(folder: Path) -> int:
+    """cc1plus processes compiling a source under `folder` (their command line names it)."""
+    found = 0
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"cc1plus") and any(str(folder).encode() in a for a in argv):
+            found += 1
+    return found
+
+
+@pytest.mark.integration
+def test_sigterm_stops_a_real_build_with_its_compilers_and_leaves_nothing(tmp_path: Path) -> None:
+    """Item 4, for real: build-wheel of one op with an empty unit cache and no compiler cache, SIGTERM once
+    its compiler runs: exit 143 in seconds, no compiler of it left, no unit sealed or stored, and the
+    work folder's temporary folders gone, as the last line says."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import own_envs
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "recipes" / "system-cpu.toml").read_text()
+    start = text.index("ops = [")
+    recipe = tmp_path / "one.toml"
+    recipe.write_text(text[:start] + 'ops = ["cpu_adam"]' + text[text.index("]", start) + 1 :])
+    work, units = tmp_path / "work", tmp_path / "units"
+    env = {**own_envs(dict(os.environ)), "DS_BUILDER_UNIT_CACHE": str(units)}
+    proc = subprocess.Popen([sys.executable, "-m", "builder", "build-wheel", "--recipe", str(recipe), "--work-dir",
+                             str(work), "--no-smoke", "--no-ccache"], cwd=root, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 900  # the build environment and the root, where this machine has none yet
+        while time.monotonic() < deadline and not _compilers_of(work) and proc.poll() is None:
+            time.sleep(0.5)
+        assert _compilers_of(work), "no compiler ran"
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err[-3000:]
+    assert "terminated (SIGTERM)" in err.splitlines()[-1]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _compilers_of(work):
+        time.sleep(0.2)
+    assert _compilers_of(work) == 0
+    assert not list(units.glob("*/unit.json")), "a unit was stored after the signal"
+    assert not list((work / "tmp").iterdir()), list((work / "tmp").iterdir())  # its temporary folders
+    assert took < 30, took  # a cpu_adam compile takes minutes here

@@ -10,18 +10,18 @@ build compiles only what failed or changed.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import re
 import shutil
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 from builder import cmd, output
 from builder.detect import available_memory_gb
@@ -123,9 +123,9 @@ def run_units(units: Sequence[Unit], parallel: int, job: UnitJob) -> list[UnitRe
         # Units that make no header start first: their compiles keep the cores busy while the first
         # compile of a header's flag set makes it (the set's other compiles wait for it).
         order = sorted(units, key=lambda u: u.op.name in makers)
-    with Sweeper() as sweeper, ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="unit") as pool:
-        done = dict(zip([u.op.name for u in order], pool.map(lambda u: run_unit(u, job, sweeper), order),
-                        strict=True))  # fmt: skip
+    with Sweeper() as sweeper:  # a signal: every unit's compilers killed at once, none started after (cmd.in_threads)
+        results = cmd.in_threads(lambda u: run_unit(u, job, sweeper), order, parallel, "unit")
+        done = dict(zip([u.op.name for u in order], results, strict=True))
     return [done[u.op.name] for u in units]
 
 
@@ -176,14 +176,14 @@ def run_unit(unit: Unit, job: UnitJob, sweeper: Sweeper) -> UnitResult:
         output.note(f"unit {name}: cached ({unit.key}, built in {found[0].seconds:.0f}s)")
         return UnitResult(unit, "cached", found[1], 0.0, log)
     make_dirs(job.cache)
-    with FileLock(str(job.cache / f".{unit.key}.lock")):  # another builder of this unit: wait, then reuse
+    with _waiting_lock(job.cache / f".{unit.key}.lock"):  # another builder of this unit: wait, then reuse
         found = cache.lookup(job.cache, unit)
         if found is not None:
             output.note(f"unit {name}: built meanwhile by another builder ({unit.key})")
             return UnitResult(unit, "cached", found[1], 0.0, log)
         folder = job.work / name
         make_dirs(folder)
-        with FileLock(str(job.work / f".{name}.lock")):
+        with _waiting_lock(job.work / f".{name}.lock"):
             unit, claim = room_for(unit, job.job_gb, pool=machine_pool())
             with _COMPILING_LOCK:
                 _COMPILING[0] += 1
@@ -194,6 +194,23 @@ def run_unit(unit: Unit, job: UnitJob, sweeper: Sweeper) -> UnitResult:
                     _COMPILING[0] -= 1
                 if claim is not None:
                     claim.release()
+
+
+@contextlib.contextmanager
+def _waiting_lock(path: Path) -> Iterator[None]:
+    """A file lock waited for a second at a time, given up (cmd.Stopped) when the run stops."""
+    lock = FileLock(str(path))
+    while True:
+        try:
+            lock.acquire(timeout=1)
+            break
+        except Timeout:
+            if cmd.stopping():
+                raise cmd.Stopped(f"stopped while waiting for {path}", "") from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 # Units of this process compiling now, and how often a unit waiting for memory looks again.
@@ -240,6 +257,8 @@ def room_for(unit: Unit, job_gb: float, free_gb: Callable[[], float | None] = av
             output.note(f"unit {unit.op.name}: waiting for memory ({shown} free, {jobs * job_gb:.0f} GB for "
                         f"MAX_JOBS={jobs}; {where})")  # fmt: skip
             said = True
+        if cmd.stopping():
+            raise cmd.Stopped(f"unit {unit.op.name}: stopped while waiting for memory", "")
         sleep(MEMORY_POLL_S)
 
 
@@ -300,6 +319,8 @@ def _build(unit: Unit, job: UnitJob, folder: Path, log: Path, sweeper: Sweeper) 
         return UnitResult(unit, "failed", None, time.monotonic() - start, log, f"op {name}: {exc.message}")
     stats = ccache.stats(env)
     seconds = time.monotonic() - start
+    if cmd.stopping():  # a unit whose compile ended as the run stopped is not sealed or stored
+        return UnitResult(unit, "failed", None, seconds, log, f"op {name}: stopped (the run is stopping)")
     _, cached = cache.store(job.cache, unit, raw, seconds)
     # The unit is in the cache: its objects are not reused (ccache keeps what is), only the path is.
     sweeper.discard(raw_dir)
