@@ -365,6 +365,29 @@ def test_an_interrupted_image_build_and_a_full_disk_leave_nothing_behind(
     assert not [p for p in (workspace / "tmp").iterdir() if p.name.startswith(("image-", "debootstrap-"))]
     assert _podman_state() == before
 
+    # Issue 57, item 5: a run's clean-up removed "containers from the base that were not there before",
+    # among them a second image build's working container (the CI image test failed so). Two builds
+    # from one base, side by side: the second waits for the first, which is stopped; the second builds.
+    other = work_sharing_cache(workspace, tmp_path / "work-second")
+    first_err, second_err = tmp_path / "first", tmp_path / "second"
+    argv = [sys.executable, "-m", "builder", "image", "--wheelhouse", str(house), "--wheel", WHEEL, "--no-publish",
+            "--no-smoke"]  # fmt: skip
+    with open(first_err, "w") as one, open(second_err, "w") as two:
+        first = subprocess.Popen([*argv, "--work-dir", str(workspace)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                                 stderr=one)  # fmt: skip
+        deadline = time.monotonic() + 300
+        while "STEP 2/3" not in first_err.read_text() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        second = subprocess.Popen([*argv, "--work-dir", str(other)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                                  stderr=two)  # fmt: skip
+        while "waiting for it" not in second_err.read_text() and second.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=300) == 143, first_err.read_text()[-3000:]
+        assert second.wait(timeout=600) == 0, second_err.read_text()[-3000:]
+    said = second_err.read_text()
+    assert "another image build from this base" in said and "waiting for it" in said, said[-3000:]
+
     if os.geteuid() != 0:
         return
     small = work_sharing_cache(workspace, tmp_path / "work")

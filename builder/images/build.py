@@ -19,10 +19,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from filelock import FileLock, Timeout
+
 from builder import cmd, node, output, podman
 from builder.contracts import Check, verdict
 from builder.errors import ImageError, ToolError
-from builder.files import scratch_folder, sha256_of, sweep_dead
+from builder.files import make_dirs, scratch_folder, sha256_of, sweep_dead
 from builder.images import base as bases
 from builder.images import plan as plans
 from builder.node import LOCK_NAME_RE, ImageEntry, SmokeSummary, WheelhouseManifest
@@ -135,6 +137,32 @@ def _check_base_python(plan: plans.ImagePlan, base_id: str, log: Path) -> None:
             f"the base {plan.base} has Python {got}; {plan.wheel.name} is for Python {want}",
             f"use a base with Python {want} (python:{want}-slim), or lock a wheel built for {got}",
         )
+
+
+LOCKS_FOLDER = Path("/var/tmp")  # the machine's: every clone, work folder and CI run on it shares the lock
+
+
+def base_lock(base_id: str) -> FileLock:
+    """This machine's lock on building from the base `base_id`, held from before the build until what it
+    made is removed. buildah's working container of a build carries no name or label of the run (its
+    name and the image's history come from the base's name, which must not change: the image ID would),
+    so a run knows its own containers only as those made from the base while it holds the lock: a second
+    build from the same base (another CI run's) waits rather than have its container removed."""
+    folder = LOCKS_FOLDER / f"ds-builder-image-locks-{os.geteuid()}"
+    why = node.unsafe_folder(str(folder))
+    make_dirs(folder, mode=0o700)
+    st = folder.lstat()
+    if why or folder.is_symlink() or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise ImageError(f"the image builds' lock folder {folder} is not this user's own "
+                         f"({why or 'a link, or open to others'})",
+                         f"remove {folder}: the next image build makes it again")  # fmt: skip
+    lock = FileLock(str(folder / f"{base_id[:24]}.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        output.note(f"image: another image build from this base ({base_id[:12]}) is running; waiting for it")
+        lock.acquire()
+    return lock
 
 
 def _containers_of(image_ids: set[str]) -> set[str]:
@@ -318,6 +346,7 @@ def build_image(
     plan = dataclasses.replace(plan, base=base_ref)
     output.step(f"image: {plan.ref} from {base_ref}, {len(plan.files)} files of {lock_rel}; full log: {log}")
     _check_base_python(plan, base_id, log)
+    held = base_lock(base_id)
     before = _containers_of({base_id})
     prior = podman.image_id(plan.ref)
     built: str | None = None
@@ -381,8 +410,8 @@ def build_image(
 
             published = publish_image(wheelhouse, archive, entry, sqsh)
     except BaseException as exc:  # an error, Ctrl-C, SIGTERM (cli.Terminated): what this run made goes
-        # What this run made, and only that: containers from the base (a build's working
-        # container) or from the new image that were not there before, then the new image.
+        # What this run made, and only that: containers from the base (a build's working container)
+        # or from the new image that were not there before it took the base's lock, then the new image.
         for cid in _containers_of({base_id, built or base_id}) - before:
             podman.remove_container(cid)
         if built and built != prior:
@@ -394,6 +423,7 @@ def build_image(
     finally:
         if ctx is not None:
             shutil.rmtree(ctx, ignore_errors=True)
+        held.release()
     if prior and prior != built:
         podman.ask(["rmi", prior])  # the image this tag named before, now untagged: removed if nothing uses it
     return ImageResult(plan.ref, built, facts.digest, published, entry.size, entry.sha256, base_ref, checks, seconds,
