@@ -328,8 +328,28 @@ def config_checks(manifest: BuildManifest, python: Path, env: dict[str, str], tm
         work.mkdir(exist_ok=True)
         blames = reference.blame(failed, cases, manifest, ws, interpreter_for(manifest.python_tag), run_folders(work),
                                  work, log, verbose)  # fmt: skip
-    return tuple(configs.as_check(o, manifest.accelerator, o.name in sites, blames.get(o.name),
-                                  known_reason(manifest.known_failures, o.name)) for o in outcomes)  # fmt: skip
+    checks = tuple(configs.as_check(o, manifest.accelerator, o.name in sites, blames.get(o.name),
+                                    known_reason(manifest.known_failures, o.name)) for o in outcomes)  # fmt: skip
+    return checks + none_run(outcomes)
+
+
+def none_run(outcomes: Sequence[configs.Outcome]) -> tuple[Check, ...]:
+    """A failed check where not one config ran from the wheel (pure): a wheel every config needs an op
+    of that it lacks proves nothing a site runs (recipes/system-cpu.toml built without deepspeed_shm_comm:
+    0 of 84 configs, and the smoke said PASSED). Nothing where a config ran, or none could (no GPU)."""
+    if not outcomes or any(o.status in ("passed", "no-gpu") for o in outcomes):
+        return ()
+    needed: dict[str, int] = {}
+    for o in outcomes:
+        for op in o.jit if o.status == "needs-op" else ():
+            needed[op] = needed.get(op, 0) + 1
+    top = sorted(needed, key=lambda op: -needed[op])
+    why = (f"; {needed[top[0]]} of them need {top[0]}" + (f" (others: {', '.join(top[1:4])})" if top[1:] else "")
+           if top else "")  # fmt: skip
+    return (Check("configs:none-run", "failed",
+                  f"not one of the {len(outcomes)} DeepSpeed configs runs from this wheel with no compiler{why}: "
+                  "the wheel proves nothing a site runs"
+                  + (f"; {configs.recipe_line(top[:3])}" if top else "")),)  # fmt: skip
 
 
 def known_reason(known: Mapping[str, Mapping[str, str]], name: str) -> str:

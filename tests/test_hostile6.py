@@ -441,3 +441,28 @@ def test_sigterm_stops_a_real_build_with_its_compilers_and_leaves_nothing(tmp_pa
     assert not list(units.glob("*/unit.json")), "a unit was stored after the signal"
     assert not list((work / "tmp").iterdir()), list((work / "tmp").iterdir())  # its temporary folders
     assert took < 30, took  # a cpu_adam compile takes minutes here
+
+
+def test_a_wheel_from_which_no_config_runs_fails_its_smoke_saying_what_it_lacks() -> None:
+    """Item 6: recipes/system-cpu.toml built cpu_adam, cpu_adagrad and cpu_lion without deepspeed_shm_comm:
+    0 of 84 configs ran from its wheel on a node with no compiler, and the smoke said PASSED. Now a failed
+    check says so, with the op they need; a CUDA wheel smoked where no GPU is (nothing could run) is not
+    blamed, nor a wheel from which one config runs. (The recipe now builds shm_comm and fused_adam.)"""
+    from builder.configs import Outcome
+    from builder.recipe import load_recipe
+    from builder.smoke import none_run
+
+    needs = [Outcome(f"Adam/zero{i}/none/fp32", "needs-op", "", jit=("deepspeed_shm_comm",)) for i in range(4)]
+    needs.append(Outcome("Lion/zero0/none/fp32", "unsupported", "not implemented"))
+    (check,) = none_run(needs)
+    assert check.status == "failed" and check.name == "configs:none-run"
+    assert (
+        "not one of the 5 DeepSpeed configs runs" in check.detail
+        and "4 of them need deepspeed_shm_comm" in check.detail
+    )
+    assert 'add "deepspeed_shm_comm" to the recipe\'s ops' in check.detail
+    assert none_run([*needs, Outcome("Adam/zero1/cpu/fp32", "passed", "ok")]) == ()
+    assert none_run([Outcome("Adam/zero0/none/fp32", "no-gpu", "no GPU visible")]) == ()
+    assert none_run([]) == ()
+    ops = load_recipe(Path(__file__).resolve().parents[1] / "recipes" / "system-cpu.toml").ops
+    assert {"deepspeed_shm_comm", "fused_adam"} <= set(ops)
