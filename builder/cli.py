@@ -570,6 +570,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         output.error(str(exc))
         return exc.exit_code
+    except OSError as exc:  # a path the system refuses (too long, a file where a folder is): one line
+        if args.debug or exc.filename is None:
+            raise
+        from builder.errors import FolderError
+        from builder.node import printable
+
+        name = printable(str(exc.filename))
+        shown = name if len(name) <= 200 else f"{name[:120]}...{name[-60:]} ({len(name)} characters)"
+        error = FolderError(f"cannot use {shown}: {exc.strerror or exc}",
+                            "check the path given (its length, that its folders are folders) and the "
+                            "permissions")  # fmt: skip
+        output.error(str(error))
+        return error.exit_code
     except KeyboardInterrupt:
         output.error("interrupted")
         return 130

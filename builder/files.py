@@ -51,17 +51,24 @@ def is_file_here(path: Path) -> bool:
         return False
 
 
+SHM = Path("/dev/shm")  # in a system tree; the toolkit's own folders there (the memory pool) are named so
+SHM_OWN = "ds-builder-"
+
+
 def env_folder(env: Mapping[str, str], name: str, what: str) -> Path | None:
     """The folder an environment variable names (None where unset), refused (FolderError, exit 10)
     where it is a system folder or inside one: the toolkit would write `what` there, as root into the
     system (DS_BUILDER_ROOTS=/opt once made roots, their lock and a temporary tree in /opt)."""
+    from builder.errors import FolderError
+
     value = env.get(name)
     if not value:
         return None
     resolved = Path(os.path.abspath(value)).resolve()
-    if is_system_folder(resolved):
-        from builder.errors import FolderError
-
+    if resolved.exists() and not resolved.is_dir():
+        raise FolderError(f"{name}={node.printable(value[:200])} is not a folder ({resolved} is a file)",
+                          f"point {name} at a folder, or unset it for the default")  # fmt: skip
+    if is_system_folder(resolved) and not (resolved.parent == SHM and resolved.name.startswith(SHM_OWN)):
         raise FolderError(f"{name}={value[:200]} is the system folder {resolved}: the toolkit would write {what} there",
                           f"point {name} at a folder of its own (e.g. /var/tmp/ds-builder or /shared/ds-builder), or "
                           "unset it for the default")  # fmt: skip

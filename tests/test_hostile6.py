@@ -466,3 +466,40 @@ def test_a_wheel_from_which_no_config_runs_fails_its_smoke_saying_what_it_lacks(
     assert none_run([]) == ()
     ops = load_recipe(Path(__file__).resolve().parents[1] / "recipes" / "system-cpu.toml").ops
     assert {"deepspeed_shm_comm", "fused_adam"} <= set(ops)
+
+
+def test_a_file_where_a_folder_is_named_and_the_default_memory_pool_are_told_apart(tmp_path: Path) -> None:
+    """Item 7: DS_BUILDER_ENV_CACHE, _SDIST_CACHE, _ROOTS and _UNIT_CACHE naming a regular file gave raw
+    tracebacks (exit 10 with one line now); DS_BUILDER_MEMORY_POOL naming the default pool itself
+    (/dev/shm/ds-builder-memory-0) was called a system folder."""
+    from builder.buildroot.make import ROOTS_ENV, roots_folder
+    from builder.units import memory
+    from builder.units.cache import UNIT_CACHE_ENV, cache_folder
+    from builder.wheelbuild import source
+
+    afile = tmp_path / "a-file"
+    afile.write_text("")
+    for name, folder in (
+        (envs.ENV_CACHE_ENV, lambda env: envs.build_envs_folder(tmp_path, env)),
+        (source.SDIST_CACHE_ENV, lambda env: source.sdist_folder(tmp_path, env)),
+        (ROOTS_ENV, roots_folder),
+        (UNIT_CACHE_ENV, lambda env: cache_folder(tmp_path, env)),
+        (ccache.CACHE_DIR_ENV, lambda env: ccache.cache_dir(tmp_path, env)),
+    ):
+        with pytest.raises(FolderError, match=f"{name}=.* is not a folder") as err:
+            folder({name: str(afile)})
+        assert err.value.exit_code == 10
+    default = memory.pool_folder({})
+    assert memory.pool_folder({memory.POOL_ENV: str(default)}) == default
+    with pytest.raises(FolderError, match="is the system folder"):
+        memory.pool_folder({memory.POOL_ENV: "/dev/shm"})
+
+
+def test_a_path_the_system_refuses_is_one_line_exit_10(tmp_path: Path, capsys: Any) -> None:
+    """Item 7: `verify --wheelhouse` with a path over 4,096 characters gave an OSError traceback."""
+    from builder import cli
+
+    long = str(tmp_path / ("a" * 5000))
+    assert cli.main(["verify", "--wheelhouse", long]) == 10
+    err = capsys.readouterr().err
+    assert "File name too long" in err and "(5" in err and "Traceback" not in err and len(err) < 1000

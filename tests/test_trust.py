@@ -979,3 +979,28 @@ def test_a_copy_is_not_written_into_until_it_is_a_wheelhouse_of_its_own(
 def test_provision_tells_each_node_which_wheelhouse_to_accept(house: Path, keys: signing.Keys) -> None:
     script = host_script(Host("n1"), str(house), keys.trust(), wheelhouse_id=load_manifest(house).wheelhouse_id)
     assert f"--wheelhouse-id {load_manifest(house).wheelhouse_id}" in script
+
+
+def test_the_build_hosts_own_key_missing_from_its_trust_is_named_with_its_fix(house: Path, keys: signing.Keys) -> None:
+    """Issue 57, item 7: the host's own allowed_signers line expired, scoped to git, or removed: verify and
+    sign said the file "lists none" and told the build host to restore the wheelhouse from the build host
+    (itself). Now each names the lines and the fix: put this host's line back."""
+    from builder.wheelhouse import layout
+
+    own = keys.key()
+    data = (house / "manifest.json").read_bytes()
+    manifest = load_manifest(house)
+    other = signing.Keys(keys.folder.parent / "other-keys")
+    keys.folder.parent.joinpath("other-keys").mkdir(mode=0o700)
+    stranger = signing.create(other)
+    for text in (f'ds-wheelhouse valid-before="20200101" {own.line()}\n',
+                 f'ds-wheelhouse namespaces="git" {own.line()}\n',
+                 f"ds-wheelhouse {stranger.line()}\n"):  # fmt: skip
+        keys.trust_file.write_text(text)
+        with pytest.raises(WheelhouseError) as err:
+            layout.check_signed(house, data, manifest)
+        assert "lists none" not in err.value.message, err.value.message
+        assert f"this host's own key ({own.fingerprint()}) is not trusted" in err.value.fix
+        assert "key trust" in err.value.fix and "restore the wheelhouse from the build host" not in err.value.fix
+        if "stranger" not in text and "valid-before" in text:
+            assert "grant nothing here" in err.value.message

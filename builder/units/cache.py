@@ -46,6 +46,9 @@ def check_cache_path(path: Path) -> Path:
     its path passes through a link that neither this user nor root made."""
     absolute = Path(os.path.abspath(path))
     resolved = absolute.resolve()
+    if resolved.exists() and not resolved.is_dir():
+        raise FolderError(f"{UNIT_CACHE_ENV}={path} is not a folder ({resolved} is a file)",
+                          f"point {UNIT_CACHE_ENV} at a folder, or unset it for the work folder's own")  # fmt: skip
     if is_system_folder(resolved):
         raise FolderError(f"{UNIT_CACHE_ENV}={path} is the system folder {resolved}: the unit cache writes lock "
                           "files and unit folders there", f"point {UNIT_CACHE_ENV} at a folder of its own, e.g. "

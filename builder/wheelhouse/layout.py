@@ -112,14 +112,26 @@ def check_signed(
                               "it, or someone put an unsigned manifest in its place",
                               "check it with `python -m builder verify`; if it is what you published, sign it: "
                               f"`python -m builder sign --adopt --wheelhouse {wheelhouse}`")  # fmt: skip
+    # This host's own key missing from its trust (its line expired, scoped to another namespace such as
+    # git's, or removed): the fix is here, not a wheelhouse "restored from the build host" (this is it).
+    own = k.key() if k.exists() else None
+    restore = (f"this host's own key ({own.fingerprint()}) is not trusted by its {k.trust_file}: put its line back "
+               '(`python -m builder key trust "$(python -m builder key show)"`)' if own is not None
+               and own not in trust.keys else "")  # fmt: skip
     if not trust.keys:
-        raise WheelhouseError(f"{wheelhouse} is signed, but this host trusts no key ({k.trust_file} lists none)",
-                              "trust the key that signs it: `python -m builder key trust 'ssh-ed25519 AAAA...'` "
-                              "(or pass --trust to verify)")  # fmt: skip
+        why = f"its lines grant nothing here: {'; '.join(trust.ignored)[:400]}" if trust.ignored else "it lists none"
+        raise WheelhouseError(f"{wheelhouse} is signed, but this host trusts no key ({k.trust_file}: {why})",
+                              restore or "trust the key that signs it: `python -m builder key trust 'ssh-ed25519 "
+                              "AAAA...'` (or pass --trust to verify)")  # fmt: skip
     try:
         sig = signing.check(data, node.read_bounded(path, "signature"), str(path), trust)
         node.check_signer(manifest, sig, str(wheelhouse / MANIFEST))
     except ManifestError as exc:
+        if restore:
+            raise WheelhouseError(
+                exc.message.replace("this node", "this host"),
+                f"{restore}; if another host signs this wheelhouse, trust its key instead",
+            ) from exc
         if node.DEFAULT_TRUST not in exc.fix:
             raise WheelhouseError(exc.message, exc.fix) from exc
         raise WheelhouseError(exc.message.replace("this node", "this host"),  # the node's words, said on the build host
