@@ -441,6 +441,15 @@ def refuse_failed(results: Sequence[UnitResult], on_op_failure: str) -> list[Uni
             "free memory for the build (fewer builds at once on this machine) or give it more, then run it again: "
             f"the {len(results) - len(failed)} op units built are cached and only the killed ones compile",
         )
+    foreign = [r for r in failed if r.foreign]
+    if foreign:  # the root's tools wrote them: no op is at fault, so dropping one (or "drop") is no fix
+        logs = "\n".join(f"  log of {r.unit.op.name}: {r.log}" for r in foreign)
+        raise BuildError(
+            "the build failed: " + "\n".join(r.failure for r in foreign) + f"\n{logs}",
+            "the build root's compilers or the tools they run wrote those files, not DeepSpeed: check the root "
+            "(a root folder of yours, [root] folder: its gcc, g++ and what they run; the toolkit's own: remove it "
+            "and its .json from the roots folder, the next build makes it again); no unit was stored",
+        )
     if failed and (on_op_failure != "drop" or len(failed) == len(results)):
         logs = "\n".join(f"  log of {r.unit.op.name}: {r.log}" for r in failed)
         raise BuildError(

@@ -503,3 +503,38 @@ def test_a_path_the_system_refuses_is_one_line_exit_10(tmp_path: Path, capsys: A
     assert cli.main(["verify", "--wheelhouse", long]) == 10
     err = capsys.readouterr().err
     assert "File name too long" in err and "(5" in err and "Traceback" not in err and len(err) < 1000
+
+
+def test_a_root_compilers_planted_side_files_are_not_called_the_ops_fault() -> None:
+    """Item 7: a root compiler's planted side files were refused (right) with the fix "drop the op or set
+    on_op_failure = "drop"": no op is at fault, the root's tools are, and "drop" must not ship past it."""
+    from test_units import plan_for
+
+    from builder.build import refuse_failed
+    from builder.errors import BuildError
+    from builder.units.plan import plan_units
+    from builder.units.runner import UnitResult
+
+    (unit,), _ = plan_units(plan_for("cpu_lion"), {}, 2, None)
+    (other,), _ = plan_units(plan_for("cpu_adam"), {}, 2, None)
+    planted = UnitResult(unit, "failed", None, 1.0, Path("unit.log"), "op cpu_lion: its build left files that are "
+                         "not its op's nor DeepSpeed's own, refused: deepspeed/evil.py", foreign=True)  # fmt: skip
+    built = UnitResult(other, "built", Path("w.whl"), 1.0, Path("u2.log"))
+    for on_failure in ("error", "drop"):
+        with pytest.raises(BuildError, match="deepspeed/evil.py") as err:
+            refuse_failed([planted, built], on_failure)
+        assert "on_op_failure" not in err.value.fix and "build root's compilers" in err.value.fix
+
+
+def test_a_folder_of_files_no_publish_wrote_is_not_sent_to_repair(tmp_path: Path, capsys: Any) -> None:
+    """Item 7: verify said run repair, repair removed 0 leftovers, verify said the same again (a loop)."""
+    from builder import cli
+
+    (tmp_path / "notes.txt").write_text("x")
+    (tmp_path / "deepspeed-1.0-py3-none-any.whl").write_text("y")
+    assert cli.main(["verify", "--wheelhouse", str(tmp_path)]) == 8
+    err = capsys.readouterr().err
+    assert "holds files no publish wrote" in err and "builder repair" not in err, err
+    (tmp_path / ".publish.lock").write_text("")  # a publish's own trace: then it is repair's
+    assert cli.main(["verify", "--wheelhouse", str(tmp_path)]) == 8
+    assert "builder repair" in capsys.readouterr().err

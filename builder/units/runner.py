@@ -88,6 +88,7 @@ class UnitResult:
     failure: str = ""  # for a failed unit: what failed, in the compiler's or linker's words
     ccache_hits: tuple[int, int] | None = None  # (hits, misses) of this unit's compiles
     killed: bool = False  # the kernel killed its compiler (out of memory): the machine's fault, not the op's
+    foreign: bool = False  # its build left files not its op's: the build root's tools wrote them, not the op
     header_log: Path | None = None  # what its compiles did with the precompiled header (pch.py)
 
 
@@ -310,7 +311,7 @@ def _build(unit: Unit, job: UnitJob, folder: Path, log: Path, sweeper: Sweeper) 
             return UnitResult(unit, "failed", None, time.monotonic() - start, log,
                               f"op {name}: its build left files that are not its op's nor DeepSpeed's own, refused "
                               f"(a compiler or a tool it ran wrote them; check the build root and its compilers): "
-                              f"{shown}")  # fmt: skip
+                              f"{shown}", foreign=True)  # fmt: skip
     except ToolError:
         killed = killed_lines(log)
         failure = describe_killed(unit, killed) if killed else describe_failure(unit, log)

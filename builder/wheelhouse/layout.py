@@ -16,7 +16,7 @@ from filelock import FileLock
 
 from builder import node, output, signing
 from builder.errors import WheelhouseError
-from builder.files import write_atomic
+from builder.files import is_temp_name, write_atomic
 from builder.node import (
     IMAGES,
     LOCK_NAME_RE,
@@ -247,3 +247,12 @@ def lock_headers(wheelhouse: Path, manifest: WheelhouseManifest) -> dict[str, st
         if first.startswith("# Lock for ") and node.is_wheel_name(wheel):
             found[rel] = wheel
     return found
+
+
+def publish_traces(wheelhouse: Path) -> bool:
+    """Whether a publish ever ran in `wheelhouse` (its lock, journal or temporary names are there)."""
+    if not wheelhouse.is_dir():
+        return False
+    return any(
+        p.name in (JOURNAL, LOCK) or is_temp_name(p.name) or is_deps_folder(p.name) for p in wheelhouse.iterdir()
+    )

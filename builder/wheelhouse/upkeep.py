@@ -8,7 +8,6 @@ from pathlib import Path
 
 from builder import output
 from builder.errors import WheelhouseError
-from builder.files import is_temp_name
 from builder.node import (
     WheelhouseManifest,
 )
@@ -16,14 +15,12 @@ from builder.wheelhouse.index import (
     write_index,
 )
 from builder.wheelhouse.layout import (
-    JOURNAL,
-    LOCK,
     MANIFEST,
     SIGNATURE,
     check_signed,
-    is_deps_folder,
     load_manifest,
     locked,
+    publish_traces,
     read_manifest,
 )
 from builder.wheelhouse.page import PAGE
@@ -38,7 +35,7 @@ def repair(wheelhouse: Path) -> list[str]:
     Everything is decided under the publish lock: a publish still running is waited for, never
     taken for a killed one.
     """
-    if not wheelhouse.is_dir() or not (_publish_traces(wheelhouse) or (wheelhouse / MANIFEST).is_file()):
+    if not wheelhouse.is_dir() or not (publish_traces(wheelhouse) or (wheelhouse / MANIFEST).is_file()):
         raise WheelhouseError(f"{wheelhouse} has no {MANIFEST} and nothing a publish left",
                               "pass --wheelhouse with a published wheelhouse")  # fmt: skip
     with locked(wheelhouse):
@@ -111,12 +108,3 @@ def resign(wheelhouse: Path, days: int | None = None, adopt: bool = False, new_i
                   (manifest.images, "images"), (manifest.variants, "variant wheels")]  # fmt: skip
         output.note("    " + ", ".join(f"{len(table)} {what}" for table, what in counts))
         return commit(wheelhouse, manifest, days)
-
-
-def _publish_traces(wheelhouse: Path) -> bool:
-    """Whether a publish ever ran in `wheelhouse` (its lock, journal or temporary names are there)."""
-    if not wheelhouse.is_dir():
-        return False
-    return any(
-        p.name in (JOURNAL, LOCK) or is_temp_name(p.name) or is_deps_folder(p.name) for p in wheelhouse.iterdir()
-    )

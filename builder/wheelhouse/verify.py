@@ -42,6 +42,7 @@ from builder.wheelhouse.layout import (
     SIG_PENDING,
     SIGNATURE,
     check_signed,
+    publish_traces,
     read_manifest,
     symlinked_folders,
 )
@@ -86,6 +87,9 @@ def _in_progress(wheelhouse: Path) -> str:
 REPLACED = "someone replaced it: restore the wheelhouse from the build host, or move it away and re-publish"
 
 
+NOT_A_WHEELHOUSE = "not a wheelhouse (pass --wheelhouse with the folder publish wrote; this one is not the toolkit's)"
+
+
 def verify(wheelhouse: Path, trust: Trust | None = None, signature: bool = True) -> list[str]:
     """Everything wrong with a wheelhouse; empty only when every file is listed, linked and hash-checked.
 
@@ -96,9 +100,11 @@ def verify(wheelhouse: Path, trust: Trust | None = None, signature: bool = True)
         return [f"{wheelhouse} does not exist or is not a folder"]
     if not (wheelhouse / MANIFEST).exists() and not (wheelhouse / MANIFEST).is_symlink():
         left = sorted(p.name for p in wheelhouse.iterdir() if p.name != LOCK)
-        if left:  # a first publish killed before its manifest: what it left is repair's to remove
-            shown = ", ".join(printable(n) for n in left[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
+        shown = ", ".join(printable(n) for n in left[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
+        if left and publish_traces(wheelhouse):  # a first publish killed before its manifest: repair's to remove
             return [f"{wheelhouse} has no {MANIFEST} but holds {shown}: {INTERRUPTED}"]
+        if left:  # files no publish wrote (repair removes only a publish's own, so it is not the fix: a loop)
+            return [f"{wheelhouse} has no {MANIFEST} and holds files no publish wrote ({shown}): {NOT_A_WHEELHOUSE}"]
         return [f"{wheelhouse} has no {MANIFEST}: nothing was published there"]
     if not (wheelhouse / MANIFEST).is_file():
         return [
