@@ -230,7 +230,13 @@ def run_cases(cases: Sequence[configs.ConfigCase], ws: Workspace, wheel: Path | 
             python = Path(python or sys.executable)
             if not is_file_here(python):
                 raise UsageError(f"no such interpreter: {python}", "pass --python with the node environment's python")
-            has = cmd.ask([str(python), "-c", "import deepspeed"], timeout=600)
+            has = cmd.ask([str(python), "-c", "import deepspeed; print('deepspeed ' + deepspeed.__version__)"],
+                          timeout=600)  # fmt: skip
+            printed = (has.stdout or "").strip().splitlines()[-1:] or ["nothing"]
+            if has.returncode == 0 and not printed[0].startswith("deepspeed "):  # /bin/echo, a wrapper
+                raise UsageError(f"{python} is not a Python interpreter with DeepSpeed (asked to import it, it "
+                                 f"printed {printed[0][:80]!r})", "pass --python with the python of the environment "
+                                 "DeepSpeed is installed in")  # fmt: skip
             if has.returncode != 0:
                 said = (has.stderr or has.stdout or "").strip().splitlines()
                 raise UsageError(f"{python} cannot import DeepSpeed ({said[-1][:200] if said else 'no output'}): "
@@ -330,6 +336,9 @@ def config_checks(manifest: BuildManifest, python: Path, env: dict[str, str], tm
                                  work, log, verbose)  # fmt: skip
     checks = tuple(configs.as_check(o, manifest.accelerator, o.name in sites, blames.get(o.name),
                                     known_reason(manifest.known_failures, o.name)) for o in outcomes)  # fmt: skip
+    for c in checks:
+        if configs.STALE in c.detail:
+            output.warn(f"{c.name.removeprefix(configs.SITE_PREFIX)}: {configs.STALE}")
     return checks + none_run(outcomes)
 
 

@@ -9,9 +9,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-from builder.node.contract import EXIT_BAD_WHEELHOUSE, EXIT_CONFIGS, EXIT_INSTALL, InstallError
+from builder.node.contract import EXIT_BAD_WHEELHOUSE, EXIT_CONFIGS, EXIT_INSTALL, OP_RE, InstallError
 from builder.node.fetch import TIMEOUT_ENV, wheelhouse_base
-from builder.node.files import say
+from builder.node.files import printable, say
 from builder.node.install import check_configs, install, load_verified
 from builder.node.module import EXIT_MODULE, MODULE, ModuleError
 from builder.node.state import STATE_ENV
@@ -110,6 +110,10 @@ def main(argv: "Sequence[str] | None" = None, prog: "str | None" = None, module_
     if threading.current_thread() is threading.main_thread():  # signal handlers live there only
         signal.signal(signal.SIGTERM, _terminated)
     ops = [op.strip() for op in args.ops.split(",") if op.strip()]
+    bad = [op for op in ops if not OP_RE.match(op)]
+    if bad:  # a name no op has ('../../x'): never suggested to a recipe
+        p.error(f"--ops {printable(bad[0])[:80]!r} is not an op's name (lowercase letters, digits and _): name the "
+                "ops the wheel must hold, e.g. --ops cpu_adam,fused_adam")  # fmt: skip
     try:
         trust = load_trust(args.trust)
         result = install(args.wheelhouse, args.python, args.dry_run, args.pip_args, trust, ops,
