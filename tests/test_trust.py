@@ -1004,3 +1004,18 @@ def test_the_build_hosts_own_key_missing_from_its_trust_is_named_with_its_fix(ho
         assert "key trust" in err.value.fix and "restore the wheelhouse from the build host" not in err.value.fix
         if "stranger" not in text and "valid-before" in text:
             assert "grant nothing here" in err.value.message
+
+
+def test_an_openssl_that_fails_otherwise_is_not_read_as_a_forgery(house: Path, keys: signing.Keys,
+                                                                   tmp_path: Path) -> None:  # fmt: skip
+    """Issue 57, item 7: a node whose openssl command failed without saying "unknown option" reported a
+    good wheelhouse as forged ("does not match what it signs"). Only openssl's own "Verification Failure"
+    means a forgery; any other failure hands the check to libcrypto. FAKE openssl: a broken install."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "openssl").write_text("#!/bin/sh\necho 'openssl: error while loading shared libraries' >&2\nexit 1\n")
+    (bin_dir / "openssl").chmod(0o755)
+    (bin_dir / "sh").symlink_to(shutil.which("sh") or "/bin/sh")
+    done = installer(house, "--trust", keys.key().line(), "--dry-run", env={"PATH": str(bin_dir)})
+    assert done.returncode == 0 and "manifest signed by" in done.stderr, done.stderr[-2000:]
+    assert "does not match what it signs" not in done.stderr

@@ -75,9 +75,13 @@ def _verify_openssl(message: bytes, signature: "Signature", tmp: str) -> "bool |
         f.write(raw_sig)
     done = _run_verifier(["openssl", "pkeyutl", "-verify", "-pubin", "-inkey", pem, "-rawin", "-in", data,
                           "-sigfile", sig])  # fmt: skip
-    if done is None or (done[0] != 0 and _unsupported(done[1])):
+    if done is None:
         return None
-    return done[0] == 0 and "Verified Successfully" in done[1]
+    if done[0] == 0 and "Verified Successfully" in done[1]:
+        return True
+    if "Verification Failure" in done[1]:  # its own word that the signature does not match
+        return False
+    return None  # it failed otherwise (an option it lacks, a broken install): libcrypto is asked next
 
 
 _NID_ED25519 = 1087  # OpenSSL's id of Ed25519, the same in 1.1.1 and 3.x
