@@ -287,20 +287,29 @@ def smoke(wheel: Path, ws: Workspace, verbose: bool = False, keep_env: bool = Fa
     write_atomic(report_path(wheel), report.to_json())
     _print(report)
     if not report.passed:
-        failed = [c.name for c in checks if c.status == "failed"]
-        upstream = [c.name for c in checks if c.status == "failed" and c.detail.startswith("DeepSpeed's own failure")]
-        raise SmokeError(
-            f"{wheel.name} failed smoke checks: {', '.join(failed) or 'nothing passed'}"
-            + (f" ({', '.join(upstream)}: DeepSpeed's own failure, shown without the wheel)" if upstream else ""),
-            (
-                f"list {', '.join(n.removeprefix(configs.SITE_PREFIX) for n in upstream)} under [known_failures] in "
-                "the recipe with a reason, or take it out of configs; "
-                if upstream
-                else ""
-            )
-            + f"read {report_path(wheel)} and the log {log}",
-        )
+        raise failure(wheel.name, checks, report_path(wheel), log)
     return report
+
+
+def failure(wheel: str, checks: Sequence[Check], report: Path, log: Path) -> SmokeError:
+    """The smoke's one error (pure): what failed, and the fix in order: the wheel's own failures first,
+    then DeepSpeed's own failures of the recipe's configs, which the recipe may list as known."""
+    failed = [c.name for c in checks if c.status == "failed"]
+    upstream = [c.name for c in checks if c.status == "failed" and c.detail.startswith("DeepSpeed's own failure")]
+    own = [n for n in failed if n not in upstream]  # the wheel's (or the toolkit's): these come first
+    return SmokeError(
+        f"{wheel} failed smoke checks: {', '.join(failed) or 'nothing passed'}"
+        + (f" ({', '.join(upstream)}: DeepSpeed's own failure, shown without the wheel)" if upstream else ""),
+        (f"the wheel's own checks failed ({', '.join(own[:6])}{' ...' if len(own) > 6 else ''}): read why in "
+         f"{report} and the log {log}, fix the build, and smoke it again" if own else
+         f"read {report} and the log {log}")
+        + (
+            f"; then list {', '.join(n.removeprefix(configs.SITE_PREFIX) for n in upstream)} under "
+            "[known_failures] in the recipe with a reason (DeepSpeed's own), or take it out of configs"
+            if upstream
+            else ""
+        ),
+    )  # fmt: skip
 
 
 def config_cases(manifest: BuildManifest) -> list[configs.ConfigCase]:

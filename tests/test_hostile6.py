@@ -572,3 +572,18 @@ def test_install_ops_that_are_no_op_names_are_refused_not_suggested(capsys: Any)
     assert done.value.code == 2
     err = capsys.readouterr().err
     assert "'../../x' is not an op's name" in err and "recipe" not in err
+
+
+def test_the_smokes_fix_names_the_wheels_own_failures_before_deepspeeds() -> None:
+    """Item 7: when the wheel's own checks failed too, the smoke's fix line spoke only of listing the
+    upstream config as a known failure."""
+    from builder.contracts import Check
+    from builder.smoke import failure
+
+    upstream = Check("config:site/configs/lbfgs.json", "failed", "DeepSpeed's own failure, not the wheel's: ...")
+    own = Check("numerics:cpu_adam", "failed", "max |difference| 3 exceeds 1e-5")
+    err = failure("w.whl", [upstream, own], Path("w.whl.smoke.json"), Path("smoke.log"))
+    assert err.fix.startswith("the wheel's own checks failed (numerics:cpu_adam)")
+    assert err.fix.index("numerics:cpu_adam") < err.fix.index("[known_failures]")
+    only = failure("w.whl", [upstream], Path("w.whl.smoke.json"), Path("smoke.log"))
+    assert "wheel's own" not in only.fix and "configs/lbfgs.json under [known_failures]" in only.fix
