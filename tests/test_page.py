@@ -208,3 +208,27 @@ def test_the_config_grid_shows_what_each_deepspeed_config_does_from_the_wheel(tm
     assert '<tr><th>Adam</th><td>cpu</td><td class="op-none">-</td>' in section  # no offload at ZeRO 0
     assert "configs/lion.json" in section and "ValueError: &lt;b&gt;" in section and "<b>" not in section
     assert verify(house) == []
+
+
+def test_a_known_failures_link_is_a_link_and_the_targets_table_says_it_passed_with_it(tmp_path: Path) -> None:
+    """Issue 57, item 7: on the page a known failure's link was plain text, and "Published targets" showed
+    "passed" with no word of the listed failure. On a FAKE wheel's report."""
+    wheel = fake_wheel(tmp_path)
+    detail = ("DeepSpeed's own failure, not the wheel's: TypeError: closure; listed by the recipe as a known "
+              "failure: LBFGS without its closure (https://github.com/x/y/issues/1#c2)")  # fmt: skip
+    evil = "DeepSpeed's own failure: see https://x.org/a\"><script>alert(1)</script>"
+    checks = (Check("import", "passed"), Check("config:site/configs/lbfgs.json", "upstream", detail),
+              Check("config:site/configs/other.json", "upstream", evil))  # fmt: skip
+    report = SmokeReport(wheel.name, sha256_of(wheel), True, checks, 1.0, "2026-11-23T00:00:00+00:00")
+    report_path(wheel).write_text(report.to_json())
+    house = tmp_path / "house"
+    publish([wheel], house)
+    text = (house / PAGE).read_text()
+    link = (
+        '<a href="https://github.com/x/y/issues/1#c2" rel="noopener noreferrer">https://github.com/x/y/issues/1#c2</a>'
+    )
+    assert link in text
+    assert "<script>" not in text and '<a href="https://x.org/a"' in text  # the URL ends where markup would start
+    targets = text[text.index('<table id="targets">') :]
+    assert "with 2 known failures of DeepSpeed's own" in targets[: targets.index("</table>")]
+    assert verify(house) == []
