@@ -587,3 +587,16 @@ def test_the_smokes_fix_names_the_wheels_own_failures_before_deepspeeds() -> Non
     assert err.fix.index("numerics:cpu_adam") < err.fix.index("[known_failures]")
     only = failure("w.whl", [upstream], Path("w.whl.smoke.json"), Path("smoke.log"))
     assert "wheel's own" not in only.fix and "configs/lbfgs.json under [known_failures]" in only.fix
+
+
+def test_a_modules_missing_python_is_named_by_the_path_the_node_lacks(tmp_path: Path) -> None:
+    """Item 7: a module whose Python is missing on the node named `python3.11` (the venv link's text),
+    not the missing path."""
+    from builder.node.module import module_runs_here
+
+    bin_dir = tmp_path / "root" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "python3.11").symlink_to(tmp_path / "usr" / "bin" / "python3.11")
+    (bin_dir / "python").symlink_to("python3.11")
+    why = module_runs_here(str(tmp_path / "root"))
+    assert why == f"its python is {tmp_path / 'usr' / 'bin' / 'python3.11'}, which this node does not have"

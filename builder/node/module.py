@@ -271,6 +271,17 @@ def prove_module(modulefiles: str, version: str, entry: "WheelEntry", root: str,
     return [f"python {prefixes[0]}/bin/python"] + [f"{op} [YES]" for op in entry.ops]
 
 
+def missing_end(path: str) -> str:
+    """The absolute path a chain of links from `path` ends at where it is missing (a venv's
+    bin/python -> python3.11 -> /usr/bin/python3.11): the file the node lacks, not a link's text."""
+    for _ in range(40):
+        if not os.path.islink(path):
+            return path
+        target = os.readlink(path)
+        path = os.path.normpath(os.path.join(os.path.dirname(path), target))
+    return path
+
+
 def module_runs_here(root: str) -> str:
     """Why the module's venv does not run on this node ("" where it does): its python (a link to the
     interpreter it was made with, on the node that made it) missing here, or failing to import
@@ -278,8 +289,7 @@ def module_runs_here(root: str) -> str:
     /usr/bin/python3.11 answered "already installed" on a Debian 11 node that has no such file."""
     python = os.path.join(root, "bin", "python")
     if not os.path.exists(python):  # a dangling link: its interpreter is not on this node
-        target = os.readlink(python) if os.path.islink(python) else python
-        return f"its python is {target}, which this node does not have"
+        return f"its python is {printable(missing_end(python))}, which this node does not have"
     try:
         done = subprocess.run([python, "-c", "import deepspeed"], capture_output=True, timeout=300)
     except (OSError, subprocess.TimeoutExpired) as exc:
