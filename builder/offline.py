@@ -156,7 +156,7 @@ def gather(recipe: Recipe, folder: Path, python: str, have: Mapping[str, str], l
     if not re.match(r"^3\.\d{1,2}$", python):
         raise UsageError(f"--python {python[:20]!r} is not a CPython version", "give the node's version, e.g. 3.12")
     ours = check_dest(folder)
-    output.step(f"gather: {recipe.name} for CPython {python} on x86_64 Linux into {folder}")
+    output.step(f"gather: {recipe.name} for CPython {python} on x86_64 Linux into {_shown(folder)}")
     sdist = source.fetch(recipe.deepspeed, folder / "sdists", log, verbose)
     requirements = wanted(recipe, source.sdist_requirements(sdist), SMOKE_EXTRAS, BUILD_TOOLS)
     sources = envs.pip_sources()
@@ -190,8 +190,8 @@ def gather(recipe: Recipe, folder: Path, python: str, have: Mapping[str, str], l
     said = f"{len(files)} wheels, the sdist" + (
         f" and the build root ({gathered.root_size / 1e6:.1f} MB)" if root else ""
     )
-    output.step(f"gathered {said}: {gathered.size / 1e6:.1f} MB in {folder}; on the node: "
-                f"python -m builder build-wheel --recipe RECIPE --offline {folder}")  # fmt: skip
+    output.step(f"gathered {said}: {gathered.size / 1e6:.1f} MB in {_shown(folder)}; on the node: "
+                f"python -m builder build-wheel --recipe RECIPE --offline {_shown(folder)}")  # fmt: skip
     return gathered
 
 
@@ -214,13 +214,14 @@ def check_dest(folder: Path) -> set[str]:
                           "give a folder you can write (not a file, not on a read-only mount)") from exc  # fmt: skip
     for sub in ("wheels", "sdists", ROOT_FOLDER):
         if (folder / sub).is_symlink() or ((folder / sub).exists() and not (folder / sub).is_dir()):
-            raise FolderError(f"{folder / sub} is a link or a file, not a folder gather made: gather would write "
-                              "where it points", f"remove {folder / sub}, or give another --dest")  # fmt: skip
+            raise FolderError(f"{_shown(folder / sub)} is a link or a file, not a folder gather made: gather "
+                              "would write where it points",
+                              f"remove {_shown(folder / sub)}, or give another --dest")  # fmt: skip
     present = sorted(p.name for p in (folder / "wheels").iterdir()) if (folder / "wheels").is_dir() else []
     listed = set(_listed_wheels(folder)) if present else set()
     stray = [n for n in present if n not in listed or (folder / "wheels" / n).is_symlink()]
     if stray:
-        raise FolderError(f"{folder / 'wheels'} holds files gather did not put there: "
+        raise FolderError(f"{_shown(folder / 'wheels')} holds files gather did not put there: "
                           f"{', '.join(printable(n) for n in stray[:6])}" + (" ..." if len(stray) > 6 else ""),
                           "gather records and hands the node only what it fetched: empty that folder yourself, or "
                           "give another --dest")  # fmt: skip
@@ -286,6 +287,13 @@ def _wheel_pin(file: str) -> tuple[str, str] | None:
     return str(name), str(version)
 
 
+def _shown(path: object) -> str:
+    """A path as messages print it: a newline or ESC in a folder's or a planted file's name escaped."""
+    from builder.node import printable
+
+    return printable(str(path))
+
+
 def needs_toolkit_root(recipe: Recipe) -> bool:
     """Whether the recipe builds in the toolkit's own root (a manylinux floor and no [root] of the site's)."""
     return recipe.platform != HOST and recipe.root is None
@@ -316,7 +324,7 @@ def environ(folder: Path, recipe: Recipe | None = None) -> dict[str, str]:
     folder = folder.resolve()
     record = folder / RECORD
     if not record.is_file() or not (folder / "wheels").is_dir():
-        raise SourceError(f"{folder} is not a folder `gather` made (no {RECORD} and wheels/)",
+        raise SourceError(f"{_shown(folder)} is not a folder `gather` made (no {RECORD} and wheels/)",
                           "run `python -m builder gather --recipe RECIPE --dest DIR` on a connected machine and "
                           "copy DIR here")  # fmt: skip
     read_record(folder, recipe, f"{sys.version_info.major}.{sys.version_info.minor}")
@@ -324,9 +332,10 @@ def environ(folder: Path, recipe: Recipe | None = None) -> dict[str, str]:
     if recipe is not None:
         sdist = folder / "sdists" / recipe.deepspeed.sha256 / f"deepspeed-{recipe.deepspeed.version}.tar.gz"
         if not sdist.is_file():
-            raise SourceError(f"{folder} holds no sdist of DeepSpeed {recipe.deepspeed.version} with the sha256 "
+            raise SourceError(f"{_shown(folder)} holds no sdist of DeepSpeed {recipe.deepspeed.version} with the "
+                              "sha256 "
                               f"recipe {recipe.name} pins", f"gather it for this recipe: python -m builder gather "
-                              f"--recipe {recipe.path or 'RECIPE'} --dest {folder}")  # fmt: skip
+                              f"--recipe {recipe.path or 'RECIPE'} --dest {_shown(folder)}")  # fmt: skip
     wheels = str(folder / "wheels")
     packed = {pack.PACKED_ENV: str(folder / ROOT_FOLDER)} if (folder / ROOT_FOLDER).is_dir() else {}
     # PIP_CONFIG_FILE=/dev/null: pip reads no configuration file (a machine's find-links or index would
@@ -353,19 +362,21 @@ def read_record(folder: Path, recipe: Recipe | None = None, python: str | None =
             raise ValueError(f"larger than {RECORD_LIMIT >> 20} MB")
         data = json.loads(text)
     except RecursionError as exc:
-        raise SourceError(f"{path} cannot be read as gather writes it (nested too deeply)", fix) from exc
+        raise SourceError(f"{_shown(path)} cannot be read as gather writes it (nested too deeply)", fix) from exc
     except (OSError, ValueError) as exc:
-        raise SourceError(f"{path} cannot be read as gather writes it ({exc})", fix) from exc
+        raise SourceError(f"{_shown(path)} cannot be read as gather writes it ({exc})", fix) from exc
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         got = data.get("schema") if isinstance(data, dict) else type(data).__name__
-        raise SourceError(f"{path} has schema {str(got)[:20]!r}, not {SCHEMA}: another version of the toolkit "
+        raise SourceError(f"{_shown(path)} has schema {str(got)[:20]!r}, not {SCHEMA}: another version of the toolkit "
                           "gathered it", fix + " with this toolkit")  # fmt: skip
     if recipe is not None and data.get("recipe") != recipe.name:
-        raise SourceError(f"{path} was gathered for recipe {str(data.get('recipe'))[:60]!r}, not {recipe.name!r}",
+        raise SourceError(f"{_shown(path)} was gathered for recipe {str(data.get('recipe'))[:60]!r}, "
+                          f"not {recipe.name!r}",
                           f"gather it for this recipe: python -m builder gather --recipe {recipe.path or 'RECIPE'} "
-                          f"--dest {folder}")  # fmt: skip
+                          f"--dest {_shown(folder)}")  # fmt: skip
     if python is not None and data.get("python") != python:
-        raise SourceError(f"{path} was gathered for CPython {str(data.get('python'))[:20]}, and this is {python}: "
+        raise SourceError(f"{_shown(path)} was gathered for CPython {str(data.get('python'))[:20]}, and this "
+                          f"is {python}: "
                           "its wheels are for another Python",
                           f"gather it with --python {python}, or run the toolkit with that Python")  # fmt: skip
     return data
@@ -379,19 +390,19 @@ def check_record(folder: Path) -> None:
     try:
         listed = {w["file"]: (int(w["size"]), str(w["sha256"])) for w in data["wheels"]}
     except (ValueError, KeyError, TypeError) as exc:
-        raise SourceError(f"{folder / RECORD} cannot be read as gather writes it ({exc})",
+        raise SourceError(f"{_shown(folder / RECORD)} cannot be read as gather writes it ({exc})",
                           "gather the folder again on a connected machine") from exc  # fmt: skip
     wrong = []
     for path in sorted((folder / "wheels").iterdir()):
         want = listed.get(path.name)
         if want is None or path.is_symlink() or not path.is_file():
-            wrong.append(f"{path.name} (not listed)")
+            wrong.append(f"{_shown(path.name)} (not listed)")
         elif path.stat().st_size != want[0] or sha256_of(path) != want[1]:
-            wrong.append(f"{path.name} (size or sha256 differs)")
+            wrong.append(f"{_shown(path.name)} (size or sha256 differs)")
     wrong += [f"{name} (missing)" for name in sorted(set(listed) - {p.name for p in (folder / "wheels").iterdir()})]
     wrong += _root_wrong(folder, data.get("root"))
     if wrong:
-        raise SourceError(f"{folder} is not what gather fetched: {', '.join(wrong[:8])}"
+        raise SourceError(f"{_shown(folder)} is not what gather fetched: {', '.join(wrong[:8])}"
                           + (f" and {len(wrong) - 8} more" if len(wrong) > 8 else ""),
                           "copy the folder again from where gather made it, or gather it again")  # fmt: skip
 
@@ -405,7 +416,7 @@ def _root_wrong(folder: Path, listed: object) -> list[str]:
     try:
         packed = pack.read_record(where / f"{listed['name']}.pack.json")  # type: ignore[index]
     except (KeyError, TypeError) as exc:
-        raise SourceError(f"{folder / RECORD}: its root entry cannot be read ({exc})",
+        raise SourceError(f"{_shown(folder / RECORD)}: its root entry cannot be read ({exc})",
                           "gather the folder again on a connected machine") from exc  # fmt: skip
     except RootError as exc:
         return [f"{ROOT_FOLDER}/ ({exc.message})"]
@@ -434,4 +445,4 @@ def use(folder: Path, recipes: Sequence[Recipe]) -> None:
         os.environ.pop(name, None)
     os.environ.update(found or environ(folder))
     envs.pip_sources.cache_clear()
-    output.note(f"offline: every install reads {found.get('PIP_FIND_LINKS') or folder}; no index is asked")
+    output.note(f"offline: every install reads {_shown(found.get('PIP_FIND_LINKS') or folder)}; no index is asked")

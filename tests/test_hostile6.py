@@ -600,3 +600,34 @@ def test_a_modules_missing_python_is_named_by_the_path_the_node_lacks(tmp_path: 
     (bin_dir / "python").symlink_to("python3.11")
     why = module_runs_here(str(tmp_path / "root"))
     assert why == f"its python is {tmp_path / 'usr' / 'bin' / 'python3.11'}, which this node does not have"
+
+
+def test_newlines_in_names_are_printed_escaped(tmp_path: Path, capsys: Any) -> None:
+    """Item 8: an --offline folder's planted wheel name and the folder's own name, a module --prefix and
+    serve --wheelhouse each printed a line of their own that could read as "error: ..."; escaped now, as
+    verify does. (check-config's config file names: the same printable, in commands/proving.py.)"""
+    import json
+
+    from builder import cli, offline
+    from builder.errors import SourceError
+    from builder.node.module import ModuleError
+    from builder.node.module import check_module_folders
+    from builder.wheelhouse.serve import serve
+
+    folder = tmp_path / "off\nerror: fake"
+    (folder / "wheels").mkdir(parents=True)
+    (folder / "offline.json").write_text(json.dumps({"schema": 1, "recipe": "x", "wheels": []}))
+    (folder / "wheels" / "evil\nerror: all good.whl").write_bytes(b"x")
+    with pytest.raises(SourceError) as err:
+        offline.check_record(folder)
+    assert "\n" not in err.value.message and "evil\\nerror: all good.whl (not listed)" in err.value.message
+    assert "off\\nerror: fake" in err.value.message
+    with pytest.raises(ModuleError) as module_err:
+        check_module_folders(str(tmp_path / "pre\nerror: x"), str(tmp_path / "mf"))
+    assert "\n" not in module_err.value.message.split(" is unsafe")[0]
+    with pytest.raises(Exception) as serve_err:
+        serve(tmp_path / "house\nerror: y", "127.0.0.1", 0)
+    assert "house\\nerror: y" in str(serve_err.value) and "\nerror: y" not in str(serve_err.value)
+    assert cli.main(["smoke", "--offline", str(folder), "--work-dir", str(tmp_path / "w")]) == 4
+    said = capsys.readouterr().err
+    assert "\nerror: fake" not in said and "\nerror: all good" not in said, said

@@ -34,6 +34,7 @@ def _go_offline(args: argparse.Namespace) -> None:
 def check_config(args: argparse.Namespace) -> int:
 
     from builder import configs
+    from builder.node import printable
     from builder.smoke import check_configs
 
     if args.timeout <= 0:
@@ -52,10 +53,10 @@ def check_config(args: argparse.Namespace) -> int:
                                    "world_size": o.world_size, "seconds": o.seconds}
                                   for f, o in zip(args.configs, outcomes, strict=True)], indent=2))  # fmt: skip
     else:
-        for f, o in zip(args.configs, outcomes, strict=True):
-            output.result(f"{o.status:14} {f}: {configs.explain(o, accelerator)}")
+        for f, o in zip(args.configs, outcomes, strict=True):  # a newline in a file's name is shown escaped
+            output.result(f"{o.status:14} {printable(str(f))}: {printable(configs.explain(o, accelerator))}")
     code = configs.exit_status(outcomes)
     if code:
-        bad = [str(f) for f, o in zip(args.configs, outcomes, strict=True) if o.status != "passed"]
+        bad = [printable(str(f)) for f, o in zip(args.configs, outcomes, strict=True) if o.status != "passed"]
         output.error(f"{len(bad)} of {len(outcomes)} configs do not run from the wheel: {', '.join(bad)}")
     return code

@@ -150,23 +150,26 @@ def modulefile_lock(path: str) -> "str | None":
 
 
 def check_module_folders(prefix: str, modulefiles: str) -> None:
-    """The prefix and the modulefile folder are safe and writable, or ModuleError says why."""
+    """The prefix and the modulefile folder are safe and writable, or ModuleError says why (each shown
+    escaped: a newline in a --prefix printed a line of its own)."""
     for what, folder in (("--module prefix", prefix), ("modulefile folder", modulefiles)):
+        shown = printable(folder)
         why = unsafe_folder(folder)
         if why:
-            raise ModuleError(f"the {what} {folder} is unsafe: {why}", "install into a folder for site software "
+            raise ModuleError(f"the {what} {shown} is unsafe: {why}", "install into a folder for site software "
                               "that root or you own, e.g. /shared/software, with --modulefiles beside it")  # fmt: skip
         existing = os.path.abspath(folder)
         while not os.path.exists(existing):
             existing = os.path.dirname(existing)
         if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
-            raise ModuleError(f"the {what} {folder} cannot be written by this user ({existing} is not a writable "
-                              "folder)", "run as the user who owns the site's software tree, or name a folder this "
-                              "user may write")  # fmt: skip
+            raise ModuleError(f"the {what} {shown} cannot be written by this user ({printable(existing)} is not a "
+                              "writable folder)", "run as the user who owns the site's software tree, or name a "
+                              "folder this user may write")  # fmt: skip
     for folder in (modulefiles, os.path.join(modulefiles, MODULE)):
         if os.path.isdir(folder) and os.stat(folder).st_mode & 0o022:
-            raise ModuleError(f"the modulefile folder {folder} is writable by other users: any of them could put a "
-                              "module there that every user then loads", f"chmod go-w {folder}")  # fmt: skip
+            raise ModuleError(f"the modulefile folder {printable(folder)} is writable by other users: any of them "
+                              "could put a module there that every user then loads",
+                              f"chmod go-w {printable(folder)}")  # fmt: skip
 
 
 def find_lmod(env: "Mapping[str, str]") -> str:

@@ -28,6 +28,7 @@ from typing import Any
 
 from builder import output
 from builder.errors import BuilderError, ToolError
+from builder.node import printable
 
 
 def resolve_request(root: Path, url_path: str) -> tuple[Path | None, str]:
@@ -167,7 +168,7 @@ def handler_for(wheelhouse: Path) -> type[WheelhouseHandler]:
 
 def serve(wheelhouse: Path, bind: str, port: int) -> None:
     if not (wheelhouse / "simple" / "index.html").is_file():
-        raise BuilderError(f"{wheelhouse} has no simple/index.html", "publish a wheel into it first")
+        raise BuilderError(f"{printable(str(wheelhouse))} has no simple/index.html", "publish a wheel into it first")
     try:
         server = WheelhouseServer((bind, port), handler_for(wheelhouse))
     except (OSError, OverflowError) as exc:
@@ -179,7 +180,8 @@ def serve(wheelhouse: Path, bind: str, port: int) -> None:
         ) from exc
     with server:
         host, real_port = str(server.server_address[0]), int(server.server_address[1])
-        output.step(f"serving {wheelhouse.resolve()} at http://{host}:{real_port}/ (regular files inside it only)")
+        output.step(f"serving {printable(str(wheelhouse.resolve()))} at http://{host}:{real_port}/ (regular files "
+                    "inside it only)")  # fmt: skip
         output.note(f"  pip install --index-url http://{host}:{real_port}/simple/ deepspeed==<version>")
         output.note(
             f"  python -m builder install --wheelhouse http://{host}:{real_port}/ "
