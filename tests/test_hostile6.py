@@ -610,8 +610,7 @@ def test_newlines_in_names_are_printed_escaped(tmp_path: Path, capsys: Any) -> N
 
     from builder import cli, offline
     from builder.errors import SourceError
-    from builder.node.module import ModuleError
-    from builder.node.module import check_module_folders
+    from builder.node.module import ModuleError, check_module_folders
     from builder.wheelhouse.serve import serve
 
     folder = tmp_path / "off\nerror: fake"
