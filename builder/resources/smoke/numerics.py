@@ -220,3 +220,60 @@ def check_utils() -> str:
     if [m.numel() for m in many] != [1025 * 4, 7 * 4]:
         raise AssertionError(f"the list form gave {[m.numel() for m in many]} bytes")
     return "cast_to_byte_tensor equals torch's byte view (one tensor and a list)"
+
+
+def check_quantizer() -> str:
+    """8-bit symmetric quantize and dequantize, called as ZeRO++ calls them (fp16 in, int8 and a scale per
+    group out), against torch's own rounding of each group: the round trip within one step of the group."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise Skip("no GPU visible: the quantizer runs only on CUDA tensors")
+    q = load_op("quantizer")
+    torch.manual_seed(0)
+    groups, size = 16, 1024
+    x = torch.randn(groups * size, device="cuda").half()
+    data, params = q.quantize(x, groups, 8, q.Symmetric)
+    if data.dtype != torch.int8 or data.numel() != x.numel():
+        raise AssertionError(f"quantize gave {data.numel()} values of {data.dtype}, not {x.numel()} int8")
+    back = q.dequantize(data, params, groups, 8, q.Symmetric).float().view(groups, -1)
+    ref = x.float().view(groups, -1)
+    step = ref.abs().amax(dim=1, keepdim=True) / 127  # one int8 level of each group
+    worst = ((back - ref).abs() / step).max().item()
+    if not worst <= 1.0:
+        raise AssertionError(f"dequantize(quantize(x)) is off by {worst:.2f} int8 levels of its group (torch's "
+                             "own rounding: at most 0.5)")  # fmt: skip
+    levels = torch.round(ref / step).clamp(-127, 127)
+    agree = ((data.view(groups, -1).float().abs() - levels.abs()).abs() <= 1).float().mean().item()
+    if agree < 0.99:
+        raise AssertionError(f"only {agree:.1%} of the int8 levels are within one of torch's rounding")
+    where = torch.cuda.get_device_name()
+    return (f"int8 symmetric, {groups} groups of {size} on {where}: round trip within {worst:.2f} levels of each "
+            f"group (torch's rounding: 0.5), {agree:.1%} of levels within one of torch's")  # fmt: skip
+
+
+def check_transformer_inference() -> str:
+    """Two of the inference kernels against torch, in fp16: layer_norm, and bias + GELU (the tanh form
+    DeepSpeed's kernel computes)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise Skip("no GPU visible: the inference kernels run only on CUDA tensors")
+    mod = load_op("transformer_inference")
+    torch.manual_seed(0)
+    width = 1024
+    x = torch.randn(2, 8, width, device="cuda").half()
+    gamma, beta, bias = (torch.randn(width, device="cuda").half() for _ in range(3))
+    ours = mod.layer_norm(x, gamma, beta, 1e-5).float()
+    ref = torch.nn.functional.layer_norm(x.float(), (width,), gamma.float(), beta.float(), 1e-5)
+    norm = (ours - ref).abs().max().item()
+    gelu = mod.bias_gelu_fp16(x.clone(), bias).float()  # it works in place on its input
+    ref_gelu = torch.nn.functional.gelu(x.float() + bias.float(), approximate="tanh")
+    act = (gelu - ref_gelu).abs().max().item()
+    tolerance = 3e-2  # fp16: about 1e-3 of values that reach 5 here
+    if not norm <= tolerance:
+        raise AssertionError(f"layer_norm differs from torch's by {norm:.3g} (tolerance {tolerance})")
+    if not act <= tolerance:
+        raise AssertionError(f"bias_gelu_fp16 differs from torch's tanh GELU by {act:.3g} (tolerance {tolerance})")
+    return (f"fp16 on {torch.cuda.get_device_name()}: layer_norm max |difference| {norm:.2g}, bias + GELU "
+            f"{act:.2g} (tolerance {tolerance})")  # fmt: skip

@@ -32,6 +32,8 @@ from builder.resources.smoke.numerics import (
     check_fused_lamb,
     check_fused_lion,
     check_pin_memory,
+    check_quantizer,
+    check_transformer_inference,
     check_utils,
 )
 from builder.resources.smoke.wheel import (
@@ -92,6 +94,8 @@ NUMERICS = {
     "fused_adam": check_fused_adam,
     "fused_lion": check_fused_lion,
     "fused_lamb": check_fused_lamb,
+    "quantizer": check_quantizer,
+    "transformer_inference": check_transformer_inference,
 }
 
 
