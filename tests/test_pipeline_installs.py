@@ -74,6 +74,17 @@ def test_check_config_says_what_each_config_needs_and_every_bad_one(
     assert got["absent.json"]["detail"] == f"{tmp_path / 'absent.json'} does not exist"
     assert "error: 8 of 9 configs do not run from the wheel" in done.stderr
     assert not list((workspace / "tmp").glob("check-config-*"))  # its venv is gone
+    # Issue 56, item 5: the GPU node's way, on CPU: each config's processes forked from a server that
+    # imported torch and DeepSpeed (a CUDA context cannot be forked from the runner). The same results.
+    served = builder("check-config", "--work-dir", str(workspace), "--wheel", str(house / WHEEL), "--json",
+                     *(str(tmp_path / n) for n in names),
+                     env={**os.environ, "DS_CONFIG_RUNNER_START": "forkserver"})  # fmt: skip
+    assert served.returncode == 14, served.stderr[-3000:]
+    again = {Path(r["config"]).name: r for r in json.loads(served.stdout)}
+    assert {n: r["status"] for n, r in again.items()} == {n: r["status"] for n, r in got.items()}
+    assert again["adamw.json"]["ops"] == got["adamw.json"]["ops"]
+    log = (workspace / "logs" / "check-config.log").read_text()
+    assert "a fork server imported torch and DeepSpeed" in log
     # A time limit per config: one that runs past it is stopped and said to. Muon starts torch.compile
     # (importing inductor alone takes over a second here), so 0.3 s stops it mid-way.
     muon = tmp_path / "muon.json"
