@@ -336,17 +336,6 @@ def test_key_trust_keeps_what_a_line_says_or_refuses_it(tmp_path: Path, monkeypa
     assert signing.trust_key(k, f"someone@host {key}") in k.trust().keys  # a principal and the key: fine
 
 
-def _count(command: str) -> int:
-    """Processes whose command line is exactly `command` (read from /proc)."""
-    found = 0
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            found += cmdline.read_bytes().replace(b"\0", b" ").strip().decode(errors="replace") == command
-        except OSError:
-            continue
-    return found
-
-
 @pytest.mark.spawns
 def test_sigterm_kills_every_threads_commands_at_once_and_starts_none(tmp_path: Path) -> None:
     """Item 4: with units compiling, `kill -TERM <builder>` exited 143 only after 217 s: the compilers ran
@@ -356,6 +345,8 @@ def test_sigterm_kills_every_threads_commands_at_once_and_starts_none(tmp_path: 
     import subprocess
     import sys
     import time
+
+    from test_hostile import _count
 
     root = Path(__file__).resolve().parents[1]
     marker = f"sleep 4{os.getpid() % 1000:03d}"
