@@ -440,7 +440,15 @@ def cached(
         if then is not None:
             then(venv)
         (venv / COMPLETE).write_text("\n".join(requirements) + "\n", encoding="utf-8")
+        for place in _owned_places(venv):  # writable by this user alone, whatever the umask: _check_own
+            if place.exists() and not place.is_symlink():
+                place.chmod(place.stat().st_mode & ~0o022)
     return venv
+
+
+def _owned_places(venv: Path) -> list[Path]:
+    """Where code of a made environment could be put: its folder, completion mark, packages, programs."""
+    return [venv, venv / COMPLETE, *sorted(venv.glob("lib/python3*/site-packages")), venv / "bin"]
 
 
 def _check_own(venv: Path) -> None:
@@ -449,8 +457,7 @@ def _check_own(venv: Path) -> None:
     them (a planted `.pth` runs in every Python process of the build). FolderError (exit 10) otherwise."""
     from builder.errors import FolderError
 
-    places = [venv, venv / COMPLETE, *sorted(venv.glob("lib/python3*/site-packages")), venv / "bin"]
-    for place in places:
+    for place in _owned_places(venv):
         try:
             st = place.lstat()
         except FileNotFoundError:
