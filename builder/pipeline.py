@@ -12,12 +12,11 @@ import os
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from builder import configs, output
+from builder import cmd, configs, output
 from builder.errors import BuilderError, BuildError, PublishError
 from builder.results import StageResult, TargetResult
 from builder.targets import Target
@@ -115,8 +114,8 @@ def run(
     if jobs == 1:
         return [_run_one(t, ws, wheelhouse, stages, keep_going, given) for t in targets]
     output.step(f"{len(targets)} targets, {jobs} at once, {cores} cores each")
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(lambda t: _run_one(t, ws, wheelhouse, stages, keep_going, cores), targets))
+    # A signal stops every target's commands at once, their units' compilers included (cmd.in_threads).
+    return cmd.in_threads(lambda t: _run_one(t, ws, wheelhouse, stages, keep_going, cores), targets, jobs, "target")
 
 
 def _run_one(
