@@ -195,10 +195,10 @@ def gather(recipe: Recipe, folder: Path, python: str, have: Mapping[str, str], l
     return gathered
 
 
-def check_dest(folder: Path) -> set[str]:
+def check_dest(folder: Path) -> dict[str, str]:
     """--dest may be written by gather (FolderError, exit 10, otherwise): not a system folder, no link of
     another user's or a folder others could swap on its way, a folder; its wheels/, sdists/ and root/ no
-    links; wheels/ holding only what an earlier gather listed (those names returned: replaced now)."""
+    links; wheels/ holding only what an earlier gather listed (those returned, name -> sha256: replaced now)."""
     from builder.node import printable, unsafe_folder
 
     why = unsafe_folder(str(folder))
@@ -218,7 +218,7 @@ def check_dest(folder: Path) -> set[str]:
                               "would write where it points",
                               f"remove {_shown(folder / sub)}, or give another --dest")  # fmt: skip
     present = sorted(p.name for p in (folder / "wheels").iterdir()) if (folder / "wheels").is_dir() else []
-    listed = set(_listed_wheels(folder)) if present else set()
+    listed = _listed_wheels(folder) if present else {}
     stray = [n for n in present if n not in listed or (folder / "wheels" / n).is_symlink()]
     if stray:
         raise FolderError(f"{_shown(folder / 'wheels')} holds files gather did not put there: "
@@ -228,16 +228,17 @@ def check_dest(folder: Path) -> set[str]:
     return listed
 
 
-def _listed_wheels(folder: Path) -> list[str]:
-    """The wheels an earlier gather's offline.json lists ([] where there is none or it cannot be read)."""
+def _listed_wheels(folder: Path) -> dict[str, str]:
+    """The wheels an earlier gather's offline.json lists, name -> sha256 ({} where there is none or it
+    cannot be read)."""
     try:
         data = read_record(folder)
-        return [str(w["file"]) for w in data["wheels"]]
+        return {str(w["file"]): str(w["sha256"]) for w in data["wheels"]}
     except (SourceError, KeyError, TypeError):
-        return []
+        return {}
 
 
-def _fetch(folder: Path, wheels: Sequence[str], ours: set[str], python: str, log: Path,
+def _fetch(folder: Path, wheels: Sequence[str], ours: Mapping[str, str], python: str, log: Path,
            verbose: bool) -> list[tuple[str, int]]:  # fmt: skip
     """`wheels` (pinned requirements) downloaded into a new wheels/ (an earlier gather's files linked in
     first, so pip fetches only what changed), which then takes the old one's place; (file, bytes) of
@@ -248,9 +249,10 @@ def _fetch(folder: Path, wheels: Sequence[str], ours: set[str], python: str, log
     shutil.rmtree(tmp, ignore_errors=True)
     make_dirs(tmp)
     try:
-        for name in ours:
+        for name, digest in ours.items():  # pip takes a file already there as downloaded: only intact ones
             try:
-                os.link(folder / "wheels" / name, tmp / name)
+                if sha256_of(folder / "wheels" / name) == digest:
+                    os.link(folder / "wheels" / name, tmp / name)
             except OSError:
                 pass
         platforms = [a for p in PLATFORMS for a in ("--platform", p)]
