@@ -14,6 +14,7 @@ from pathlib import Path
 
 from builder import DEFAULT_RECIPE, __version__, output
 from builder.errors import BuilderError
+from builder.files import path_error
 
 # Only the standard library is imported at the top: `install` runs on nodes that have nothing
 # else, so each command imports what it needs when it runs.
@@ -21,13 +22,8 @@ from builder.errors import BuilderError
 
 def _offline_option(p: argparse.ArgumentParser) -> None:
     """--offline DIR, the same for every command that installs (build-wheel, smoke, check-config)."""
-    p.add_argument(
-        "--offline",
-        type=Path,
-        metavar="DIR",
-        help="an air-gapped host: install only from DIR, a folder `gather` made on a connected machine "
-        "(its sdist and wheels; no index is asked, nothing else is reached)",
-    )
+    help = "an air-gapped host: install only from DIR, a folder `gather` made on a connected machine (its sdist, "
+    p.add_argument("--offline", type=Path, metavar="DIR", help=help + "wheels and build root; nothing else is reached)")
 
 
 def positive_int(text: str) -> int:
@@ -573,14 +569,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:  # a path the system refuses (too long, a file where a folder is): one line
         if args.debug or exc.filename is None:
             raise
-        from builder.errors import FolderError
-        from builder.node import printable
-
-        name = printable(str(exc.filename))
-        shown = name if len(name) <= 200 else f"{name[:120]}...{name[-60:]} ({len(name)} characters)"
-        error = FolderError(f"cannot use {shown}: {exc.strerror or exc}",
-                            "check the path given (its length, that its folders are folders) and the "
-                            "permissions")  # fmt: skip
+        error = path_error(exc)
         output.error(str(error))
         return error.exit_code
     except KeyboardInterrupt:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from builder import node
+from builder.errors import FolderError
 
 FILE_MODE = 0o644
 DIR_MODE = 0o755
@@ -111,6 +112,16 @@ def trusted_folder(env: Mapping[str, str], name: str, what: str) -> Path | None:
                               f"who could change the {what} this build uses",
                               f"chmod go-w {folder}, or {fix}")  # fmt: skip
     return named
+
+
+def path_error(exc: OSError) -> FolderError:
+    """A path the system refused (too long, a file where a folder is, no permission) as one FolderError
+    line (exit 10), the path shown escaped and, where it is long, shortened."""
+    name = node.printable(str(exc.filename))
+    shown = name if len(name) <= 200 else f"{name[:120]}...{name[-60:]} ({len(name)} characters)"
+    return FolderError(f"cannot use {shown}: {exc.strerror or exc}",
+                       "check the path given (its length, that its folders are folders) and the "
+                       "permissions")  # fmt: skip
 
 
 def scratch_folder(parent: Path, prefix: str) -> Path:

@@ -106,6 +106,7 @@ STARTS = ("fork", "forkserver", "spawn")
 # multiprocessing does): every later child starts with them loaded. On an H200 node a spawned config
 # spent most of its 9 s median importing these again; the GPU was 0-16% busy.
 SERVER_PRELOAD = ("torch", "deepspeed", *WARM, "deepspeed.ops.op_builder.all_ops")
+SHORT_PATH = 40  # characters of a temporary folder under which the server's socket path still fits
 PROBE_SECONDS = 600.0  # the server's first start imports torch and DeepSpeed (tens of seconds on a cold node)
 
 
@@ -152,9 +153,17 @@ def server_context(accelerator: str) -> Any:
     """The fork server's context, proven before any config uses it: a first child forked from it must see
     a GPU it can compute on (where CUDA was set up in the server by an import, torch refuses CUDA in every
     forked child). Where it cannot be proven, configs are spawned, each in a new Python, and this says why."""
+    import tempfile
+
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["__main__", *SERVER_PRELOAD])
     began = time.monotonic()
+    # The server listens on a Unix socket in multiprocessing's temporary folder, made in TMPDIR at its
+    # start: a run's TMPDIR deep in a work folder gave "AF_UNIX path too long" (108 bytes). That one
+    # folder (removed at exit) goes to the system's short one; the configs' TMPDIR stays the run's.
+    saved = tempfile.tempdir
+    if len(tempfile.gettempdir()) > SHORT_PATH:
+        tempfile.tempdir = next((d for d in ("/tmp", "/dev/shm") if os.access(d, os.W_OK | os.X_OK)), saved)
     try:
         probe = context.Process(target=probe_fork, args=(accelerator,), daemon=True)
         probe.start()
@@ -167,6 +176,8 @@ def server_context(accelerator: str) -> Any:
         code, why = -1, f"{type(exc).__name__}: {exc}"
     else:
         why = f"exit code {code}" if code is not None else f"no answer in {PROBE_SECONDS:g} s"
+    finally:
+        tempfile.tempdir = saved
     if code == 0:
         print(f"config runner: a fork server imported torch and DeepSpeed in {time.monotonic() - began:.1f} s; "
               "each config's processes are forked from it", file=sys.stderr, flush=True)  # fmt: skip
