@@ -14,7 +14,6 @@ from pathlib import Path
 
 from builder import DEFAULT_RECIPE, __version__, output
 from builder.errors import BuilderError
-from builder.files import path_error
 
 # Only the standard library is imported at the top: `install` runs on nodes that have nothing
 # else, so each command imports what it needs when it runs.
@@ -569,6 +568,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:  # a path the system refuses (too long, a file where a folder is): one line
         if args.debug or exc.filename is None:
             raise
+        from builder.files import path_error  # the install path imports only the standard library
+
         error = path_error(exc)
         output.error(str(error))
         return error.exit_code
