@@ -162,8 +162,9 @@ def tests(session: nox.Session) -> None:
 def gpu(session: nox.Session) -> None:
     """The GPU tier on a GPU node, in the node's own Python and torch (no venv is made; with --offline the
     toolkit and its dependencies are installed there from the folder first, as docs/pipeline.md tells a
-    node: `pip install --no-index --find-links DIR/wheels .`): detect, the system recipe built and smoked with every op checked on the GPU, a
-    manylinux_2_28 CUDA wheel built with no GPU visible run on it; one table at the end.
+    node: `pip install --no-index --find-links DIR/wheels .`): detect, the system recipe built and
+    smoked with every op checked on the GPU, a manylinux_2_28 CUDA wheel built with no GPU visible run
+    on it; one table at the end.
     -- [--offline DIR] (build from a `gather` folder: the node reaches nothing)."""
     args = list(session.posargs)
     env = {}
