@@ -60,8 +60,6 @@ def env_folder(env: Mapping[str, str], name: str, what: str) -> Path | None:
     """The folder an environment variable names (None where unset), refused (FolderError, exit 10)
     where it is a system folder or inside one: the toolkit would write `what` there, as root into the
     system (DS_BUILDER_ROOTS=/opt once made roots, their lock and a temporary tree in /opt)."""
-    from builder.errors import FolderError
-
     value = env.get(name)
     if not value:
         return None
@@ -83,22 +81,16 @@ def trusted_folder(env: Mapping[str, str], name: str, what: str) -> Path | None:
     a user other than this one or root, or where it or a folder above it belongs to another user or
     can be written by others (a sticky folder above, such as /tmp, is fine), as OpenSSH refuses a key
     file others can write. A folder not made yet is checked by its parents."""
-    from builder.errors import FolderError
-
-    named = env_folder(env, name, what)
+    named = env_folder(env, name, what)  # a system folder, or a file in its place: refused there
     if named is None:
         return None
     absolute = Path(os.path.abspath(named))
     fix = f"point {name} at a folder of your own that only you (or root) can write, or unset it"
-    probe = Path(absolute.anchor)
-    for part in absolute.parts[1:]:
-        probe = probe / part
-        if probe.is_symlink() and probe.lstat().st_uid not in (os.getuid(), 0):
-            raise FolderError(f"{name}={named} passes through {probe}, a link made by another user "
-                              f"(uid {probe.lstat().st_uid}): it decides where {what} are read from", fix)  # fmt: skip
+    link = foreign_link(absolute)
+    if link is not None:
+        raise FolderError(f"{name}={named} passes through {link}, a link made by another user "
+                          f"(uid {link.lstat().st_uid}): it decides where {what} are read from", fix)  # fmt: skip
     resolved = absolute.resolve()
-    if resolved.exists() and not resolved.is_dir():
-        raise FolderError(f"{name}={str(named)[:200]} is not a folder ({resolved} is a file)", fix)
     for folder in (resolved, *resolved.parents):
         try:
             st = folder.stat()
@@ -112,6 +104,17 @@ def trusted_folder(env: Mapping[str, str], name: str, what: str) -> Path | None:
                               f"who could change the {what} this build uses",
                               f"chmod go-w {folder}, or {fix}")  # fmt: skip
     return named
+
+
+def foreign_link(absolute: Path) -> Path | None:
+    """The first link on `absolute`'s path made by a user other than this one or root (None: none):
+    whoever made it decides where the path leads."""
+    probe = Path(absolute.anchor)
+    for part in absolute.parts[1:]:
+        probe = probe / part
+        if probe.is_symlink() and probe.lstat().st_uid not in (os.getuid(), 0):
+            return probe
+    return None
 
 
 def path_error(exc: OSError) -> FolderError:

@@ -329,8 +329,7 @@ def environ(folder: Path, recipe: Recipe | None = None) -> dict[str, str]:
         raise SourceError(f"{_shown(folder)} is not a folder `gather` made (no {RECORD} and wheels/)",
                           "run `python -m builder gather --recipe RECIPE --dest DIR` on a connected machine and "
                           "copy DIR here")  # fmt: skip
-    read_record(folder, recipe, f"{sys.version_info.major}.{sys.version_info.minor}")
-    check_record(folder)
+    check_record(folder, read_record(folder, recipe, f"{sys.version_info.major}.{sys.version_info.minor}"))
     if recipe is not None:
         sdist = folder / "sdists" / recipe.deepspeed.sha256 / f"deepspeed-{recipe.deepspeed.version}.tar.gz"
         if not sdist.is_file():
@@ -384,11 +383,11 @@ def read_record(folder: Path, recipe: Recipe | None = None, python: str | None =
     return data
 
 
-def check_record(folder: Path) -> None:
+def check_record(folder: Path, data: Mapping[str, Any] | None = None) -> None:
     """Every wheel in the folder is one offline.json lists, with its size and sha256: a file damaged on
     its way to the node, or one put there after gather, is refused by name (exit 4). (The record sits
     in the same folder: it proves nothing against whoever can write it; the node's own copy does.)"""
-    data = read_record(folder)
+    data = read_record(folder) if data is None else data
     try:
         listed = {w["file"]: (int(w["size"]), str(w["sha256"])) for w in data["wheels"]}
     except (ValueError, KeyError, TypeError) as exc:

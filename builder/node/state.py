@@ -45,9 +45,7 @@ def state_dir(env: "Mapping[str, str]") -> "Path":
 def _unsafe_state(folder: "Path") -> "str | None":
     """unsafe_folder's checks of the path, then the folder and its records: this user's or root's,
     written by no one else."""
-    if any(c in str(folder) for c in "\n\r\t\x00"):
-        return "the path holds a control character"
-    why = unsafe_folder(str(folder))
+    why = unsafe_folder(str(folder))  # a control character in the path included
     if why:
         return why
     for path in (folder, folder / SERIALS_FILE, folder / SOURCES_FILE):

@@ -22,7 +22,7 @@ from typing import Any
 
 from builder import output, signing
 from builder.errors import BuilderError, FolderError
-from builder.files import is_system_folder, make_dirs, sha256_of, write_atomic
+from builder.files import foreign_link, is_system_folder, make_dirs, sha256_of, write_atomic
 from builder.node import SHA256_RE, Fields, ManifestError, check_wheel_name, read_bounded
 from builder.units.plan import UNIT_SCHEMA, Unit
 
@@ -53,13 +53,11 @@ def check_cache_path(path: Path) -> Path:
         raise FolderError(f"{UNIT_CACHE_ENV}={path} is the system folder {resolved}: the unit cache writes lock "
                           "files and unit folders there", f"point {UNIT_CACHE_ENV} at a folder of its own, e.g. "
                           "/shared/ds-unit-cache")  # fmt: skip
-    probe = Path(absolute.anchor)
-    for part in absolute.parts[1:]:
-        probe = probe / part
-        if probe.is_symlink() and probe.lstat().st_uid not in (os.getuid(), 0):
-            raise FolderError(f"{UNIT_CACHE_ENV}={path} passes through {probe}, a link made by another user "
-                              f"(uid {probe.lstat().st_uid}): it decides where the cache writes",
-                              f"point {UNIT_CACHE_ENV} at the real folder ({resolved}) if you trust it")  # fmt: skip
+    link = foreign_link(absolute)
+    if link is not None:
+        raise FolderError(f"{UNIT_CACHE_ENV}={path} passes through {link}, a link made by another user "
+                          f"(uid {link.lstat().st_uid}): it decides where the cache writes",
+                          f"point {UNIT_CACHE_ENV} at the real folder ({resolved}) if you trust it")  # fmt: skip
     return resolved
 
 
