@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from builder import DEFAULT_RECIPE, __version__, output
+from builder.arguments import VARIANTS_HELP, folder_arg, port_number, positive_int, seconds
 from builder.errors import BuilderError
 
 # Only the standard library is imported at the top: `install` runs on nodes that have nothing
@@ -25,67 +26,24 @@ def _offline_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--offline", type=Path, metavar="DIR", help=help + "wheels and build root; nothing else is reached)")
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: a whole number of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
-    return value
-
-
-def port_number(text: str) -> int:
-    """An argparse type: a TCP port, 0 (any free one) to 65535."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0 to 65535; 0 picks a free one)")
-    return value
-
-
-VARIANTS_HELP = (
-    "also publish each CUDA wheel as a wheel variant labelled by its GPU archs, with a null fallback and "
-    "<name>-<version>-variants.json, so `uv pip install --preview-features wheel-variants` picks the build for the "
-    "node's GPU (experimental: the draft PEPs 817/825; pip ignores them). A wheelhouse that has variants keeps them "
-    "up to date on every publish"
-)
-
-
-def folder_arg(text: str) -> Path:
-    """A folder given as a path or as a file:// URL (publish prints file:// URLs)."""
-    if text.startswith("file:"):
-        from builder.node import InstallError, wheelhouse_base
-
-        try:
-            return Path(wheelhouse_base(text))
-        except InstallError as exc:
-            raise argparse.ArgumentTypeError(exc.message) from exc
-    if "://" in text:
-        raise argparse.ArgumentTypeError(f"{text}: give a folder or a file:// URL (http is for `install` only)")
-    return Path(text)
-
-
 def parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
+    core = argparse.ArgumentParser(add_help=False)  # every command's; prove takes the installer's --wheelhouse
+    core.add_argument(
         "--work-dir",
         type=Path,
         default=Path("build"),
         help="caches, sources, logs and built wheels (default: %(default)s)",
     )
+    core.add_argument("-v", "--verbose", action="store_true", help="stream every command's output")
+    core.add_argument("-q", "--quiet", action="store_true", help="print only warnings, errors and results")
+    core.add_argument("--debug", action="store_true", help="show a traceback on errors")
+    common = argparse.ArgumentParser(add_help=False, parents=[core])
     common.add_argument(
         "--wheelhouse",
         type=folder_arg,
         default=Path("wheelhouse"),
         help="where published wheels and the index go (default: %(default)s)",
     )
-    common.add_argument("-v", "--verbose", action="store_true", help="stream every command's output")
-    common.add_argument("-q", "--quiet", action="store_true", help="print only warnings, errors and results")
-    common.add_argument("--debug", action="store_true", help="show a traceback on errors")
 
     p = argparse.ArgumentParser(
         prog="python -m builder",
@@ -241,6 +199,28 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--keep-env", action="store_true", help="keep the smoke venv for inspection")
     _offline_option(s)
 
+    pf = sub.add_parser(
+        "prove",
+        parents=[core],  # its --wheelhouse is the node installer's: a folder or a URL
+        help="on a GPU node: run a CUDA wheel's GPU checks and write its proof",
+        description="On a GPU node: pick the wheel built for this node from a wheelhouse as the node installer "
+        "does, install it beside the node's torch from the wheelhouse alone (what the checks import beyond it, "
+        "transformers, accelerate, bitsandbytes, from the node or --offline DIR), and run the GPU checks: every "
+        "op loads with no JIT, what each CUDA op computes against torch, the quantized loads, NCCL across the "
+        "node's GPUs, the CUDA config matrix, with the smoke's blame rules. Writes DEST/<wheel>.proof.json, an "
+        "in-toto v1 Statement of the GPUs, driver, CUDA, torch, NCCL and every check, for the build host to take "
+        "in with `publish --proof`. Needs no key and no ssh-keygen. Exit 6 when a check of the wheel's failed "
+        "(the proof is written and says which), 3 when torch sees no GPU here.",
+    )
+    pf.add_argument("--wheelhouse", required=True, metavar="PATH_OR_URL", help="folder, file:// or http(s):// URL")
+    pf.add_argument("--trust", action="append", default=[], metavar="KEY_OR_FILE",
+                    help="check the manifest's signature with this key or allowed-signers file, as the node installer "
+                    "does (default: /etc/ds-node-install/allowed_signers where it exists; else unchecked: the proof "
+                    "is bound to the wheel's sha256 all the same)")  # fmt: skip
+    pf.add_argument("--dest", type=Path, default=Path("."), help="where the proof goes (default: this folder)")
+    pf.add_argument("--keep-env", action="store_true", help="keep the proof's venv for inspection")
+    _offline_option(pf)
+
     cc = sub.add_parser(
         "check-config",
         parents=[common],
@@ -258,7 +238,7 @@ def parser() -> argparse.ArgumentParser:
     where.add_argument("--wheel", type=Path, help="a built wheel: run the configs in a fresh venv of it")
     where.add_argument("--python", type=Path, help="the interpreter of an environment where DeepSpeed is installed "
                        "(default: this one)")  # fmt: skip
-    cc.add_argument("--timeout", type=_seconds, default=180.0, metavar="SECONDS",
+    cc.add_argument("--timeout", type=seconds, default=180.0, metavar="SECONDS",
                     help="time limit per config (default 180)")  # fmt: skip
     cc.add_argument("--json", action="store_true", help="print the results as JSON")
     _offline_option(cc)
@@ -278,6 +258,11 @@ def parser() -> argparse.ArgumentParser:
         help="wheels to publish (default: every smoke-passed wheel in WORK_DIR/dist)",
     )
     u.add_argument("--variants", action="store_true", help=VARIANTS_HELP)
+    u.add_argument("--proof", dest="proofs", nargs="+", type=Path, default=[], metavar="FILE",
+                   help="take in GPU proofs (`prove` wrote them on GPU nodes): each must name the sha256 of a wheel "
+                   "the wheelhouse holds, have checked every CUDA op of it on GPUs it has code for, and hold no "
+                   "failure of the wheel's; it is kept beside the wheel and signed into the manifest (exit 7 "
+                   "otherwise, nothing written)")  # fmt: skip
     d = sub.add_parser(
         "detect",
         parents=[common],
@@ -437,6 +422,9 @@ def parser() -> argparse.ArgumentParser:
     pv.add_argument("--module", metavar="PREFIX",
                     help="install the wheel and its lock as an Lmod module under PREFIX, a software tree every node "
                     "mounts: once, from the first host (or node) alone, with its Python (`module --help`)")  # fmt: skip
+    pv.add_argument("--require-gpu-proof", action="store_true",
+                    help="the nodes refuse a CUDA wheel with no GPU proof for their compute capability (the node "
+                    "installer's --require-gpu-proof)")  # fmt: skip
     pv.add_argument(
         "--launcher",
         choices=("ssh", "local", "slurm"),
@@ -529,14 +517,6 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--port", type=port_number, default=8765, help="port, 0 to 65535 (default: %(default)s)")
     w.add_argument("--debug", action="store_true", help="show a traceback on errors")
     return p
-
-
-def _seconds(text: str) -> float:
-    """The config checker's own time-limit type, imported when used (`install` imports nothing but
-    the standard library)."""
-    from builder.resources.config_check.cli import seconds_arg
-
-    return seconds_arg(text)
 
 
 def _torch_source(p: argparse.ArgumentParser) -> None:

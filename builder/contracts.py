@@ -8,10 +8,11 @@ node installer must read them with the standard library alone; the field checks 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,12 +35,15 @@ from builder.node import (
     VERSION_RE,
     Fields,
     ManifestError,
+    ProofEntry,
     arch_table,
     check_wheel_name,
     embedded_build_manifest,
     link_secret,
+    proof_name,
     reason_table,
 )
+from builder.node.manifest import DRIVER_RE, GPU_NAME_RE, HOST_RE
 
 BUILD_SCHEMA = 1
 SMOKE_SCHEMA = 1
@@ -200,3 +204,157 @@ class SmokeReport:
 def verdict(checks: tuple[Check, ...] | list[Check]) -> bool:
     """Passed only if something ran and nothing failed; a skip is reported, never a pass on its own."""
     return any(c.status == "passed" for c in checks) and not any(c.status == "failed" for c in checks)
+
+
+# A failed check whose detail starts so was judged DeepSpeed's own by the reference run (builder.reference):
+# not the wheel's failure.
+OWN_FAILURE = "DeepSpeed's own failure"
+
+
+def wheel_failures(checks: Sequence[Check]) -> list[Check]:
+    """The failed checks that are the wheel's (or the toolkit's): all but DeepSpeed's own (pure)."""
+    return [c for c in checks if c.status == "failed" and not c.detail.startswith(OWN_FAILURE)]
+
+
+# The GPU proof: an in-toto v1 Statement (the format PEP 740's attestations and SLSA provenance carry),
+# its subject the wheel, its predicate what `prove` ran on a GPU node. The predicate type is the
+# toolkit's own, versioned: a new version is a new type, refused by this loader by name.
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+PROOF_TYPE_PREFIX = "urn:ds-wheel-builder:gpu-proof:"
+PROOF_TYPE = PROOF_TYPE_PREFIX + "v1"
+_SHORT = re.compile(r"^[^\x00-\x1f\x7f]{0,300}$")
+_PY = re.compile(r"^\d\.\d{1,2}\.\d{1,3}[a-z0-9]{0,8}$")
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    capability: str  # "9.0"
+    memory_mib: int
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    """The node a proof ran on: what torch saw of its GPUs, the driver NVML or nvidia-smi gave, the
+    CUDA runtime and NCCL torch was built with."""
+
+    gpus: tuple[Gpu, ...]
+    driver: str
+    cuda: str
+    torch: str
+    nccl: str  # "" where torch has none
+    python: str
+    host: str
+
+    def describe(self) -> str:
+        return ProofEntry("", "", tuple(g.name for g in self.gpus), tuple(g.capability for g in self.gpus),
+                          self.driver, self.cuda, self.torch, self.nccl, "", self.host).describe()  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Proof:
+    """`<wheel>.proof.json`: the GPU checks a wheel passed on one node, bound to its bytes by sha256.
+
+    Written on a GPU node with no key (there is none there): the build host's signature covers it
+    once `publish --proof` takes it in. Its `content_sha256` (over the rest, canonical JSON) tells a
+    proof changed after it was written, by hand or in a damaged copy."""
+
+    wheel: str
+    sha256: str
+    facts: GpuFacts
+    checks: tuple[Check, ...]
+    started_at: str
+    finished_at: str
+    seconds: float
+    toolkit: str
+    source: str  # the wheelhouse the wheel was fetched from, as given
+
+    @property
+    def passed(self) -> bool:
+        return any(c.status == "passed" for c in self.checks) and not wheel_failures(self.checks)
+
+    def statement(self) -> dict[str, Any]:
+        f = self.facts
+        predicate = {
+            "gpus": [asdict(g) for g in f.gpus], "driver": f.driver, "cuda": f.cuda, "torch": f.torch,
+            "nccl": f.nccl or None, "python": f.python, "host": f.host, "toolkit": self.toolkit,
+            "wheelhouse": self.source, "started_at": self.started_at, "finished_at": self.finished_at,
+            "seconds": self.seconds, "passed": self.passed, "checks": [asdict(c) for c in self.checks],
+        }  # fmt: skip
+        return {"_type": STATEMENT_TYPE, "subject": [{"name": self.wheel, "digest": {"sha256": self.sha256}}],
+                "predicateType": PROOF_TYPE, "predicate": predicate}  # fmt: skip
+
+    def to_json(self) -> str:
+        data = self.statement()
+        data["predicate"]["content_sha256"] = content_digest(data)
+        return json.dumps(data, indent=2) + "\n"
+
+    def entry(self, sha256: str) -> ProofEntry:
+        """What the wheelhouse manifest says of this proof, kept in a file of sha256 `sha256`."""
+        f = self.facts
+        return ProofEntry(proof_name(self.wheel, sha256), sha256, tuple(g.name for g in f.gpus),
+                          tuple(g.capability for g in f.gpus), f.driver, f.cuda, f.torch, f.nccl, self.finished_at,
+                          f.host)  # fmt: skip
+
+    @classmethod
+    def from_json(cls, text: str | bytes, where: str) -> Proof:
+        fix = "run `python -m builder prove` on the GPU node again and take in the file it writes"
+        try:
+            data = json.loads(text)
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            raise ManifestError(f"{where} is not valid JSON ({str(exc)[:200]})", fix) from exc
+        top = Fields(data, where)
+        if top.get("_type", str) != STATEMENT_TYPE:
+            raise top.fail("_type", f"is not {STATEMENT_TYPE} (an in-toto v1 Statement)")
+        kind: str = top.get("predicateType", str)
+        if kind != PROOF_TYPE:
+            said = (
+                f"is {kind[:80]!r}, a version this toolkit does not read (it reads {PROOF_TYPE})"
+                if kind.startswith(PROOF_TYPE_PREFIX)
+                else f"is {kind[:80]!r}, not a GPU proof ({PROOF_TYPE})"
+            )
+            raise top.fail("predicateType", said)  # fmt: skip
+        subjects = top.get("subject", list)
+        if len(subjects) != 1:
+            raise top.fail("subject", f"names {len(subjects)} files, not the one wheel")
+        subject = Fields(subjects[0], f"{where}: subject[0]")
+        wheel: str = subject.get("name", str)
+        check_wheel_name(wheel, f"{where}: subject[0].name")
+        sha256 = Fields(subject.get("digest", dict), f"{where}: subject[0].digest").text("sha256", SHA256_RE)
+        p = Fields(top.get("predicate", dict), f"{where}: predicate")
+        gpus = []
+        for i, item in enumerate(p.get("gpus", list)):
+            g = Fields(item, f"{where}: predicate.gpus[{i}]")
+            memory = g.get("memory_mib", int)
+            if not 0 <= memory < 1 << 32:
+                raise g.fail("memory_mib", "is out of range")
+            gpus.append(Gpu(g.text("name", GPU_NAME_RE), g.text("capability", ARCH_RE), memory))
+        if not gpus:
+            raise p.fail("gpus", "is empty: the proof ran on no GPU")
+        checks = []
+        for i, item in enumerate(p.get("checks", list)):
+            c = Fields(item, f"{where}: predicate.checks[{i}]")
+            checks.append(Check(c.text("name", _ANY), c.choice("status", CHECK_STATUSES), c.get("detail", str)))
+        seconds = p.get("seconds", (int, float))
+        facts = GpuFacts(tuple(gpus), p.text("driver", DRIVER_RE), p.text("cuda", CUDA_RE), p.text("torch", VERSION_RE),
+                         p.text("nccl", DRIVER_RE, optional=True) or "", p.text("python", _PY),
+                         p.text("host", HOST_RE))  # fmt: skip
+        proof = cls(wheel, sha256, facts, tuple(checks), p.text("started_at", STAMP_RE),
+                    p.text("finished_at", STAMP_RE), float(seconds), p.text("toolkit", _SHORT),
+                    p.text("wheelhouse", _SHORT))  # fmt: skip
+        if p.get("passed", bool) != proof.passed:
+            raise p.fail("passed", f"is {p.data['passed']}, but its checks say {proof.passed}: the proof was changed "
+                                   "after it was written")  # fmt: skip
+        sealed = p.text("content_sha256", SHA256_RE)
+        if sealed != content_digest(data):
+            raise ManifestError(f"{where} was changed after `prove` wrote it: its content_sha256 does not match what "
+                                "it holds", fix)  # fmt: skip
+        return proof
+
+
+def content_digest(statement: Mapping[str, Any]) -> str:
+    """sha256 of a statement as canonical JSON (sorted keys, no spaces, ASCII), its predicate's
+    content_sha256 left out."""
+    predicate = {k: v for k, v in statement.get("predicate", {}).items() if k != "content_sha256"}
+    text = json.dumps({**statement, "predicate": predicate}, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()

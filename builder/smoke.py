@@ -15,14 +15,14 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
 from builder import bundle, cmd, configs, envs, output, reference
-from builder.contracts import BuildManifest, Check, SmokeReport, verdict
+from builder.contracts import BuildManifest, Check, SmokeReport, verdict, wheel_failures
 from builder.errors import SmokeError, UsageError
 from builder.files import is_file_here, sha256_of, write_atomic
 from builder.node import CHECK_STATUSES, Fields, ManifestError, TooLarge, format_configs, read_bounded
@@ -132,11 +132,15 @@ def wheel_env(wheel: Path, manifest: BuildManifest, tmp: Path, log: Path, verbos
         tmp / "venv", [torch.requirement, str(wheel), *extras], log, verbose, system_site_packages=system,
         base=interpreter_for(manifest.python_tag), index=envs.torch_index(torch),
     )  # fmt: skip
-    holds_the_wheel(venv, manifest.version, wheel.name)
+    return venv, check_env(venv, manifest, wheel.name, tmp)
+
+
+def check_env(venv: Path, manifest: BuildManifest, wheel: str, tmp: Path) -> dict[str, str]:
+    """The environment the checks run in, once the venv is shown to hold the wheel: its own folders
+    in `tmp`, the wheel's accelerator, and on CUDA no toolkit (as on a GPU node)."""
+    holds_the_wheel(venv, manifest.version, wheel)
     env = {**envs.venv_environ(venv), **run_folders(tmp), "DS_ACCELERATOR": manifest.accelerator}
-    if manifest.accelerator == "cuda":
-        env = without_toolkit(env)
-    return venv, env
+    return without_toolkit(env) if manifest.accelerator == "cuda" else env
 
 
 def holds_the_wheel(venv: Path, version: str, wheel: str) -> None:
@@ -251,8 +255,19 @@ def run_cases(cases: Sequence[configs.ConfigCase], ws: Workspace, wheel: Path | 
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def smoke(wheel: Path, ws: Workspace, verbose: bool = False, keep_env: bool = False) -> SmokeReport:
-    """Install `wheel` in a fresh venv, run the checks, write and return the report."""
+def run_checks(manifest: BuildManifest, python: Path, env: dict[str, str], tmp: Path, log: Path, verbose: bool,
+               ws: Workspace) -> tuple[Check, ...]:  # fmt: skip
+    """Every check of a wheel in its venv: the smoke checks (one file, run by the venv's `python`),
+    then the config matrix with its blame rules (config_checks)."""
+    said = cmd.run([python, write_checks(tmp), json.dumps(smoke_spec(manifest))], env=env, cwd=tmp, log=log,
+                   verbose=verbose)  # fmt: skip
+    return parse_checks(said) + config_checks(manifest, python, env, tmp, log, verbose, ws)
+
+
+def smoke(wheel: Path, ws: Workspace, verbose: bool = False, keep_env: bool = False,
+          on_venv: Callable[[Path, dict[str, str]], None] | None = None) -> SmokeReport:  # fmt: skip
+    """Install `wheel` in a fresh venv, run the checks, write and return the report. `on_venv` is
+    handed the venv's python and environment after the checks (a GPU proof reads the node's GPUs)."""
     start = time.monotonic()
     wheel, manifest = built_wheel(wheel)
     log = ws.logs / f"{wheel.name}.smoke.log"
@@ -263,14 +278,9 @@ def smoke(wheel: Path, ws: Workspace, verbose: bool = False, keep_env: bool = Fa
     tmp = Path(tempfile.mkdtemp(prefix="smoke-", dir=ws.scratch))
     try:
         venv, env = wheel_env(wheel, manifest, tmp, log, verbose, SMOKE_EXTRAS)
-        said = cmd.run(
-            [envs.python_in(venv), write_checks(tmp), json.dumps(smoke_spec(manifest))],
-            env=env,
-            cwd=tmp,
-            log=log,
-            verbose=verbose,
-        )
-        checks = parse_checks(said) + config_checks(manifest, envs.python_in(venv), env, tmp, log, verbose, ws)
+        checks = run_checks(manifest, envs.python_in(venv), env, tmp, log, verbose, ws)
+        if on_venv is not None:
+            on_venv(envs.python_in(venv), env)
     finally:
         if keep_env:
             output.note(f"kept the smoke environment at {tmp}")
@@ -295,8 +305,8 @@ def failure(wheel: str, checks: Sequence[Check], report: Path, log: Path) -> Smo
     """The smoke's one error (pure): what failed, and the fix in order: the wheel's own failures first,
     then DeepSpeed's own failures of the recipe's configs, which the recipe may list as known."""
     failed = [c.name for c in checks if c.status == "failed"]
-    upstream = [c.name for c in checks if c.status == "failed" and c.detail.startswith("DeepSpeed's own failure")]
-    own = [n for n in failed if n not in upstream]  # the wheel's (or the toolkit's): these come first
+    own = [c.name for c in wheel_failures(checks)]  # the wheel's (or the toolkit's): these come first
+    upstream = [n for n in failed if n not in own]
     return SmokeError(
         f"{wheel} failed smoke checks: {', '.join(failed) or 'nothing passed'}"
         + (f" ({', '.join(upstream)}: DeepSpeed's own failure, shown without the wheel)" if upstream else ""),

@@ -17,7 +17,7 @@ from builder.commands.building import (
     slurm_units,
     toolchain,
 )
-from builder.commands.proving import check_config, smoke
+from builder.commands.proving import check_config, prove, smoke
 from builder.commands.provisioning import provision
 from builder.commands.publishing import image, key, lock, prune, publish, repair, serve, sign, verify
 
@@ -30,6 +30,7 @@ HANDLERS = {
     "slurm-smoke": slurm_smoke,
     "slurm-status": slurm_status,
     "smoke": smoke,
+    "prove": prove,
     "check-config": check_config,
     "publish": publish,
     "detect": detect,

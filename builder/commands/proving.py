@@ -23,6 +23,15 @@ def smoke(args: argparse.Namespace) -> int:
     return 0
 
 
+def prove(args: argparse.Namespace) -> int:
+    from builder.proof import prove as prove_wheel
+
+    ws = _workspace(args)
+    _go_offline(args)
+    prove_wheel(args.wheelhouse, ws, args.dest, args.trust, args.offline, args.verbose, args.keep_env)
+    return 0
+
+
 def _go_offline(args: argparse.Namespace) -> None:
     """With --offline DIR: before the first install, every later pip and uv reads only the folder."""
     if getattr(args, "offline", None) is not None:

@@ -37,7 +37,8 @@ def provision(args: argparse.Namespace) -> int:
     if args.module:
         hosts = _once(hosts, [h.name for h in hosts])
     prov.installer_sha256(args.wheelhouse)  # the wheelhouse verifies here before any node is asked to trust it
-    scripts = prov.write(hosts, url, args.out, _provision_trust(), _wheelhouse_id(args.wheelhouse), args.module or "")
+    scripts = prov.write(hosts, url, args.out, _provision_trust(), _wheelhouse_id(args.wheelhouse), args.module or "",
+                         args.require_gpu_proof)  # fmt: skip
     output.step(f"wrote {len(scripts)} host scripts in {args.out}/ for wheelhouse {url}")
     if args.run:
         outcomes = prov.run(hosts, args.out, args.launcher, ws.logs / "provision.log", args.ssh_config)
@@ -90,7 +91,9 @@ def _provision_slurm(args: argparse.Namespace, ws: Workspace, url: str) -> int:
     host = prov.Host("every node", python=args.python or "python3")
     script = write_atomic(args.out / "node.sh", prov.host_script(host, url, _provision_trust(), json_result=True,
                                                                  wheelhouse_id=_wheelhouse_id(args.wheelhouse),
-                                                                 module=args.module or ""), mode=0o755)  # fmt: skip
+                                                                 module=args.module or "",
+                                                                 require_gpu_proof=args.require_gpu_proof),
+                         mode=0o755)  # fmt: skip
     output.step(f"wrote {script} for wheelhouse {url}")
     if not args.run:
         return 0

@@ -18,7 +18,13 @@ def publish(args: argparse.Namespace) -> int:
     from builder import pipeline
 
     ws = _workspace(args)
-    pipeline.publish(args.wheels or _passed_wheels(ws.dist), args.wheelhouse, ws, variants=args.variants)
+    if args.wheels or not args.proofs:
+        pipeline.publish(args.wheels or _passed_wheels(ws.dist), args.wheelhouse, ws, variants=args.variants)
+    if args.proofs:
+        from builder.wheelhouse.publish import take_in_proofs
+
+        names = take_in_proofs(args.wheelhouse, args.proofs)
+        output.step(f"{args.wheelhouse}: took in {len(names)} GPU proof(s), signed into its manifest")
     return 0
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from builder.node.contract import TARGET_FLAGS, InstallError
-from builder.node.entries import WheelEntry, WheelhouseManifest
+from builder.node.entries import ProofEntry, WheelEntry, WheelhouseManifest
 from builder.node.fields import torch_variant
 from builder.node.files import printable
 from builder.node.names import check_wheel_name, public_version
@@ -172,6 +172,20 @@ def narrowed_for(entry: "WheelEntry", node: "Node") -> "list[str]":
         if missing:
             out.append(f"op {op} has code only for {', '.join(archs)}, not for this node's GPU {', '.join(missing)}")
     return out
+
+
+def proofs_for(entry: "WheelEntry", node: "Node") -> "list[ProofEntry]":
+    """The GPU proofs of a wheel made on GPUs of this node's compute capabilities, newest first."""
+    caps = set(node.gpus)
+    return sorted((p for p in entry.proofs if caps & set(p.capabilities)), key=lambda p: p.finished_at, reverse=True)
+
+
+def unproven(entry: "WheelEntry", node: "Node") -> "list[str]":
+    """The node's compute capabilities no GPU proof of a CUDA wheel covers (empty for a CPU wheel)."""
+    if entry.accelerator != "cuda":
+        return []
+    proven = {cap for p in entry.proofs for cap in p.capabilities}
+    return sorted({g for g in node.gpus if g not in proven})
 
 
 _PEP440 = re.compile(

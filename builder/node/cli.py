@@ -74,6 +74,10 @@ def parser(prog: "str | None" = None, module_only: bool = False) -> argparse.Arg
     p.add_argument("--replace-module", action="store_true",
                    help="switch a module of another lock at the same version to this lock (a new folder, then "
                    "the modulefile replaced in one rename; the old folder stays for running jobs)")  # fmt: skip
+    p.add_argument("--require-gpu-proof", action="store_true",
+                   help="refuse a CUDA wheel with no GPU proof for this node's compute capability (a proof is what "
+                   "`python -m builder prove` wrote on a GPU node and the build host signed in with `publish "
+                   f"--proof`); exit {EXIT_INSTALL}")  # fmt: skip
     p.add_argument("--debug", action="store_true", help="show a traceback on errors")
     return p
 
@@ -118,7 +122,7 @@ def main(argv: "Sequence[str] | None" = None, prog: "str | None" = None, module_
         trust = load_trust(args.trust)
         result = install(args.wheelhouse, args.python, args.dry_run, args.pip_args, trust, ops,
                          args.skip_signature_check, args.wheelhouse_id, args.module, args.modulefiles,
-                         args.replace_module)  # fmt: skip
+                         args.replace_module, args.require_gpu_proof)  # fmt: skip
     except (InstallError, OSError) as caught:
         if args.debug or (isinstance(caught, OSError) and caught.errno not in NO_ROOM):
             raise

@@ -19,6 +19,39 @@ class SmokeSummary:
 
 
 @dataclass(frozen=True)
+class ProofEntry:
+    """A GPU proof of one wheel (`prove` on a GPU node, taken in by `publish --proof`): the statement
+    file kept beside the wheel, its sha256, and what it says of the node it ran on."""
+
+    name: str  # <wheel>.proof.<16 hex>.json
+    sha256: str
+    gpus: "tuple[str, ...]"  # each GPU's name, "NVIDIA H200"
+    capabilities: "tuple[str, ...]"  # each GPU's compute capability, "9.0", in the same order
+    driver: str
+    cuda: str  # the CUDA runtime torch was built with
+    torch: str
+    nccl: str  # "" where torch has none
+    finished_at: str
+    host: str
+
+    def describe(self) -> str:
+        """For people: "proven on NVIDIA H200 (9.0), driver 580.65, CUDA 13.0, torch 2.11.0, on 2026-11-28"."""
+        kinds: dict[str, int] = {}
+        for i, gpu in enumerate(self.gpus):
+            kind = f"{gpu} ({self.capabilities[i]})"
+            kinds[kind] = kinds.get(kind, 0) + 1
+        gpus = ", ".join(f"{n}x {k}" if n > 1 else k for k, n in kinds.items())
+        return (f"proven on {gpus}, driver {self.driver}, CUDA {self.cuda}, torch {self.torch.split('+')[0]}, on "
+                f"{self.finished_at[:10]}")  # fmt: skip
+
+    def to_json(self) -> "dict[str, Any]":
+        return {"sha256": self.sha256, "gpus": list(self.gpus), "capabilities": list(self.capabilities),
+                "driver": self.driver, "cuda": self.cuda, "torch": self.torch,
+                **({"nccl": self.nccl} if self.nccl else {}), "finished_at": self.finished_at,
+                "host": self.host}  # fmt: skip
+
+
+@dataclass(frozen=True)
 class WheelEntry:
     """What manifest.json says of one DeepSpeed wheel; every field also read back from the wheel."""
 
@@ -49,10 +82,13 @@ class WheelEntry:
     # Its size in bytes: a node stops reading past it (a server sending without end); None where an
     # older toolkit published it without one (the generic limit for a wheel applies).
     size: "int | None" = None
+    # The GPU proofs taken in for it (publish --proof), oldest first: empty where none.
+    proofs: "tuple[ProofEntry, ...]" = ()
 
     def to_json(self) -> "dict[str, Any]":
         return {
             **({"requires": list(self.requires)} if self.requires is not None else {}),
+            **({"proofs": {p.name: p.to_json() for p in self.proofs}} if self.proofs else {}),
             **({"host_ops": list(self.host_ops)} if self.host_ops is not None else {}),
             **({"size": self.size} if self.size is not None else {}),
             "sha256": self.sha256,

@@ -13,7 +13,7 @@ import zipfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from builder.node.choosing import Node, choose, describe_floor, narrowed_for
+from builder.node.choosing import Node, choose, describe_floor, narrowed_for, proofs_for, unproven
 from builder.node.contract import CONFIG_CHECK, EXIT_CONFIGS, MANIFEST_FILE, InstallError, ManifestError
 from builder.node.entries import ImageEntry, WheelEntry, WheelhouseManifest
 from builder.node.fetch import Verified, download, fetch, unlisted_projects, wheelhouse_base
@@ -172,6 +172,7 @@ def install(
     module: "str | None" = None,
     modulefiles: "str | None" = None,
     replace_module: bool = False,
+    require_gpu_proof: bool = False,
 ) -> "dict[str, Any]":
     """Pick, fetch, check and pip-install the wheel for this node, with its dependencies from the
     wheelhouse alone (hash-checked; no index is asked); returns what was done. With `trust`, the
@@ -199,6 +200,7 @@ def install(
     say(f"    needs {floor}")
     for line in narrowed_for(entry, node):
         say(f"warning: {line}")
+    proven = gpu_proofs(base, entry, node, require_gpu_proof)
     table = op_table(entry)
     for line in format_op_rows(table):
         say(f"    {line}")
@@ -207,15 +209,39 @@ def install(
     tmp = scratch_dir("ds-install-")
     try:
         if module is None:
-            return _fetch_and_install(base, manifest, entry, node, verified, python, dry_run, pip_args, floor, table,
+            done = _fetch_and_install(base, manifest, entry, node, verified, python, dry_run, pip_args, floor, table,
                                       tmp)  # fmt: skip
+            return {**done, "gpu_proofs": proven}
         checked_wheel(base, entry, tmp)
         _accept(base, manifest, verified)
         folder = modulefiles or os.path.join(module, "modulefiles")
         done = install_module(base, manifest, entry, python, module, folder, replace_module, dry_run, tmp)
-        return {"wheel": entry.name, "sha256": entry.sha256, "node": node.to_json(), "floor": floor, **done}
+        return {"wheel": entry.name, "sha256": entry.sha256, "node": node.to_json(), "floor": floor,
+                "gpu_proofs": proven, **done}  # fmt: skip
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def gpu_proofs(base: str, entry: "WheelEntry", node: "Node", required: bool) -> "list[str]":
+    """The GPU proofs of a CUDA wheel this node relies on, printed; with `required`, InstallError where
+    one of the node's compute capabilities has none (a wheel compiled where no GPU is, never run on one)."""
+    proven = proofs_for(entry, node)
+    for proof in proven:
+        say(f"==> GPU proof: {proof.describe()} ({proof.name}, sha256 {proof.sha256[:16]}..., signed with the "
+            "manifest)")  # fmt: skip
+    missing = unproven(entry, node)
+    if missing and required:
+        others = "; it has proofs for " + ", ".join(sorted({c for p in entry.proofs for c in p.capabilities})) if (
+            entry.proofs) else ""  # fmt: skip
+        raise InstallError(f"{entry.name} has no GPU proof for this node's compute capability {', '.join(missing)} "
+                           f"(--require-gpu-proof){others}",
+                           f"prove it on a node with such a GPU: `python -m builder prove --wheelhouse {base}` there; "
+                           "then, on the build host, `python -m builder publish --proof <wheel>.proof.json`; or "
+                           "install without --require-gpu-proof")  # fmt: skip
+    if missing:
+        say(f"warning: {entry.name} is not proven on a GPU of compute capability {', '.join(missing)}: no CUDA kernel "
+            "of it was run by the toolkit on such a GPU (--require-gpu-proof refuses it)")  # fmt: skip
+    return [p.name for p in proven]
 
 
 def _accept(base: str, manifest: "WheelhouseManifest", verified: "Verified") -> None:

@@ -31,6 +31,7 @@ from builder.node.entries import (
     REPORTS,
     FileEntry,
     ImageEntry,
+    ProofEntry,
     SmokeSummary,
     VariantEntry,
     WheelEntry,
@@ -77,6 +78,7 @@ def parse_wheel_entry(name: str, data: object, where: str) -> "WheelEntry":
         requires=_requires(f),
         host_ops=f.texts("host_ops", OP_RE) if "host_ops" in f.data else None,
         size=f.size("size", LIMITS["wheel"]),
+        proofs=parse_proofs(name, f),
     )
     if wheel.version != entry.version:
         raise f.fail("version", f"is {entry.version!r} but the file name says {wheel.version!r}")
@@ -85,6 +87,49 @@ def parse_wheel_entry(name: str, data: object, where: str) -> "WheelEntry":
     for key, why in label_contradictions(entry):
         raise f.fail(key, why)
     return entry
+
+
+PROOF_ID_RE = re.compile(r"^[0-9a-f]{16}$")
+GPU_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._()/+-]{0,99}$")
+DRIVER_RE = re.compile(r"^\d{1,4}(\.\d{1,4}){0,3}$")
+HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+
+
+def proof_name(wheel: str, sha256: str) -> str:
+    """The file a GPU proof is kept in beside its wheel: named by the proof's own sha256, so several
+    (an H100 node's, an A100 node's) sit side by side and the same proof twice is one file."""
+    return f"{wheel}.proof.{sha256[:16]}.json"
+
+
+PROOF_NAME_RE = re.compile(r"^(?P<wheel>.+\.whl)\.proof\.[0-9a-f]{16}\.json$")
+
+
+def proof_wheel(name: str, where: str) -> str:
+    """The wheel a proof file's name (<wheel>.proof.<16 hex>.json) is of; ManifestError for any other name."""
+    m = PROOF_NAME_RE.match(name)
+    if not m:
+        raise ManifestError(f"{where}: {name[:80]!r} is not a proof file name (<wheel>.proof.<16 hex>.json)",
+                            "the file was edited: run `python -m builder repair`")  # fmt: skip
+    check_wheel_name(m["wheel"], where)
+    return m["wheel"]
+
+
+def parse_proofs(wheel: str, f: "Fields") -> "tuple[ProofEntry, ...]":
+    """An entry's optional "proofs": file name -> what the proof says; each name the wheel's own."""
+    out = []
+    for name, value in f.table("proofs", optional=True).items():
+        p = Fields(value, f"{f.where}.proofs[{name[:80]}]")
+        sha256 = p.text("sha256", SHA256_RE)
+        if name != proof_name(wheel, sha256):
+            raise f.fail("proofs", f"names {name[:80]!r}, not {proof_name(wheel, sha256)} (the wheel's name and the "
+                                   "proof's sha256)")  # fmt: skip
+        gpus, caps = p.texts("gpus", GPU_NAME_RE), p.texts("capabilities", ARCH_RE)
+        if not gpus or len(gpus) != len(caps):
+            raise p.fail("capabilities", "must give one compute capability per GPU, and at least one GPU")
+        out.append(ProofEntry(name, sha256, gpus, caps, p.text("driver", DRIVER_RE), p.text("cuda", CUDA_RE),
+                              p.text("torch", VERSION_RE), p.text("nccl", DRIVER_RE, optional=True) or "",
+                              p.text("finished_at", STAMP_RE), p.text("host", HOST_RE)))  # fmt: skip
+    return tuple(sorted(out, key=lambda e: (e.finished_at, e.name)))
 
 
 def parse_smoke_summary(f: "Fields") -> "SmokeSummary":

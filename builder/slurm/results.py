@@ -265,7 +265,7 @@ def collect(run: Path, wheelhouse: Path) -> list[TargetResult]:
                 if sha256_of(result.wheel) != sha:
                     raise MatrixError(f"{result.wheel} changed after its build task", "run the matrix again")
                 (published,) = pipeline.publish([result.wheel], wheelhouse, Workspace(run / "collect"))
-                stage = StageResult("passed", "", time.monotonic() - start)
+                stage = StageResult("passed", _take_proofs(run, item["name"], wheelhouse), time.monotonic() - start)
             except (BuilderError, OSError) as exc:
                 published = None
                 stage = StageResult("failed", exc.message if isinstance(exc, BuilderError) else str(exc))
@@ -278,6 +278,20 @@ def collect(run: Path, wheelhouse: Path) -> list[TargetResult]:
             result = dataclasses.replace(result, stages={**result.stages, "publish": StageResult("skipped", why)})
         results.append(result)
     return results
+
+
+def _take_proofs(run: Path, name: str, wheelhouse: Path) -> str:
+    """The GPU proofs the target's GPU smoke jobs wrote, taken into the wheelhouse: what the publish
+    stage says of them ("" where no GPU smoke saw a GPU)."""
+    from builder.wheelhouse.publish import take_in_proofs
+
+    found = sorted(results_dir(run).glob(f"{name}.proof.*.json"))
+    if not found:
+        return ""
+    try:
+        return f"proven on the GPUs of {len(take_in_proofs(wheelhouse, found))} smoke job(s)"
+    except BuilderError as exc:
+        return f"GPU proof refused: {exc.message}"
 
 
 # ---------------------------------------------------------------- following a run

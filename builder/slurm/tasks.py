@@ -109,8 +109,21 @@ def run_task(run: Path, name: str) -> TargetResult:
     return result
 
 
+def _gpu_facts(python: Path, env: dict[str, str]) -> list[Any]:
+    """The GPUs a smoke's checks saw, for its proof; none (said) where there is nothing to prove on."""
+    from builder import output, proof
+    from builder.errors import BuilderError
+
+    try:
+        return [proof.gpu_facts(python, env)]
+    except BuilderError as exc:
+        output.warn(f"no GPU proof from this smoke: {exc.message}")
+        return []
+
+
 def run_smoke(run: Path, name: str, partition: str) -> SmokeResult:
     """The GPU smoke job of one target: the full smoke on this node's GPUs, then the result."""
+    from builder import proof
     from builder.errors import SmokeError
     from builder.files import sha256_of
     from builder.smoke import load_report, smoke
@@ -141,13 +154,21 @@ def run_smoke(run: Path, name: str, partition: str) -> SmokeResult:
         _write_smoke(results_dir(run) / f"{name}.smoke.{partition}.json", name, job, result)
         return result
     else:
+        seen: list[Any] = []  # the node's GPUs as the checks saw them, for the proof
+        started = proof.now()
         try:
-            report = smoke(wheel, Workspace(run / "smoke" / f"{name}-{partition}"))
+            report = smoke(wheel, Workspace(run / "smoke" / f"{name}-{partition}"),
+                           on_venv=lambda python, env: seen.extend(_gpu_facts(python, env)))  # fmt: skip
             details = [c.detail for c in report.checks]
         except SmokeError as exc:
             status, reason = "failed", exc.message
             failed = load_report(wheel)
             details = [c.detail for c in failed.checks] if failed else []
+        done = load_report(wheel)
+        if seen and done is not None:  # a GPU smoke is the GPU checks `prove` runs: it writes the same proof
+            made = proof.proof_of_smoke(wheel, done.checks, seen[0], started, round(time.monotonic() - start, 1),
+                                        f"slurm run {run}")  # fmt: skip
+            write_atomic(results_dir(run) / f"{name}.proof.{partition}.json", made.to_json())
     saw = bool(details) and not saw_no_gpu(details)
     if status == "passed" and not saw:
         why = f"saw no GPU on {node} (CUDA_VISIBLE_DEVICES={gpus or 'unset'}): the GPU checks were skipped"

@@ -24,6 +24,7 @@ from builder.node import (
     ManifestError,
     Signature,
     Trust,
+    WheelEntry,
     WheelhouseManifest,
 )
 
@@ -149,8 +150,10 @@ def check_signed(
     return sig
 
 
-def _companions(wheelhouse: Path, name: str) -> list[Path]:
-    return [wheelhouse / f"{name}.metadata", wheelhouse / f"{name}.smoke.json"]
+def _companions(wheelhouse: Path, name: str, entry: WheelEntry | None) -> list[Path]:
+    """The files kept beside a wheel: its metadata, its smoke report, the GPU proofs its entry lists."""
+    proofs = [wheelhouse / p.name for p in entry.proofs] if entry is not None else []
+    return [wheelhouse / f"{name}.metadata", wheelhouse / f"{name}.smoke.json", *proofs]
 
 
 def stamped(wheelhouse: Path, manifest: WheelhouseManifest, days: int | None = None) -> WheelhouseManifest:

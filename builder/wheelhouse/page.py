@@ -186,12 +186,23 @@ def _targets(manifest: WheelhouseManifest) -> str:
     rows = [
         _row("wheel", name, [_code(name), *map(_e, (e.recipe, e.version.split("+")[0], e.torch, e.cuda or "none (cpu)",
              e.python_tag, ", ".join(e.archs) or "cpu", e.cpu_target)), _floor_cell(name), _e(len(e.ops)),
-             _smoke_cell(e), _e(e.published_at)])
+             _smoke_cell(e), _proof_cell(e), _e(e.published_at)])
         for name, e in sorted(manifest.wheels.items())
     ]  # fmt: skip
     head = ["wheel", "recipe", "DeepSpeed", "torch", "CUDA", "Python", "GPU archs", "CPU target", "glibc >=",
-            "ops", "smoke", "published"]  # fmt: skip
+            "ops", "smoke", "GPU proof", "published"]  # fmt: skip
     return _table("targets", head, rows)
+
+
+def _proof_cell(e: WheelEntry) -> str:
+    """Each GPU proof of a CUDA wheel, linked to its statement, or that it has none: a smoke on a build
+    host with no GPU ran no CUDA kernel."""
+    if e.accelerator != "cuda":
+        return '<span class="proof">a CPU wheel: its smoke ran it</span>'
+    if not e.proofs:
+        return ('<span class="proof skipped">not proven on a GPU</span> (run <code>python -m builder prove</code> on a '
+                "GPU node, then <code>publish --proof</code>)")  # fmt: skip
+    return "<br>".join(f'<a class="proof" href="{_e(p.name)}">{_e(p.describe())}</a>' for p in e.proofs)
 
 
 def _smoke_cell(e: WheelEntry) -> str:

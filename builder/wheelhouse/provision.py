@@ -73,9 +73,8 @@ def fetch_script() -> str:
     return (Path(__file__).parents[1] / "resources" / "provision_fetch.py").read_text(encoding="utf-8")
 
 
-def host_script(
-    host: Host, wheelhouse: str, trust: Trust, json_result: bool = False, wheelhouse_id: str = "", module: str = ""
-) -> str:
+def host_script(host: Host, wheelhouse: str, trust: Trust, json_result: bool = False, wheelhouse_id: str = "",
+                module: str = "", require_gpu_proof: bool = False) -> str:  # fmt: skip
     """The install script for one host, with the trusted keys inline: fetch the manifest and its
     signature, verify the signature with ssh-keygen (nothing else runs if it fails), fetch the
     installer and check it against the sha256 the verified manifest lists, then run it with the
@@ -83,7 +82,8 @@ def host_script(
     json_result the installer's result goes to stdout as JSON: srun keeps one file per node. With
     wheelhouse_id the installer accepts that wheelhouse only (another one signed by the same key,
     copied into its place, is refused). With module (a prefix), the installer puts the wheel and its
-    lock there as an Lmod module instead (install --module)."""
+    lock there as an Lmod module instead (install --module). With require_gpu_proof a CUDA wheel with
+    no GPU proof for the node's compute capability is refused."""
     allowed = "".join(f'{NAMESPACE} namespaces="{NAMESPACE}" {k.line()}\n' for k in trust.keys)
     revoked = "".join(f"{k.line()}\n" for k in trust.revoked)
     q = shlex.quote
@@ -127,6 +127,7 @@ def host_script(
         f'"$PY" "$tmp/install.py" --wheelhouse "$WH" {trust_args}'
         + (f" --wheelhouse-id {q(wheelhouse_id)}" if wheelhouse_id else "")
         + (f' --module {q(module)} --python "$PY"' if module else "")
+        + (" --require-gpu-proof" if require_gpu_proof else "")
         + (" --json" if json_result else ""),
     ]
     return "\n".join(lines) + "\n"
@@ -151,12 +152,12 @@ def installer_sha256(wheelhouse_dir: Path) -> str:
     return entry.sha256
 
 
-def write(
-    hosts: list[Host], wheelhouse: str, out: Path, trust: Trust, wheelhouse_id: str = "", module: str = ""
-) -> list[Path]:
+def write(hosts: list[Host], wheelhouse: str, out: Path, trust: Trust, wheelhouse_id: str = "", module: str = "",
+          require_gpu_proof: bool = False) -> list[Path]:  # fmt: skip
     """Write provision/<host>.sh for every host (mode 0755)."""
     return [write_atomic(out / f"{h.name}.sh", host_script(h, wheelhouse, trust, wheelhouse_id=wheelhouse_id,
-                                                           module=module), mode=0o755) for h in hosts]  # fmt: skip
+                                                           module=module, require_gpu_proof=require_gpu_proof),
+                         mode=0o755) for h in hosts]  # fmt: skip
 
 
 def pdsh_command(hosts: list[Host], out: Path, launcher: str, ssh_config: Path | None = None) -> list[str]:

@@ -39,6 +39,7 @@ def prune(
             )
         if dry_run or not doomed:
             return doomed
+        old = dict(manifest.wheels)
         kept = {n: e for n, e in manifest.wheels.items() if n not in doomed}
         gone = {n: e for n, e in sorted(manifest.images.items()) if e.wheel in doomed}  # they hold a doomed wheel
         images = [f for n, e in gone.items() for f in (n, e.squashfs) if f]  # an archive and its squashfs
@@ -51,7 +52,7 @@ def prune(
         for path in stale:
             path.unlink(missing_ok=True)
         for name in doomed:
-            for path in (wheelhouse / name, *_companions(wheelhouse, name)):
+            for path in (wheelhouse / name, *_companions(wheelhouse, name, old.get(name))):
                 path.unlink(missing_ok=True)
         for name in images:
             (wheelhouse / name).unlink(missing_ok=True)

@@ -48,7 +48,7 @@ from builder.node import (
     split_variant_name,
 )
 from builder.smoke import load_report, report_path
-from builder.wheelhouse import closure, installer, variants
+from builder.wheelhouse import closure, installer, proofs, variants
 from builder.wheelhouse.index import (
     write_index,
 )
@@ -190,13 +190,20 @@ def _leftovers(wheelhouse: Path, manifest: WheelhouseManifest) -> tuple[list[Pat
                     node.check_image_file(name, JOURNAL)
                 elif name.endswith("-variants.json"):
                     check_variants_json_name(name, JOURNAL)
+                elif node.PROOF_NAME_RE.match(name):
+                    wheel = node.proof_wheel(name, JOURNAL)
+                    if name in proofs.proof_files(manifest.wheels.get(wheel)):
+                        continue
+                    if path.is_file() and not path.is_symlink() and sha256_of(path) == digest:
+                        doomed.append(path)  # a proof the killed publish --proof copied
+                    continue
                 elif not node.is_wheel_name(name):
                     split_variant_name(name, JOURNAL)
                 if name in listed or name in node.image_files(manifest):
                     continue
                 # Companions first, the wheel after, the journal last: a cleanup cut short is redone.
                 if not path.is_file() or sha256_of(path) == digest:  # the file the killed publish copied
-                    doomed += [p for p in (*_companions(wheelhouse, name), path) if p.is_file()]
+                    doomed += [p for p in (*_companions(wheelhouse, name, None), path) if p.is_file()]
                 else:
                     notes.append(f"{name} is not in {MANIFEST} and is not the file a publish wrote: left alone")
         except (ValueError, KeyError, TypeError, AttributeError, ManifestError) as exc:
@@ -321,6 +328,30 @@ def _publish_files(
     commit(wheelhouse, manifest)
     _remove(stale)
     return published
+
+
+def take_in_proofs(wheelhouse: Path, files: Sequence[Path]) -> list[str]:
+    """publish --proof: each GPU proof checked against the wheel the wheelhouse holds (all refused
+    before anything is written), kept beside it, and recorded in the signed manifest; their names."""
+    if not (wheelhouse / MANIFEST).is_file():
+        raise PublishError(f"{wheelhouse} holds no wheelhouse ({MANIFEST}) to take proofs into",
+                           "publish the wheel first (publish --proof takes proofs into the wheelhouse that holds "
+                           "it)")  # fmt: skip
+    _writable(wheelhouse)
+    with locked(wheelhouse):
+        manifest = load_manifest(wheelhouse)
+        _clean(wheelhouse, manifest)
+        taken = proofs.accepted(wheelhouse, dict(manifest.wheels), files)
+        digests = [hashlib.sha256(data).hexdigest() for _, data in taken]
+        _journal(wheelhouse, {node.proof_name(p.wheel, d): d for (p, _), d in zip(taken, digests, strict=True)})
+        try:
+            names = proofs.write_proofs(wheelhouse, taken)
+            commit(wheelhouse, dataclasses.replace(manifest, wheels=proofs.with_proofs(dict(manifest.wheels), taken)))
+        except BaseException as exc:
+            _undo(wheelhouse, exc)
+            raise
+        (wheelhouse / JOURNAL).unlink(missing_ok=True)
+    return names
 
 
 def commit(wheelhouse: Path, manifest: WheelhouseManifest, days: int | None = None) -> WheelhouseManifest:

@@ -47,6 +47,7 @@ from builder.wheelhouse.layout import (
     symlinked_folders,
 )
 from builder.wheelhouse.lockfile import lock_problems
+from builder.wheelhouse.proofs import verify_proofs
 
 
 def _read_text(path: Path) -> str | None:
@@ -258,7 +259,7 @@ def _verify_wheel(wheelhouse: Path, name: str, entry: WheelEntry) -> list[str]:
             problems.append(f"{name}{suffix}: sha256 differs from {MANIFEST}")
         elif suffix == ".smoke.json":
             problems += _verify_report(path, name, entry)
-    return problems
+    return problems + verify_proofs(wheelhouse, entry)
 
 
 def _verify_report(path: Path, name: str, entry: WheelEntry) -> list[str]:
@@ -281,7 +282,7 @@ def _verify_tree(wheelhouse: Path, manifest: WheelhouseManifest) -> list[str]:
     known = {MANIFEST, SIGNATURE, LOCK, "simple", "tools", LOCKS, IMAGES, "index.html", *manifest.reports, *DOCS,
              *manifest.variants, *manifest.variant_indexes}  # fmt: skip
     for name in manifest.wheels:
-        known |= {name, f"{name}.metadata", f"{name}.smoke.json"}
+        known |= {name, f"{name}.metadata", f"{name}.smoke.json", *(p.name for p in manifest.wheels[name].proofs)}
     known |= set(manifest.dependencies)
     problems = []
     interrupted = INTERRUPTED

@@ -1,0 +1,196 @@
+"""prove: a CUDA wheel's checks run on a GPU node, written as its GPU proof (`<wheel>.proof.json`).
+
+Most sites compile CUDA wheels where no GPU is; their smoke there runs no CUDA kernel. On a GPU
+node, `prove` picks the wheel for the node from a wheelhouse exactly as the node installer does
+(the same manifest reader, probe and choice), installs it with its dependency closure from the
+wheelhouse alone into a fresh venv that sees the node's own torch, and runs the smoke's checks and
+config matrix there with their blame rules. It needs no key: the statement it writes (an in-toto
+v1 Statement, contracts.Proof) is signed into the wheelhouse by the build host (`publish --proof`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import os
+import re
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+from builder import __version__, cmd, envs, output, smoke
+from builder.contracts import BuildManifest, Check, Gpu, GpuFacts, Proof, wheel_failures
+from builder.errors import SmokeError, ToolError
+from builder.files import write_atomic
+from builder.workspace import Workspace
+
+# What the quantized-load checks import beyond the wheel's closure: the node's own, or a gathered
+# folder's (--offline). Unpinned where the smoke pins: the node's bitsandbytes is the one to prove with.
+PROVE_EXTRAS = ("transformers>=5,<6", "accelerate>=1.10", "bitsandbytes", "safetensors>=0.4")
+
+
+def proof_path(dest: Path, wheel: str) -> Path:
+    return dest / f"{wheel}.proof.json"
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def host_name() -> str:
+    """This node's name as a proof records it: printable, at most 253 characters."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname()).lstrip("._-")[:253]
+    return name or "unknown"
+
+
+def facts_of(torch_version: str | None, cuda: str | None, nccl: str | None, gpus: Sequence[Gpu], driver: str | None,
+             python: str, host: str, error: str = "") -> GpuFacts:  # fmt: skip
+    """What a proof says of the node (pure), or the error that says why there is nothing to prove on."""
+    if torch_version is None:
+        raise SmokeError(f"torch cannot be imported in the proof's environment ({error[:300] or 'no answer'})",
+                         "read the log; the node's torch must import in a venv that sees it")  # fmt: skip
+    if not cuda or not gpus:
+        raise ToolError(f"torch {torch_version} here sees no GPU{'' if cuda else ' (a CPU build of torch)'}: "
+                        "prove runs the CUDA checks on a GPU node",
+                        "run it on a node with the GPUs the wheel is built for, its driver loaded (nvidia-smi lists "
+                        "them) and CUDA_VISIBLE_DEVICES not hiding them")  # fmt: skip
+    if not driver:
+        raise ToolError("the NVIDIA driver's version cannot be read (NVML and nvidia-smi both failed)",
+                        "check the driver with nvidia-smi; a proof records the driver it ran on")  # fmt: skip
+    major_minor = ".".join(cuda.split(".")[:2])
+    return GpuFacts(tuple(gpus), driver, major_minor, torch_version, nccl or "", python, host)
+
+
+def gpu_facts(python: Path, env: Mapping[str, str]) -> GpuFacts:
+    """The node as the checks saw it: torch's GPUs, CUDA and NCCL asked of the venv's `python`, the
+    driver of NVML (this process) or nvidia-smi."""
+    from builder.detect.probes import probe_gpus, probe_torch
+
+    def run(argv: Sequence[str]) -> str:
+        said = cmd.ask([str(a) for a in argv], timeout=300, env=env)
+        return said.stdout if said.returncode == 0 else ""
+
+    torch, seen = probe_torch(str(python), run)
+    _, _, driver, _ = probe_gpus(run, seen)
+    version = run([str(python), "-c", "import platform; print(platform.python_version())"]).strip()
+    gpus = [Gpu(g.name[:100], g.capability, g.memory_mib) for g in seen]
+    return facts_of(torch.version, torch.cuda, torch.nccl, gpus, driver, version or "0.0.0", host_name(), torch.error)
+
+
+def write_proof(dest: Path, proof: Proof) -> Path:
+    """The statement at DEST/<wheel>.proof.json, readable by every user (it is copied to the build host)."""
+    path = write_atomic(proof_path(dest, proof.wheel), proof.to_json())
+    output.step(f"GPU proof written: {path}")
+    return path
+
+
+def summary(proof: Proof) -> str:
+    """One line for people: where it ran and how it went."""
+    failed = wheel_failures(proof.checks)
+    verdict = "PASSED" if proof.passed else f"FAILED ({', '.join(c.name for c in failed[:6])})"
+    return f"prove {verdict} for {proof.wheel} on {proof.facts.describe().removeprefix('proven on ')}"
+
+
+@contextlib.contextmanager
+def only_from(folders: Sequence[Path]) -> Iterator[None]:
+    """Every install in this process reads `folders` alone (no index), until the block ends: the venv
+    gets the wheelhouse's files and, with --offline, the gathered folder's."""
+    links = " ".join(str(f) for f in folders)
+    wanted = {"PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": links, "UV_NO_CONFIG": "1",
+              "UV_NO_INDEX": "1", "UV_FIND_LINKS": links, "UV_OFFLINE": "1"}  # fmt: skip
+    saved = {k: os.environ.get(k) for k in wanted}
+    os.environ.update(wanted)
+    envs.pip_sources.cache_clear()
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        envs.pip_sources.cache_clear()
+
+
+def prove(wheelhouse: str, ws: Workspace, dest: Path, trust: Sequence[str] = (), offline: Path | None = None,
+          verbose: bool = False, keep_env: bool = False) -> Proof:  # fmt: skip
+    """Pick, fetch and check the wheel for this node as the node installer does, install it beside the
+    node's torch from the wheelhouse alone, run every check, write and return the proof (written
+    when checks fail too: it says which). SmokeError when a check of the wheel's failed."""
+    from builder import node
+
+    start, started = time.monotonic(), now()
+    base = node.wheelhouse_base(wheelhouse)
+    verified = node.load_verified(base, node.load_trust(list(trust)))
+    if verified.signature is None:
+        output.warn("the wheelhouse's signature is not checked (no --trust, no /etc/ds-node-install/allowed_signers): "
+                    "the proof is bound to the wheel's sha256 all the same, and the build host takes it in only for "
+                    "the wheel it published")  # fmt: skip
+    here = node.probe_node(sys.executable)
+    output.step(f"node: {here.describe()}")
+    if not here.gpus:
+        facts_of(here.torch, here.cuda, None, [], None, "", "")  # raises: says why there is nothing to prove on
+    entry = node.choose(verified.manifest, here)
+    output.step(f"prove: {entry.name} (archs {', '.join(entry.archs)}, ops {', '.join(entry.ops)}), chosen as the "
+                "node installer chooses")  # fmt: skip
+    for folder in (ws.logs, ws.scratch, dest):
+        folder.mkdir(parents=True, exist_ok=True)
+    log = ws.logs / f"{entry.name}.prove.log"
+    log.unlink(missing_ok=True)
+    output.note(f"full log: {log}")
+    tmp = Path(tempfile.mkdtemp(prefix="prove-", dir=ws.scratch))
+    try:
+        files = tmp / "files"
+        files.mkdir()
+        wheel = Path(node.checked_wheel(base, entry, str(files)))
+        deps = node.checked_dependencies(base, verified.manifest, entry, str(files))
+        output.note(f"{entry.name}: sha256 {entry.sha256[:16]}... verified, {len(deps)} dependency wheels verified")
+        manifest = BuildManifest.from_wheel(wheel)
+        with only_from([files, *([offline.resolve() / "wheels"] if offline else [])]):
+            venv = envs.create(tmp / "venv", [str(wheel), *PROVE_EXTRAS], log, verbose, system_site_packages=True)
+        env = smoke.check_env(venv, manifest, wheel.name, tmp)
+        python = envs.python_in(venv)
+        facts = gpu_facts(python, env)
+        output.step(f"prove: on {facts.describe().removeprefix('proven on ')}")
+        # The reference run (blame) uses the node's torch too: the wheel was installed against it.
+        checks = smoke.run_checks(dataclasses.replace(manifest, recipe_torch="system"), python, env, tmp, log,
+                                  verbose, ws)  # fmt: skip
+    finally:
+        if keep_env:
+            output.note(f"kept the proof's environment at {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    proof = Proof(entry.name, entry.sha256, facts, checks, started, now(), round(time.monotonic() - start, 1),
+                  f"ds-wheel-builder {__version__}", wheelhouse[:300])  # fmt: skip
+    return finish(proof, dest, log)
+
+
+def finish(proof: Proof, dest: Path, log: Path) -> Proof:
+    """Write the proof, print its checks, and raise where the wheel failed one of them."""
+    path = write_proof(dest, proof)
+    for c in proof.checks:
+        if c.name.startswith("config:") and c.status not in ("failed", "upstream"):
+            continue
+        output.note(f"  {c.status:7} {c.name:24} {c.detail.splitlines()[0] if c.detail else ''}")
+    output.step(summary(proof))
+    if not proof.passed:
+        failed = ", ".join(c.name for c in wheel_failures(proof.checks)) or "nothing passed"
+        raise SmokeError(f"{proof.wheel} failed on this node's GPUs: {failed} (the proof says so: {path})",
+                         f"read {path} and the log {log}; the build host refuses this proof, so fix the build, "
+                         "publish it and prove it again")  # fmt: skip
+    output.result(f"take it in on the build host: python -m builder publish --proof {path.name}")
+    return proof
+
+
+def proof_of_smoke(wheel: Path, checks: tuple[Check, ...], facts: GpuFacts, started: str, seconds: float,
+                   source: str) -> Proof:  # fmt: skip
+    """A proof from a smoke run on a GPU node (a Slurm matrix's GPU smoke job): the same checks."""
+    from builder.files import sha256_of
+
+    return Proof(wheel.name, sha256_of(wheel), facts, checks, started, now(), seconds,
+                 f"ds-wheel-builder {__version__}", source[:300])  # fmt: skip

@@ -1,0 +1,164 @@
+"""GPU proofs taken into a wheelhouse (`publish --proof`): each checked against the wheel it names,
+kept beside it, and recorded in the signed manifest; and the same rules for `verify`.
+
+A proof is written on a GPU node with no key (builder.proof). What vouches for it on a node is the
+build host's signature over the manifest that lists it, so the build host takes in only a proof
+of the wheel's own bytes, of GPUs the wheel has code for, that checked every CUDA op and saw no
+failure of the wheel's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+
+from builder import output
+from builder.contracts import Proof, wheel_failures
+from builder.errors import PublishError
+from builder.files import sha256_of, write_atomic
+from builder.node import (
+    ManifestError,
+    ProofEntry,
+    TooLarge,
+    WheelEntry,
+    arch_covers,
+    open_regular,
+    proof_name,
+    read_limited,
+)
+
+# The reason an op's numerics check is skipped where none is written (resources/smoke/wheel.unchecked):
+# the op then counts as checked by its load on the GPU.
+NO_CHECK_WRITTEN = "no check of what"
+
+
+def device_ops(entry: WheelEntry) -> list[str]:
+    """The wheel's ops with GPU code: all but its host ops (cpu_adam, async_io...)."""
+    return [op for op in entry.ops if op not in (entry.host_ops or ())]
+
+
+def refusals(proof: Proof, entry: WheelEntry) -> list[str]:
+    """Why `proof` cannot vouch for the wheel of `entry` (pure; empty: it can)."""
+    if proof.wheel != entry.name or proof.sha256 != entry.sha256:
+        return [f"it is a proof of {proof.wheel} with sha256 {proof.sha256[:16]}..., not of the {entry.name} the "
+                f"wheelhouse holds (sha256 {entry.sha256[:16]}...)"]  # fmt: skip
+    if entry.accelerator != "cuda":
+        return [f"{entry.name} is a CPU wheel: its smoke already ran every check it has"]
+    why = []
+    checks = {c.name: c for c in proof.checks}
+    for op in device_ops(entry):
+        load, numerics = checks.get(f"load:{op}"), checks.get(f"numerics:{op}")
+        if load is None or load.status != "passed":
+            why.append(f"CUDA op {op} did not load ({load.status if load else 'not checked'})")
+        elif (
+            numerics is None
+            or numerics.status in ("failed", "upstream")
+            or (numerics.status == "skipped" and not numerics.detail.startswith(NO_CHECK_WRITTEN))
+        ):
+            said = f"{numerics.status}: {numerics.detail.splitlines()[0][:160]}" if numerics and numerics.detail else (
+                numerics.status if numerics else "not checked")  # fmt: skip
+            why.append(f"what CUDA op {op} computes was not checked on the GPU ({said})")
+    failed = wheel_failures(proof.checks)
+    if failed:
+        shown = ", ".join(c.name for c in failed[:6]) + (" ..." if len(failed) > 6 else "")
+        why.append(f"the wheel's own checks failed on the GPU: {shown}")
+    gpus = proof.facts.gpus
+    foreign = sorted({f"{g.capability} ({g.name})" for g in gpus if not arch_covers(entry.archs, g.capability)})
+    if foreign:
+        why.append(f"it ran on compute capability {', '.join(foreign)}, which {entry.name} holds no code for (archs "
+                   f"{', '.join(entry.archs) or 'none'})")  # fmt: skip
+    return why
+
+
+def read_proof(path: Path) -> tuple[Proof, bytes]:
+    """A proof file given to publish, validated, and its bytes; PublishError naming it otherwise."""
+    fix = "pass the <wheel>.proof.json that `python -m builder prove` wrote on the GPU node"
+    try:
+        with open_regular(path) as f:
+            data = read_limited(f, "report", str(path))
+    except FileNotFoundError:
+        raise PublishError(f"no such proof: {path}", fix) from None
+    except (OSError, TooLarge, ManifestError) as exc:
+        raise PublishError(f"cannot read the proof {path}: {getattr(exc, 'message', None) or exc}", fix) from exc
+    try:
+        return Proof.from_json(data, str(path)), data
+    except ManifestError as exc:
+        raise PublishError(f"refused the proof {path}: {exc.message}", exc.fix) from exc
+
+
+def accepted(wheelhouse: Path, entries: dict[str, WheelEntry], files: Sequence[Path]) -> list[tuple[Proof, bytes]]:
+    """Each proof read and checked against the wheel the wheelhouse holds (its bytes too); PublishError
+    for the first refused, before anything is written."""
+    out = []
+    for path in files:
+        proof, data = read_proof(path)
+        entry = entries.get(proof.wheel) or next((e for e in entries.values() if e.sha256 == proof.sha256), None)
+        if entry is None:
+            raise PublishError(f"refused the proof {path}: it is a proof of {proof.wheel}, which {wheelhouse} does not "
+                               "hold", "publish the wheel first, or take the proof into the wheelhouse that holds "
+                               "it")  # fmt: skip
+        why = refusals(proof, entry)
+        if not why and sha256_of(wheelhouse / entry.name) != entry.sha256:
+            why = [f"{entry.name} in {wheelhouse} is not the published file (sha256 differs): run verify"]
+        if why:
+            raise PublishError(f"refused the proof {path} for {entry.name}: " + "; ".join(why),
+                               "prove the published wheel on a node of the GPUs it is built for (`python -m builder "
+                               "prove --wheelhouse ...`) and take in that proof; a failure of the wheel's is fixed in "
+                               "the build")  # fmt: skip
+        out.append((proof, data))
+    return out
+
+
+def with_proofs(entries: dict[str, WheelEntry], taken: Sequence[tuple[Proof, bytes]]) -> dict[str, WheelEntry]:
+    """The wheel entries with each proof recorded (pure): one entry per proof file, several per wheel."""
+    out = dict(entries)
+    for proof, data in taken:
+        entry = out[proof.wheel]
+        new = proof.entry(hashlib.sha256(data).hexdigest())
+        kept = tuple(p for p in entry.proofs if p.name != new.name)
+        out[proof.wheel] = dataclasses.replace(entry, proofs=(*kept, new))
+    return out
+
+
+def write_proofs(wheelhouse: Path, taken: Sequence[tuple[Proof, bytes]]) -> list[str]:
+    """The proof files beside their wheels, as given (their bytes are what the manifest hashes)."""
+    names = []
+    for proof, data in taken:
+        name = proof_name(proof.wheel, hashlib.sha256(data).hexdigest())
+        write_atomic(wheelhouse / name, data)
+        output.note(f"took in {name}: {proof.facts.describe()}")
+        names.append(name)
+    return names
+
+
+def verify_proofs(wheelhouse: Path, entry: WheelEntry) -> list[str]:
+    """verify: every proof the manifest lists for a wheel is there, is the file it hashed, is bound to the
+    wheel's bytes, says what the manifest says of it, and would be taken in today."""
+    problems = []
+    for listed in entry.proofs:
+        path = wheelhouse / listed.name
+        if not path.is_file():
+            problems.append(f"{listed.name}: missing")
+            continue
+        if sha256_of(path) != listed.sha256:
+            problems.append(f"{listed.name}: sha256 differs from manifest.json")
+            continue
+        try:
+            proof, _ = read_proof(path)
+        except PublishError as exc:
+            problems.append(exc.message)
+            continue
+        if proof.entry(listed.sha256) != listed:
+            problems.append(f"{listed.name}: manifest.json says otherwise of the proof than the file does")
+        problems += [f"{listed.name}: {why}" for why in refusals(proof, entry)]
+    return problems
+
+
+def proof_files(entry: WheelEntry | None) -> list[str]:
+    return [p.name for p in entry.proofs] if entry is not None else []
+
+
+def describe(proofs: Sequence[ProofEntry]) -> list[str]:
+    return [p.describe() for p in proofs]
