@@ -165,9 +165,14 @@ def gpu(session: nox.Session) -> None:
     node: `pip install --no-index --find-links DIR/wheels .`): detect, the system recipe built and
     smoked with every op checked on the GPU, a manylinux_2_28 CUDA wheel built with no GPU visible run
     on it; one table at the end.
-    -- [--offline DIR] (build from a `gather` folder: the node reaches nothing)."""
+    -- [--offline DIR] (build from a `gather` folder: the node reaches nothing) [--wheelhouse DIR] (prove the
+    CUDA wheel a GPU-less build host published there; its proof is written to DS_GPU_PROOFS, else the run's folder)."""
     args = list(session.posargs)
     env = {}
+    if "--wheelhouse" in args:
+        at = args.index("--wheelhouse")
+        env["DS_GPU_WHEELHOUSE"] = os.path.abspath(args[at + 1])
+        del args[at : at + 2]
     if "--offline" in args:
         at = args.index("--offline")
         env["DS_GPU_OFFLINE"] = os.path.abspath(args[at + 1])

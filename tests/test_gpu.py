@@ -109,3 +109,52 @@ def test_a_manylinux_cuda_wheel_built_with_no_gpu_visible_runs_on_the_gpu(tmp_pa
     checks = _smoke(work)
     assert checks["numerics:fused_adam"]["status"] == "passed", checks["numerics:fused_adam"]
     ROWS.append(("manylinux_2_28 wheel, no GPU at build", f"{seconds:.0f} s", checks["numerics:fused_adam"]["detail"]))
+
+
+WHEELHOUSE_ENV = "DS_GPU_WHEELHOUSE"  # a wheelhouse a GPU-less build host published (nox -s gpu -- --wheelhouse DIR)
+
+
+@skip_without_gpu
+def test_prove_passes_for_a_cuda_wheel_built_where_no_gpu_is_and_publish_takes_its_proof_in(tmp_path: Path) -> None:
+    """Issue 58: the CUDA wheel of a build host with no GPU (DS_GPU_WHEELHOUSE, copied here; else built
+    and published here with the GPUs hidden, where this node can sign), proven with `prove` on this node's
+    GPUs; its proof is then taken in by `publish --proof` and required by the installer's
+    --require-gpu-proof (where this node can sign; on a node without ssh-keygen the proof is kept in
+    DS_GPU_PROOFS, or the run's folder, for the build host to take in)."""
+    house = Path(os.environ[WHEELHOUSE_ENV]) if os.environ.get(WHEELHOUSE_ENV) else None
+    signs = shutil.which("ssh-keygen") is not None
+    if house is None:
+        if not signs:
+            pytest.skip(f"no wheelhouse to prove from: this node cannot publish one (no ssh-keygen); pass a wheelhouse "
+                        f"a build host published: nox -s gpu -- --wheelhouse DIR ({WHEELHOUSE_ENV})")  # fmt: skip
+        house = tmp_path / "house"
+        hidden = {"CUDA_VISIBLE_DEVICES": "", "NVIDIA_VISIBLE_DEVICES": "void"}  # as a CPU build host
+        text = (ROOT / "recipes" / "system.toml").read_text()
+        arch = json.loads(builder("detect", "--json").stdout)["gpus"][0]["capability"]
+        recipe = tmp_path / "system.toml"
+        recipe.write_text(text.replace('arch = "auto"', f'arch = ["{arch}"]'))
+        built = builder("build-wheel", "--recipe", str(recipe), "--work-dir", str(tmp_path / "work"), "--wheelhouse",
+                        str(house), env=hidden)  # fmt: skip
+        assert built.returncode == 0, built.stderr[-5000:]
+    dest = Path(os.environ.get("DS_GPU_PROOFS") or tmp_path / "proofs")
+    offline = os.environ.get(OFFLINE_ENV)
+    start = time.monotonic()
+    proved = builder("prove", "--wheelhouse", str(house), "--dest", str(dest), "--work-dir", str(tmp_path / "prove"),
+                     *(["--offline", offline] if offline else []))  # fmt: skip
+    seconds = time.monotonic() - start
+    assert proved.returncode == 0, proved.stderr[-5000:]
+    (path,) = sorted(dest.glob("*.proof.json"))
+    predicate = json.loads(path.read_text())["predicate"]
+    checks = {c["name"]: c for c in predicate["checks"]}
+    assert checks["numerics:fused_adam"]["status"] == "passed", checks["numerics:fused_adam"]
+    gpus = ", ".join(f"{g['name']} ({g['capability']})" for g in predicate["gpus"])
+    ROWS.append(("prove (wheel built with no GPU)", f"{seconds:.0f} s", f"{gpus}; {path.name}"))
+    if not signs or os.environ.get(WHEELHOUSE_ENV):
+        ROWS.append(("publish --proof", "-", f"take {path} in on the build host (this node does not publish)"))
+        return
+    taken = builder("publish", "--wheelhouse", str(house), "--proof", str(path))
+    assert taken.returncode == 0, taken.stderr[-3000:]
+    key = builder("key", "show").stdout.strip().splitlines()[-1]
+    need = builder("install", "--wheelhouse", str(house), "--trust", key, "--dry-run", "--require-gpu-proof")
+    assert need.returncode == 0 and "==> GPU proof: proven on" in need.stderr, need.stderr[-3000:]
+    ROWS.append(("publish --proof, install --require-gpu-proof", "-", "taken in; required and found"))

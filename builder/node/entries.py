@@ -41,8 +41,12 @@ class ProofEntry:
             kind = f"{gpu} ({self.capabilities[i]})"
             kinds[kind] = kinds.get(kind, 0) + 1
         gpus = ", ".join(f"{n}x {k}" if n > 1 else k for k, n in kinds.items())
-        return (f"proven on {gpus}, driver {self.driver}, CUDA {self.cuda}, torch {self.torch.split('+')[0]}, on "
-                f"{self.finished_at[:10]}")  # fmt: skip
+        when = f", on {self.finished_at[:10]}" if self.finished_at else ""
+        return f"proven on {gpus}, driver {self.driver}, CUDA {self.cuda}, torch {self.torch.split('+')[0]}{when}"
+
+    def order(self) -> "tuple[str, str]":
+        """Where it goes among a wheel's proofs: oldest first, then by name (as manifest.json is read back)."""
+        return self.finished_at, self.name
 
     def to_json(self) -> "dict[str, Any]":
         return {"sha256": self.sha256, "gpus": list(self.gpus), "capabilities": list(self.capabilities),

@@ -129,7 +129,7 @@ def parse_proofs(wheel: str, f: "Fields") -> "tuple[ProofEntry, ...]":
         out.append(ProofEntry(name, sha256, gpus, caps, p.text("driver", DRIVER_RE), p.text("cuda", CUDA_RE),
                               p.text("torch", VERSION_RE), p.text("nccl", DRIVER_RE, optional=True) or "",
                               p.text("finished_at", STAMP_RE), p.text("host", HOST_RE)))  # fmt: skip
-    return tuple(sorted(out, key=lambda e: (e.finished_at, e.name)))
+    return tuple(sorted(out, key=ProofEntry.order))
 
 
 def parse_smoke_summary(f: "Fields") -> "SmokeSummary":

@@ -285,13 +285,13 @@ def _take_proofs(run: Path, name: str, wheelhouse: Path) -> str:
     stage says of them ("" where no GPU smoke saw a GPU)."""
     from builder.wheelhouse.publish import take_in_proofs
 
-    found = sorted(results_dir(run).glob(f"{name}.proof.*.json"))
-    if not found:
-        return ""
-    try:
-        return f"proven on the GPUs of {len(take_in_proofs(wheelhouse, found))} smoke job(s)"
-    except BuilderError as exc:
-        return f"GPU proof refused: {exc.message}"
+    taken, refused = 0, []
+    for path in sorted(results_dir(run).glob(f"{name}.proof.*.json")):  # each alone: one refused keeps no other out
+        try:
+            taken += len(take_in_proofs(wheelhouse, [path]))
+        except BuilderError as exc:
+            refused.append(f"GPU proof refused: {exc.message}")
+    return "; ".join(([f"proven on the GPUs of {taken} smoke job(s)"] if taken else []) + refused)
 
 
 # ---------------------------------------------------------------- following a run

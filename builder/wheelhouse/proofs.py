@@ -118,7 +118,7 @@ def with_proofs(entries: dict[str, WheelEntry], taken: Sequence[tuple[Proof, byt
         entry = out[proof.wheel]
         new = proof.entry(hashlib.sha256(data).hexdigest())
         kept = tuple(p for p in entry.proofs if p.name != new.name)
-        out[proof.wheel] = dataclasses.replace(entry, proofs=(*kept, new))
+        out[proof.wheel] = dataclasses.replace(entry, proofs=tuple(sorted((*kept, new), key=ProofEntry.order)))
     return out
 
 
