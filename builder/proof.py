@@ -117,6 +117,20 @@ def only_from(folders: Sequence[Path]) -> Iterator[None]:
         envs.pip_sources.cache_clear()
 
 
+def environment(tmp: Path, wheel: Path, files: Path, offline: Path | None, log: Path, verbose: bool) -> Path:
+    """The proof's venv: it sees the node's packages (its torch above all) and gets the wheel, its
+    closure and what the checks import from `files` (the wheelhouse's, downloaded) and `offline` alone."""
+    try:
+        with only_from([files, *([offline.resolve() / "wheels"] if offline else [])]):
+            return envs.create(tmp / "venv", [str(wheel), *PROVE_EXTRAS], log, verbose, system_site_packages=True)
+    except ToolError as exc:
+        where = "the wheelhouse" + (f" and {offline}" if offline else "")
+        raise ToolError(f"the proof's environment cannot be made from {where} and this node's own packages: "
+                        f"{exc.message}", f"the checks import {', '.join(PROVE_EXTRAS)}: install them on the node "
+                        "(pip install ...), or pass --offline DIR, a folder `gather` made for the wheel's recipe on a "
+                        "connected machine") from exc  # fmt: skip
+
+
 def prove(wheelhouse: str, ws: Workspace, dest: Path, trust: Sequence[str] = (), offline: Path | None = None,
           verbose: bool = False, keep_env: bool = False) -> Proof:  # fmt: skip
     """Pick, fetch and check the wheel for this node as the node installer does, install it beside the
@@ -151,8 +165,7 @@ def prove(wheelhouse: str, ws: Workspace, dest: Path, trust: Sequence[str] = (),
         deps = node.checked_dependencies(base, verified.manifest, entry, str(files))
         output.note(f"{entry.name}: sha256 {entry.sha256[:16]}... verified, {len(deps)} dependency wheels verified")
         manifest = BuildManifest.from_wheel(wheel)
-        with only_from([files, *([offline.resolve() / "wheels"] if offline else [])]):
-            venv = envs.create(tmp / "venv", [str(wheel), *PROVE_EXTRAS], log, verbose, system_site_packages=True)
+        venv = environment(tmp, wheel, files, offline, log, verbose)
         env = smoke.check_env(venv, manifest, wheel.name, tmp)
         python = envs.python_in(venv)
         facts = gpu_facts(python, env)

@@ -5,6 +5,7 @@ installer), and check-config against the real wheel.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -288,3 +289,53 @@ def test_the_pages_node_installer_command_installs_on_an_air_gapped_node(
                              capture_output=True, text=True)  # fmt: skip
     assert refused.returncode != 0 and "Could not verify signature" in refused.stdout + refused.stderr
     assert "==> chosen" not in refused.stderr and "pip install" not in refused.stderr
+
+
+def test_prove_installs_the_nodes_wheel_from_the_wheelhouse_alone_beside_the_nodes_torch(
+    pipeline: tuple[Path, subprocess.CompletedProcess[str]], default_build: DefaultBuild, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Issue 58, on CPU: `prove`'s own path up to its checks, for real, against the default build's
+    wheelhouse: the manifest read and the wheel chosen as the installer does, the wheel and its closure
+    downloaded and checked by sha256, a venv that sees this (node's) torch and gets everything else from
+    the wheelhouse alone (an index that answers nothing is set and never asked), the wheel shown to be
+    in it, the proof written. FAKE, as this machine has no GPU: the node's GPU (the probe says 9.0; the
+    wheel is chosen for this CPU node), the GPU facts (an H200's), and the checks (one import in the venv,
+    standing in for the smoke's checks, which other tests run)."""
+    from builder import node, proof, smoke
+    from builder.contracts import Check, Gpu, GpuFacts, Proof
+    from builder.errors import ToolError
+    from builder.workspace import Workspace
+
+    house, _ = pipeline
+    ws = Workspace(work_sharing_cache(default_build.work, tmp_path / "work"))
+    probe, choose = node.probe_node, node.choose
+    monkeypatch.setattr(node, "probe_node", lambda python: dataclasses.replace(probe(python), gpus=("9.0",)))
+    monkeypatch.setattr(node, "choose", lambda m, here, ops=(): choose(m, dataclasses.replace(here, gpus=())))
+    h200 = GpuFacts((Gpu("NVIDIA H200", "9.0", 143771),), "580.95.05", "13.0", "2.13.0", "", "3.11.9", "n1")
+    monkeypatch.setattr(proof, "gpu_facts", lambda python, env: h200)
+    for name in ("UV_INDEX_URL", "PIP_INDEX_URL"):  # nothing answers there: an index asked would fail the install
+        monkeypatch.setenv(name, "http://127.0.0.1:9/simple")
+    seen: dict[str, str] = {}
+
+    def checks(manifest: object, python: Path, env: dict[str, str], *rest: object) -> tuple[Check, ...]:
+        code = "import deepspeed, numpy, torch\nprint(deepspeed.__file__)\nprint(torch.__file__)"
+        said = subprocess.run([str(python), "-c", code], env=env, capture_output=True, text=True, check=False)
+        assert said.returncode == 0, said.stderr[-2000:]
+        seen["deepspeed"], seen["torch"] = said.stdout.split()
+        seen["venv"] = str(python.parent.parent)
+        return (Check("import", "passed", said.stdout.split()[0]),)
+
+    monkeypatch.setattr(smoke, "run_checks", checks)
+    # This node has none of what the quantized checks import, and the wheelhouse serves DeepSpeed's closure
+    # alone: said, with the two ways out. Without them (the stand-in checks import none), it is proven.
+    with pytest.raises(ToolError, match="the proof's environment cannot be made from the wheelhouse and this node"):
+        proof.prove(str(house), ws, tmp_path / "proofs")
+    assert not (tmp_path / "proofs").exists() or not list((tmp_path / "proofs").iterdir())
+    monkeypatch.setattr(proof, "PROVE_EXTRAS", ())
+    made = proof.prove(str(house), ws, tmp_path / "proofs")
+    assert made.wheel == WHEEL and made.sha256 == hashlib.sha256((house / WHEEL).read_bytes()).hexdigest()
+    assert seen["deepspeed"].startswith(seen["venv"])  # the wheel, in the proof's own venv
+    assert not seen["torch"].startswith(seen["venv"]) and seen["torch"].startswith(sys.prefix)  # the node's torch
+    written = Proof.from_json((tmp_path / "proofs" / f"{WHEEL}.proof.json").read_bytes(), "proof")
+    assert written == made and not list(ws.scratch.iterdir())
