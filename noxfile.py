@@ -56,6 +56,13 @@ def smoke(session: nox.Session) -> None:
     session.run("python", "-m", "builder", "smoke", *session.posargs)
 
 
+@nox.session(venv_backend="none", default=False, tags=["gpu"])
+def prove(session: nox.Session) -> None:
+    """On a GPU node, in the node's own Python and torch (no venv is made): prove the CUDA wheel a wheelhouse
+    has for this node and write its proof: -- --wheelhouse PATH_OR_URL [--dest DIR] [--offline DIR]."""
+    session.run("python", "-m", "builder", "prove", *session.posargs)
+
+
 @nox.session(tags=["pipeline"])
 def publish(session: nox.Session) -> None:
     """Publish smoke-passed wheels to wheelhouse/ with a PEP 503 index: -- [WHEEL ...]."""

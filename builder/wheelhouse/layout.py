@@ -1,6 +1,6 @@
 """Where a wheelhouse keeps what, its manifest's one reader and one writer, and its lock.
 
-wheelhouse/<wheel> with <wheel>.metadata (PEP 658) and <wheel>.smoke.json; the dependency wheels;
+wheelhouse/<wheel> with <wheel>.metadata (PEP 658), <wheel>.smoke.json and its GPU proofs; the dependency wheels;
 simple/ (PEP 503); tools/ds-node-install.py; locks/; manifest.json (builder.node's contract).
 """
 

@@ -2,7 +2,9 @@
 
 Layout:
     wheelhouse/<wheel>                        DeepSpeed wheels, each with <wheel>.metadata (PEP 658)
-                                              and <wheel>.smoke.json (the report it passed)
+                                              and <wheel>.smoke.json (the report it passed), and
+                                              <wheel>.proof.<16 hex>.json for each GPU proof taken
+                                              in (publish --proof, builder.wheelhouse.proofs)
     wheelhouse/<dependency wheel>             DeepSpeed's runtime closure (all but torch), for
                                               nodes that reach only the wheelhouse
     wheelhouse/simple/index.html              PEP 503 root page
