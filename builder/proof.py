@@ -25,8 +25,8 @@ from pathlib import Path
 
 from builder import __version__, cmd, envs, output, smoke
 from builder.contracts import BuildManifest, Check, Gpu, GpuFacts, Proof, wheel_failures
-from builder.errors import SmokeError, ToolError
-from builder.files import write_atomic
+from builder.errors import FolderError, SmokeError, ToolError
+from builder.files import make_dirs, write_atomic
 from builder.workspace import Workspace
 
 # What the quantized-load checks import beyond the wheel's closure: the node's own, or a gathered
@@ -80,6 +80,24 @@ def gpu_facts(python: Path, env: Mapping[str, str]) -> GpuFacts:
     version = run([str(python), "-c", "import platform; print(platform.python_version())"]).strip()
     gpus = [Gpu(g.name[:100], g.capability, g.memory_mib) for g in seen]
     return facts_of(torch.version, torch.cuda, torch.nccl, gpus, driver, version or "0.0.0", host_name(), torch.error)
+
+
+def check_dest(dest: Path) -> None:
+    """--dest, checked before anything runs (FolderError, exit 10): not a system folder, no link of another
+    user's or a folder others could swap on its way, a folder this user can make and write."""
+    from builder.node import printable, unsafe_folder
+
+    why = unsafe_folder(str(dest.absolute()))
+    if why:
+        raise FolderError(f"--dest {printable(str(dest))} cannot hold the proof: {why}",
+                          "give a folder of your own, e.g. --dest ./proofs")  # fmt: skip
+    try:
+        make_dirs(dest)
+        if not dest.is_dir() or not os.access(dest, os.W_OK):
+            raise PermissionError(13, "it is not a folder this user can write")
+    except OSError as exc:
+        raise FolderError(f"cannot write the proof into --dest {printable(str(dest))}: {exc.strerror or exc}",
+                          "give a folder you can write (not a file, not on a read-only mount)") from exc  # fmt: skip
 
 
 def write_proof(dest: Path, proof: Proof) -> Path:
@@ -139,6 +157,7 @@ def prove(wheelhouse: str, ws: Workspace, dest: Path, trust: Sequence[str] = (),
     from builder import node
 
     start, started = time.monotonic(), now()
+    check_dest(dest)
     base = node.wheelhouse_base(wheelhouse)
     verified = node.load_verified(base, node.load_trust(list(trust)))
     if verified.signature is None:
@@ -152,7 +171,7 @@ def prove(wheelhouse: str, ws: Workspace, dest: Path, trust: Sequence[str] = (),
     entry = node.choose(verified.manifest, here)
     output.step(f"prove: {entry.name} (archs {', '.join(entry.archs)}, ops {', '.join(entry.ops)}), chosen as the "
                 "node installer chooses")  # fmt: skip
-    for folder in (ws.logs, ws.scratch, dest):
+    for folder in (ws.logs, ws.scratch):
         folder.mkdir(parents=True, exist_ok=True)
     log = ws.logs / f"{entry.name}.prove.log"
     log.unlink(missing_ok=True)

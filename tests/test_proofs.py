@@ -13,6 +13,7 @@ import dataclasses
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -350,3 +351,32 @@ def test_a_slurm_matrix_takes_in_the_proofs_its_gpu_smoke_jobs_wrote(tmp_path: P
     assert said.startswith("proven on the GPUs of 1 smoke job(s); GPU proof refused:") and "capability 8.0" in said
     assert len(load_manifest(house).wheels[CUDA_NAME].proofs) == 1
     assert verify(house) == []
+
+
+@pytest.mark.parametrize("dest", ["/etc", "/etc/ds-proofs", "/", "a-file"])
+def test_prove_refuses_a_bad_dest_before_anything_runs(tmp_path: Path, dest: str,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    (tmp_path / "a-file").write_text("not a folder")
+    target = dest if dest.startswith("/") else str(tmp_path / dest)
+    code = main(["prove", "--wheelhouse", str(tmp_path / "no-house"), "--dest", target,
+                 "--work-dir", str(tmp_path / "work")])  # fmt: skip
+    assert code == 10
+    assert "--dest" in capsys.readouterr().err
+    assert (tmp_path / "a-file").read_text() == "not a folder" and not (tmp_path / "work").exists()
+
+
+@pytest.mark.parametrize(("edit", "said"), [
+    (lambda p: p.update(gpus=["NVIDIA H200", "NVIDIA H200"]), "one compute capability per GPU"),
+    (lambda p: p.update(sha256="cd" * 32), "not " + CUDA_NAME + ".proof.cdcdcdcdcdcdcdcd.json"),
+    (lambda p: p.update(gpus=["NVIDIA H200\\x1b[2J"]), "field 'gpus' holds an invalid item"),
+    (lambda p: p.update(driver="580; rm -rf /"), "field 'driver' is not valid"),
+])  # fmt: skip
+def test_a_nodes_reader_refuses_a_manifests_proof_entry_that_lies(tmp_path: Path, edit: Any, said: str) -> None:
+    """The manifest's proof entries as a node reads them (the one contract reader): a tampered one named."""
+    house, wheel = cuda_house(tmp_path)
+    assert main(["publish", "--wheelhouse", str(house), "--proof", str(write_proof(tmp_path, wheel))]) == 0
+    data = json.loads((house / "manifest.json").read_text())
+    (entry,) = data["wheels"][CUDA_NAME]["proofs"].values()
+    edit(entry)
+    with pytest.raises(node.ManifestError, match=re.escape(said)):
+        node.parse_manifest(json.dumps(data))

@@ -24,8 +24,10 @@ def smoke(args: argparse.Namespace) -> int:
 
 
 def prove(args: argparse.Namespace) -> int:
+    from builder.proof import check_dest
     from builder.proof import prove as prove_wheel
 
+    check_dest(args.dest)  # before the work folder is made: a refused run leaves nothing
     ws = _workspace(args)
     _go_offline(args)
     prove_wheel(args.wheelhouse, ws, args.dest, args.trust, args.offline, args.verbose, args.keep_env)
