@@ -89,7 +89,6 @@ def parse_wheel_entry(name: str, data: object, where: str) -> "WheelEntry":
     return entry
 
 
-PROOF_ID_RE = re.compile(r"^[0-9a-f]{16}$")
 GPU_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._()/+-]{0,99}$")
 DRIVER_RE = re.compile(r"^\d{1,4}(\.\d{1,4}){0,3}$")
 HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")

@@ -139,8 +139,8 @@ def verify_proofs(wheelhouse: Path, entry: WheelEntry) -> list[str]:
     problems = []
     for listed in entry.proofs:
         path = wheelhouse / listed.name
-        if not path.is_file():
-            problems.append(f"{listed.name}: missing")
+        if path.is_symlink() or not path.is_file():
+            problems.append(f"{listed.name}: {'a link, not the file publish wrote' if path.is_symlink() else 'missing'}")
             continue
         if sha256_of(path) != listed.sha256:
             problems.append(f"{listed.name}: sha256 differs from manifest.json")
@@ -158,7 +158,3 @@ def verify_proofs(wheelhouse: Path, entry: WheelEntry) -> list[str]:
 
 def proof_files(entry: WheelEntry | None) -> list[str]:
     return [p.name for p in entry.proofs] if entry is not None else []
-
-
-def describe(proofs: Sequence[ProofEntry]) -> list[str]:
-    return [p.describe() for p in proofs]
