@@ -140,7 +140,8 @@ def verify_proofs(wheelhouse: Path, entry: WheelEntry) -> list[str]:
     for listed in entry.proofs:
         path = wheelhouse / listed.name
         if path.is_symlink() or not path.is_file():
-            problems.append(f"{listed.name}: {'a link, not the file publish wrote' if path.is_symlink() else 'missing'}")
+            why = "a link, not the file publish wrote" if path.is_symlink() else "missing"
+            problems.append(f"{listed.name}: {why}")
             continue
         if sha256_of(path) != listed.sha256:
             problems.append(f"{listed.name}: sha256 differs from manifest.json")
