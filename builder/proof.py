@@ -27,6 +27,7 @@ from builder import __version__, cmd, envs, output, smoke
 from builder.contracts import BuildManifest, Check, Gpu, GpuFacts, Proof, wheel_failures
 from builder.errors import FolderError, SmokeError, ToolError
 from builder.files import make_dirs, write_atomic
+from builder.node import ManifestError
 from builder.workspace import Workspace
 
 # What the quantized-load checks import beyond the wheel's closure: the node's own, or a gathered
@@ -66,6 +67,11 @@ def facts_of(torch_version: str | None, cuda: str | None, nccl: str | None, gpus
     return GpuFacts(tuple(gpus), driver, major_minor, torch_version, nccl or "", python, host)
 
 
+def gpu_name(name: str) -> str:
+    """A GPU's name as a proof records it (pure): printable ASCII letters, digits and ._()/+- only."""
+    return re.sub(r"[^A-Za-z0-9 ._()/+-]", "-", name).lstrip(" ._()/+-")[:100] or "unnamed GPU"
+
+
 def gpu_facts(python: Path, env: Mapping[str, str]) -> GpuFacts:
     """The node as the checks saw it: torch's GPUs, CUDA and NCCL asked of the venv's `python`, the
     driver of NVML (this process) or nvidia-smi."""
@@ -78,7 +84,7 @@ def gpu_facts(python: Path, env: Mapping[str, str]) -> GpuFacts:
     torch, seen = probe_torch(str(python), run)
     _, _, driver, _ = probe_gpus(run, seen)
     version = run([str(python), "-c", "import platform; print(platform.python_version())"]).strip()
-    gpus = [Gpu(g.name[:100], g.capability, g.memory_mib) for g in seen]
+    gpus = [Gpu(gpu_name(g.name), g.capability, g.memory_mib) for g in seen]
     return facts_of(torch.version, torch.cuda, torch.nccl, gpus, driver, version or "0.0.0", host_name(), torch.error)
 
 
@@ -101,8 +107,15 @@ def check_dest(dest: Path) -> None:
 
 
 def write_proof(dest: Path, proof: Proof) -> Path:
-    """The statement at DEST/<wheel>.proof.json, readable by every user (it is copied to the build host)."""
-    path = write_atomic(proof_path(dest, proof.wheel), proof.to_json())
+    """The statement at DEST/<wheel>.proof.json, readable by every user (it is copied to the build host),
+    read back by its own loader first: a proof publish could not read is never written."""
+    text = proof.to_json()
+    try:
+        Proof.from_json(text, proof_path(dest, proof.wheel).name)
+    except ManifestError as exc:
+        raise SmokeError(f"the proof this toolkit made does not pass its own reader: {exc.message}",
+                         "report it, with the node's GPUs and driver (nvidia-smi)") from exc  # fmt: skip
+    path = write_atomic(proof_path(dest, proof.wheel), text)
     output.step(f"GPU proof written: {path}")
     return path
 

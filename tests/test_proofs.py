@@ -375,3 +375,11 @@ def test_a_nodes_reader_refuses_a_manifests_proof_entry_that_lies(tmp_path: Path
     edit(entry)
     with pytest.raises(node.ManifestError, match=re.escape(said)):
         node.parse_manifest(json.dumps(data))
+
+
+def test_a_gpu_name_is_recorded_in_what_the_proofs_reader_takes() -> None:
+    from builder.proof import gpu_name
+
+    assert gpu_name("NVIDIA H100 80GB HBM3") == "NVIDIA H100 80GB HBM3"
+    assert gpu_name("NVIDIA® GeForce RTX™ 4090\x1b[2J") == "NVIDIA- GeForce RTX- 4090--2J"
+    assert gpu_name("\u2122\u2122") == "unnamed GPU" and len(gpu_name("A" * 300)) == 100
