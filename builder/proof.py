@@ -77,12 +77,15 @@ def gpu_facts(python: Path, env: Mapping[str, str]) -> GpuFacts:
     driver of NVML (this process) or nvidia-smi."""
     from builder.detect.probes import probe_gpus, probe_torch
 
-    def run(argv: Sequence[str]) -> str:
-        said = cmd.ask([str(a) for a in argv], timeout=300, env=env)
+    def run(argv: Sequence[str]) -> str:  # detect's runner: "" where the program is missing or fails
+        try:
+            said = cmd.ask([str(a) for a in argv], timeout=300, env=env)
+        except ToolError:
+            return ""
         return said.stdout if said.returncode == 0 else ""
 
     torch, seen = probe_torch(str(python), run)
-    _, _, driver, _ = probe_gpus(run, seen)
+    driver = probe_gpus(run, seen)[2] if seen else None
     version = run([str(python), "-c", "import platform; print(platform.python_version())"]).strip()
     gpus = [Gpu(gpu_name(g.name), g.capability, g.memory_mib) for g in seen]
     return facts_of(torch.version, torch.cuda, torch.nccl, gpus, driver, version or "0.0.0", host_name(), torch.error)

@@ -383,3 +383,27 @@ def test_a_gpu_name_is_recorded_in_what_the_proofs_reader_takes() -> None:
     assert gpu_name("NVIDIA H100 80GB HBM3") == "NVIDIA H100 80GB HBM3"
     assert gpu_name("NVIDIA® GeForce RTX™ 4090\x1b[2J") == "NVIDIA- GeForce RTX- 4090--2J"
     assert gpu_name("\u2122\u2122") == "unnamed GPU" and len(gpu_name("A" * 300)) == 100
+
+
+def test_a_wheel_for_two_gpu_types_keeps_a_proof_of_each_and_a_node_relies_on_its_own(tmp_path: Path) -> None:
+    """An sm_80 + sm_90 wheel proven on an H100 node and on an A100 node: both kept; the installer of an
+    A100 node relies on the A100 proof, and --require-gpu-proof finds it."""
+    both = {**CUDA_BUILD, "archs": ["8.0", "9.0"], "op_archs": {"cpu_adam": [], "fused_adam": ["8.0", "9.0"],
+                                                                "quantizer": ["8.0", "9.0"]}}  # fmt: skip
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    wheel = fake_wheel(dist, name=CUDA_NAME, **both)
+    house = tmp_path / "house"
+    publish([wheel], house)
+    h100 = dataclasses.replace(H200, gpus=(Gpu("NVIDIA H100 80GB HBM3", "9.0", 81559),) * 8, host="h100-1")
+    a100 = dataclasses.replace(H200, gpus=(Gpu("NVIDIA A100-SXM4-80GB", "8.0", 81920),) * 4, host="a100-1")
+    proofs = [write_proof(tmp_path / kind, wheel, facts=facts) for kind, facts in (("h", h100), ("a", a100))]
+    assert main(["publish", "--wheelhouse", str(house), "--proof", *map(str, proofs)]) == 0
+    kept = load_manifest(house).wheels[CUDA_NAME].proofs
+    assert sorted(p.describe().split(",")[0] for p in kept) == ["proven on 4x NVIDIA A100-SXM4-80GB (8.0)",
+                                                                "proven on 8x NVIDIA H100 80GB HBM3 (9.0)"]  # fmt: skip
+    entry = load_manifest(house).wheels[CUDA_NAME]
+    a100_node = node.Node("cp311", "2.11.0+cu130", "13.0", ("8.0",) * 4)
+    assert [p.host for p in node.proofs_for(entry, a100_node)] == ["a100-1"] and not node.unproven(entry, a100_node)
+    assert node.unproven(entry, node.Node("cp311", "2.11.0+cu130", "13.0", ("8.6",))) == ["8.6"]  # sm_80 code runs
+    assert verify(house) == []
