@@ -43,6 +43,7 @@ from builder.node import (
     proof_name,
     reason_table,
 )
+from builder.node.entries import describe_gpus
 from builder.node.manifest import DRIVER_RE, GPU_NAME_RE, HOST_RE
 
 BUILD_SCHEMA = 1
@@ -198,7 +199,12 @@ class SmokeReport:
 
     def summary_checks(self) -> dict[str, tuple[str, str]]:
         """name -> (status, first line of detail), as the wheelhouse manifest keeps them."""
-        return {c.name: (c.status, c.detail.splitlines()[0] if c.detail else "") for c in self.checks}
+        return summarize(self.checks)
+
+
+def summarize(checks: Sequence[Check]) -> dict[str, tuple[str, str]]:
+    """name -> (status, first line of detail) (pure)."""
+    return {c.name: (c.status, c.detail.splitlines()[0] if c.detail else "") for c in checks}
 
 
 def verdict(checks: tuple[Check, ...] | list[Check]) -> bool:
@@ -247,8 +253,9 @@ class GpuFacts:
     host: str
 
     def describe(self) -> str:
-        return ProofEntry("", "", tuple(g.name for g in self.gpus), tuple(g.capability for g in self.gpus),
-                          self.driver, self.cuda, self.torch, self.nccl, "", self.host).describe()  # fmt: skip
+        """ "NVIDIA H200 (9.0), driver 580.65, CUDA 13.0, torch 2.11.0": what a proof's entry says it ran on."""
+        return describe_gpus([g.name for g in self.gpus], [g.capability for g in self.gpus], self.driver, self.cuda,
+                             self.torch)  # fmt: skip
 
 
 @dataclass(frozen=True)

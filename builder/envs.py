@@ -19,6 +19,7 @@ the system torch stays the one used, as pip would leave it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -28,7 +29,7 @@ import sys
 import sysconfig
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -134,6 +135,32 @@ def parse_pip_config(text: str) -> PackageSources:
         find_links=tuple(dict.fromkeys(found.get("find_links", []))),
         no_index=bool(no_index) and no_index[-1].lower() in ("1", "true", "yes", "on"),
     )
+
+
+def folders_only(folders: Sequence[Path]) -> dict[str, str]:
+    """The variables that make pip and uv install from `folders` alone: no index, no configuration file
+    of either (a machine's find-links or index would still be asked), nothing fetched."""
+    links = " ".join(str(f) for f in folders)
+    return {"PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": links, "UV_NO_CONFIG": "1",
+            "UV_NO_INDEX": "1", "UV_FIND_LINKS": links, "UV_OFFLINE": "1"}  # fmt: skip
+
+
+@contextlib.contextmanager
+def only_from(folders: Sequence[Path]) -> Iterator[None]:
+    """Every install of this process reads `folders` alone (folders_only) until the block ends."""
+    wanted = folders_only(folders)
+    saved = {k: os.environ.get(k) for k in wanted}
+    os.environ.update(wanted)
+    pip_sources.cache_clear()
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        pip_sources.cache_clear()
 
 
 @functools.cache

@@ -106,6 +106,25 @@ def trusted_folder(env: Mapping[str, str], name: str, what: str) -> Path | None:
     return named
 
 
+def dest_folder(folder: Path, what: str, example: str) -> None:
+    """A --dest the toolkit writes `what` into, made and checked before anything else runs (FolderError,
+    exit 10): not a system folder, no link of another user's or a folder others could swap on its way,
+    a folder (not a file) this user can write."""
+    why = node.unsafe_folder(str(folder.absolute()))
+    if why:
+        raise FolderError(f"--dest {node.printable(str(folder))} cannot be {what}: {why}",
+                          f"give a folder of its own, e.g. {example}")  # fmt: skip
+    try:
+        make_dirs(folder)
+        if not folder.is_dir():
+            raise NotADirectoryError(20, "it is a file, not a folder")
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise PermissionError(13, "this user cannot write it")
+    except OSError as exc:
+        raise FolderError(f"cannot make --dest {node.printable(str(folder))}: {exc.strerror or exc}",
+                          "give a folder you can write (not a file, not on a read-only mount)") from exc  # fmt: skip
+
+
 def foreign_link(absolute: Path) -> Path | None:
     """The first link on `absolute`'s path made by a user other than this one or root (None: none):
     whoever made it decides where the path leads."""

@@ -38,7 +38,7 @@ from builder import cmd, envs, output
 from builder.buildroot import pack
 from builder.buildroot.pack import PackedRoot
 from builder.errors import FolderError, RootError, SourceError, UsageError
-from builder.files import make_dirs, sha256_of, write_atomic
+from builder.files import dest_folder, make_dirs, sha256_of, write_atomic
 from builder.glibc import HOST
 from builder.recipe import Recipe
 from builder.wheelbuild import source
@@ -199,19 +199,9 @@ def check_dest(folder: Path) -> dict[str, str]:
     """--dest may be written by gather (FolderError, exit 10, otherwise): not a system folder, no link of
     another user's or a folder others could swap on its way, a folder; its wheels/, sdists/ and root/ no
     links; wheels/ holding only what an earlier gather listed (those returned, name -> sha256: replaced now)."""
-    from builder.node import printable, unsafe_folder
+    from builder.node import printable
 
-    why = unsafe_folder(str(folder))
-    if why:
-        raise FolderError(f"--dest {printable(str(folder))} cannot be gather's folder: {why}",
-                          "give a folder of its own, e.g. ./ds-offline or /srv/ds-offline")  # fmt: skip
-    try:
-        make_dirs(folder)
-        if not folder.is_dir():
-            raise NotADirectoryError(20, "it is a file, not a folder")
-    except OSError as exc:
-        raise FolderError(f"cannot make --dest {printable(str(folder))}: {exc.strerror or exc}",
-                          "give a folder you can write (not a file, not on a read-only mount)") from exc  # fmt: skip
+    dest_folder(folder, "gather's folder", "./ds-offline or /srv/ds-offline")
     for sub in ("wheels", "sdists", ROOT_FOLDER):
         if (folder / sub).is_symlink() or ((folder / sub).exists() and not (folder / sub).is_dir()):
             raise FolderError(f"{_shown(folder / sub)} is a link or a file, not a folder gather made: gather "
@@ -337,13 +327,8 @@ def environ(folder: Path, recipe: Recipe | None = None) -> dict[str, str]:
                               "sha256 "
                               f"recipe {recipe.name} pins", f"gather it for this recipe: python -m builder gather "
                               f"--recipe {recipe.path or 'RECIPE'} --dest {_shown(folder)}")  # fmt: skip
-    wheels = str(folder / "wheels")
     packed = {pack.PACKED_ENV: str(folder / ROOT_FOLDER)} if (folder / ROOT_FOLDER).is_dir() else {}
-    # PIP_CONFIG_FILE=/dev/null: pip reads no configuration file (a machine's find-links or index would
-    # still be asked); uv reads none of pip's, and UV_NO_CONFIG none of its own.
-    return {"PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": wheels, "UV_NO_CONFIG": "1",
-            "UV_NO_INDEX": "1", "UV_FIND_LINKS": wheels, "UV_OFFLINE": "1",
-            source.SDIST_CACHE_ENV: str(folder / "sdists"), **packed}  # fmt: skip
+    return {**envs.folders_only([folder / "wheels"]), source.SDIST_CACHE_ENV: str(folder / "sdists"), **packed}
 
 
 RECORD_LIMIT = 16 << 20  # bytes: a record of a few hundred wheels is tens of KB

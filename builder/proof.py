@@ -10,23 +10,21 @@ v1 Statement, contracts.Proof) is signed into the wheelhouse by the build host (
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime
-import os
 import re
 import shutil
 import socket
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from builder import __version__, cmd, envs, output, smoke
 from builder.contracts import BuildManifest, Check, Gpu, GpuFacts, Proof, wheel_failures
-from builder.errors import FolderError, SmokeError, ToolError
-from builder.files import make_dirs, write_atomic
+from builder.errors import SmokeError, ToolError
+from builder.files import dest_folder, write_atomic
 from builder.node import ManifestError
 from builder.workspace import Workspace
 
@@ -56,15 +54,20 @@ def facts_of(torch_version: str | None, cuda: str | None, nccl: str | None, gpus
         raise SmokeError(f"torch cannot be imported in the proof's environment ({error[:300] or 'no answer'})",
                          "read the log; the node's torch must import in a venv that sees it")  # fmt: skip
     if not cuda or not gpus:
-        raise ToolError(f"torch {torch_version} here sees no GPU{'' if cuda else ' (a CPU build of torch)'}: "
-                        "prove runs the CUDA checks on a GPU node",
-                        "run it on a node with the GPUs the wheel is built for, its driver loaded (nvidia-smi lists "
-                        "them) and CUDA_VISIBLE_DEVICES not hiding them")  # fmt: skip
+        raise no_gpu(torch_version, cuda)
     if not driver:
         raise ToolError("the NVIDIA driver's version cannot be read (NVML and nvidia-smi both failed)",
                         "check the driver with nvidia-smi; a proof records the driver it ran on")  # fmt: skip
     major_minor = ".".join(cuda.split(".")[:2])
     return GpuFacts(tuple(gpus), driver, major_minor, torch_version, nccl or "", python, host)
+
+
+def no_gpu(torch_version: str | None, cuda: str | None) -> ToolError:
+    """Why there is nothing to prove on here: torch sees no GPU."""
+    return ToolError(f"torch {torch_version or '(none)'} here sees no GPU{'' if cuda else ' (a CPU build of torch)'}: "
+                     "prove runs the CUDA checks on a GPU node",
+                     "run it on a node with the GPUs the wheel is built for, its driver loaded (nvidia-smi lists "
+                     "them) and CUDA_VISIBLE_DEVICES not hiding them")  # fmt: skip
 
 
 def gpu_name(name: str) -> str:
@@ -92,21 +95,8 @@ def gpu_facts(python: Path, env: Mapping[str, str]) -> GpuFacts:
 
 
 def check_dest(dest: Path) -> None:
-    """--dest, checked before anything runs (FolderError, exit 10): not a system folder, no link of another
-    user's or a folder others could swap on its way, a folder this user can make and write."""
-    from builder.node import printable, unsafe_folder
-
-    why = unsafe_folder(str(dest.absolute()))
-    if why:
-        raise FolderError(f"--dest {printable(str(dest))} cannot hold the proof: {why}",
-                          "give a folder of your own, e.g. --dest ./proofs")  # fmt: skip
-    try:
-        make_dirs(dest)
-        if not dest.is_dir() or not os.access(dest, os.W_OK):
-            raise PermissionError(13, "it is not a folder this user can write")
-    except OSError as exc:
-        raise FolderError(f"cannot write the proof into --dest {printable(str(dest))}: {exc.strerror or exc}",
-                          "give a folder you can write (not a file, not on a read-only mount)") from exc  # fmt: skip
+    """--dest, checked before anything runs (FolderError, exit 10; files.dest_folder)."""
+    dest_folder(dest, "the proof's folder", "./proofs")
 
 
 def write_proof(dest: Path, proof: Proof) -> Path:
@@ -127,35 +117,14 @@ def summary(proof: Proof) -> str:
     """One line for people: where it ran and how it went."""
     failed = wheel_failures(proof.checks)
     verdict = "PASSED" if proof.passed else f"FAILED ({', '.join(c.name for c in failed[:6])})"
-    return f"prove {verdict} for {proof.wheel} on {proof.facts.describe().removeprefix('proven on ')}"
-
-
-@contextlib.contextmanager
-def only_from(folders: Sequence[Path]) -> Iterator[None]:
-    """Every install in this process reads `folders` alone (no index), until the block ends: the venv
-    gets the wheelhouse's files and, with --offline, the gathered folder's."""
-    links = " ".join(str(f) for f in folders)
-    wanted = {"PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": links, "UV_NO_CONFIG": "1",
-              "UV_NO_INDEX": "1", "UV_FIND_LINKS": links, "UV_OFFLINE": "1"}  # fmt: skip
-    saved = {k: os.environ.get(k) for k in wanted}
-    os.environ.update(wanted)
-    envs.pip_sources.cache_clear()
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        envs.pip_sources.cache_clear()
+    return f"prove {verdict} for {proof.wheel} on {proof.facts.describe()}"
 
 
 def environment(tmp: Path, wheel: Path, files: Path, offline: Path | None, log: Path, verbose: bool) -> Path:
     """The proof's venv: it sees the node's packages (its torch above all) and gets the wheel, its
     closure and what the checks import from `files` (the wheelhouse's, downloaded) and `offline` alone."""
     try:
-        with only_from([files, *([offline.resolve() / "wheels"] if offline else [])]):
+        with envs.only_from([files, *([offline.resolve() / "wheels"] if offline else [])]):
             return envs.create(tmp / "venv", [str(wheel), *PROVE_EXTRAS], log, verbose, system_site_packages=True)
     except ToolError as exc:
         where = "the wheelhouse" + (f" and {offline}" if offline else "")
@@ -169,11 +138,11 @@ def prove(wheelhouse: str, ws: Workspace, dest: Path, trust: Sequence[str] = (),
           verbose: bool = False, keep_env: bool = False) -> Proof:  # fmt: skip
     """Pick, fetch and check the wheel for this node as the node installer does, install it beside the
     node's torch from the wheelhouse alone, run every check, write and return the proof (written
-    when checks fail too: it says which). SmokeError when a check of the wheel's failed."""
+    when checks fail too: it says which) into `dest`, which the caller checked (check_dest). SmokeError
+    when a check of the wheel's failed."""
     from builder import node
 
     start, started = time.monotonic(), now()
-    check_dest(dest)
     base = node.wheelhouse_base(wheelhouse)
     verified = node.load_verified(base, node.load_trust(list(trust)))
     if verified.signature is None:
@@ -183,7 +152,7 @@ def prove(wheelhouse: str, ws: Workspace, dest: Path, trust: Sequence[str] = (),
     here = node.probe_node(sys.executable)
     output.step(f"node: {here.describe()}")
     if not here.gpus:
-        facts_of(here.torch, here.cuda, None, [], None, "", "")  # raises: says why there is nothing to prove on
+        raise no_gpu(here.torch, here.cuda)
     entry = node.choose(verified.manifest, here)
     output.step(f"prove: {entry.name} (archs {', '.join(entry.archs)}, ops {', '.join(entry.ops)}), chosen as the "
                 "node installer chooses")  # fmt: skip
@@ -204,7 +173,7 @@ def prove(wheelhouse: str, ws: Workspace, dest: Path, trust: Sequence[str] = (),
         env = smoke.check_env(venv, manifest, wheel.name, tmp)
         python = envs.python_in(venv)
         facts = gpu_facts(python, env)
-        output.step(f"prove: on {facts.describe().removeprefix('proven on ')}")
+        output.step(f"prove: on {facts.describe()}")
         # The reference run (blame) uses the node's torch too: the wheel was installed against it.
         checks = smoke.run_checks(dataclasses.replace(manifest, recipe_torch="system"), python, env, tmp, log,
                                   verbose, ws)  # fmt: skip
@@ -221,10 +190,7 @@ def prove(wheelhouse: str, ws: Workspace, dest: Path, trust: Sequence[str] = (),
 def finish(proof: Proof, dest: Path, log: Path) -> Proof:
     """Write the proof, print its checks, and raise where the wheel failed one of them."""
     path = write_proof(dest, proof)
-    for c in proof.checks:
-        if c.name.startswith("config:") and c.status not in ("failed", "upstream"):
-            continue
-        output.note(f"  {c.status:7} {c.name:24} {c.detail.splitlines()[0] if c.detail else ''}")
+    smoke.print_checks(proof.checks)
     output.step(summary(proof))
     if not proof.passed:
         failed = ", ".join(c.name for c in wheel_failures(proof.checks)) or "nothing passed"

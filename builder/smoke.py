@@ -22,7 +22,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from builder import bundle, cmd, configs, envs, output, reference
-from builder.contracts import BuildManifest, Check, SmokeReport, verdict, wheel_failures
+from builder.contracts import BuildManifest, Check, SmokeReport, summarize, verdict, wheel_failures
 from builder.errors import SmokeError, UsageError
 from builder.files import is_file_here, sha256_of, write_atomic
 from builder.node import CHECK_STATUSES, Fields, ManifestError, TooLarge, format_configs, read_bounded
@@ -399,10 +399,14 @@ def _print(report: SmokeReport) -> None:
     output.step(f"smoke {'PASSED' if report.passed else 'FAILED'} for {report.wheel} in {report.seconds:.0f}s{but}")
     if none is not None:
         output.warn(none.detail)
-    for c in report.checks:
-        if c.name.startswith("config:") and c.status not in ("failed", "upstream"):
-            continue  # collapsed below, a line per optimizer
-        first = c.detail.splitlines()[0] if c.detail else ""
-        output.note(f"  {c.status:7} {c.name:24} {first}")
-    for line in format_configs(report.summary_checks()):
+    print_checks(report.checks)
+
+
+def print_checks(checks: Sequence[Check]) -> None:
+    """A line per check, the configs that ran collapsed to a line per optimizer (the smoke's, prove's)."""
+    summary = summarize(checks)
+    for name, (status, first) in summary.items():
+        if not name.startswith("config:") or status in ("failed", "upstream"):
+            output.note(f"  {status:7} {name:24} {first}")
+    for line in format_configs(summary):
         output.note(f"  {line}")

@@ -304,7 +304,7 @@ def test_the_facts_a_proof_records_are_what_the_node_has() -> None:
     facts = facts_of("2.11.0+cu130", "13.0.48", "2.28.9", [Gpu("NVIDIA H200", "9.0", 143771)] * 8, "580.95.05",
                      "3.12.3", "n1")  # fmt: skip
     assert facts.cuda == "13.0" and len(facts.gpus) == 8
-    assert facts.describe() == "proven on 8x NVIDIA H200 (9.0), driver 580.95.05, CUDA 13.0, torch 2.11.0"
+    assert facts.describe() == "8x NVIDIA H200 (9.0), driver 580.95.05, CUDA 13.0, torch 2.11.0"  # what it ran on
     with pytest.raises(Exception, match="NVIDIA driver's version cannot be read"):
         facts_of("2.11.0+cu130", "13.0", None, [Gpu("NVIDIA H200", "9.0", 1)], None, "3.12.3", "n1")
 

@@ -82,7 +82,6 @@ from builder.node.install import checked_dependencies, checked_wheel, load_verif
 from builder.node.manifest import (
     LOCK_FILE_RE,
     LOCK_NAME_RE,
-    PROOF_NAME_RE,
     check_image_file,
     check_image_name,
     embedded_build_manifest,
@@ -192,7 +191,6 @@ __all__ = [
     "NAME_RE",
     "NO_ROOM",
     "OP_RE",
-    "PROOF_NAME_RE",
     "PYTHON_TAG_RE",
     "REPORTS",
     "SHA256_RE",

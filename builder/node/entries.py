@@ -3,7 +3,7 @@ entries): typed, frozen, made only by `manifest.parse_manifest`.
 """
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +16,16 @@ class SmokeSummary:
     passed: bool
     finished_at: str
     checks: "Mapping[str, tuple[str, str]]"  # name -> (status, first line of detail)
+
+
+def describe_gpus(gpus: "Sequence[str]", capabilities: "Sequence[str]", driver: str, cuda: str, torch: str) -> str:
+    """A node's GPUs and software for people: "8x NVIDIA H200 (9.0), driver 580.65, CUDA 13.0, torch 2.11.0"."""
+    kinds: dict[str, int] = {}
+    for i, gpu in enumerate(gpus):
+        kind = f"{gpu} ({capabilities[i]})"
+        kinds[kind] = kinds.get(kind, 0) + 1
+    shown = ", ".join(f"{n}x {k}" if n > 1 else k for k, n in kinds.items())
+    return f"{shown}, driver {driver}, CUDA {cuda}, torch {torch.split('+')[0]}"
 
 
 @dataclass(frozen=True)
@@ -36,13 +46,8 @@ class ProofEntry:
 
     def describe(self) -> str:
         """For people: "proven on NVIDIA H200 (9.0), driver 580.65, CUDA 13.0, torch 2.11.0, on 2026-11-28"."""
-        kinds: dict[str, int] = {}
-        for i, gpu in enumerate(self.gpus):
-            kind = f"{gpu} ({self.capabilities[i]})"
-            kinds[kind] = kinds.get(kind, 0) + 1
-        gpus = ", ".join(f"{n}x {k}" if n > 1 else k for k, n in kinds.items())
-        when = f", on {self.finished_at[:10]}" if self.finished_at else ""
-        return f"proven on {gpus}, driver {self.driver}, CUDA {self.cuda}, torch {self.torch.split('+')[0]}{when}"
+        ran_on = describe_gpus(self.gpus, self.capabilities, self.driver, self.cuda, self.torch)
+        return f"proven on {ran_on}" + (f", on {self.finished_at[:10]}" if self.finished_at else "")
 
     def order(self) -> "tuple[str, str]":
         """Where it goes among a wheel's proofs: oldest first, then by name (as manifest.json is read back)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from builder import output
@@ -24,9 +25,7 @@ from builder.node import (
     TooLarge,
     WheelEntry,
     arch_covers,
-    open_regular,
-    proof_name,
-    read_limited,
+    read_bounded,
 )
 
 # The reason an op's numerics check is skipped where none is written (resources/smoke/wheel.unchecked):
@@ -72,28 +71,46 @@ def refusals(proof: Proof, entry: WheelEntry) -> list[str]:
     return why
 
 
-def read_proof(path: Path) -> tuple[Proof, bytes]:
-    """A proof file given to publish, validated, and its bytes; PublishError naming it otherwise."""
+@dataclass(frozen=True)
+class ProofFile:
+    """A proof file read: what it says, its bytes, and its entry in the manifest (named by their sha256)."""
+
+    proof: Proof
+    data: bytes
+    entry: ProofEntry
+
+
+def read_proof(path: Path) -> ProofFile:
+    """A proof file given to publish, validated; PublishError naming it otherwise."""
+    return load_proof(_read(path), path)
+
+
+def _read(path: Path) -> bytes:
     fix = "pass the <wheel>.proof.json that `python -m builder prove` wrote on the GPU node"
     try:
-        with open_regular(path) as f:
-            data = read_limited(f, "report", str(path))
+        return read_bounded(path, "report")
     except FileNotFoundError:
         raise PublishError(f"no such proof: {path}", fix) from None
-    except (OSError, TooLarge, ManifestError) as exc:
-        raise PublishError(f"cannot read the proof {path}: {getattr(exc, 'message', None) or exc}", fix) from exc
+    except (OSError, TooLarge) as exc:
+        raise PublishError(f"cannot read the proof {path}: {exc}", fix) from exc
+
+
+def load_proof(data: bytes, path: Path) -> ProofFile:
+    """A proof's bytes, validated, with its entry in the manifest; PublishError naming `path` otherwise."""
     try:
-        return Proof.from_json(data, str(path)), data
+        proof = Proof.from_json(data, str(path))
     except ManifestError as exc:
         raise PublishError(f"refused the proof {path}: {exc.message}", exc.fix) from exc
+    return ProofFile(proof, data, proof.entry(hashlib.sha256(data).hexdigest()))
 
 
-def accepted(wheelhouse: Path, entries: dict[str, WheelEntry], files: Sequence[Path]) -> list[tuple[Proof, bytes]]:
+def accepted(wheelhouse: Path, entries: dict[str, WheelEntry], files: Sequence[Path]) -> list[ProofFile]:
     """Each proof read and checked against the wheel the wheelhouse holds (its bytes too); PublishError
     for the first refused, before anything is written."""
     out = []
     for path in files:
-        proof, data = read_proof(path)
+        found = read_proof(path)
+        proof = found.proof
         entry = entries.get(proof.wheel) or next((e for e in entries.values() if e.sha256 == proof.sha256), None)
         if entry is None:
             raise PublishError(f"refused the proof {path}: it is a proof of {proof.wheel}, which {wheelhouse} does not "
@@ -107,30 +124,26 @@ def accepted(wheelhouse: Path, entries: dict[str, WheelEntry], files: Sequence[P
                                "prove the published wheel on a node of the GPUs it is built for (`python -m builder "
                                "prove --wheelhouse ...`) and take in that proof; a failure of the wheel's is fixed in "
                                "the build")  # fmt: skip
-        out.append((proof, data))
+        out.append(found)
     return out
 
 
-def with_proofs(entries: dict[str, WheelEntry], taken: Sequence[tuple[Proof, bytes]]) -> dict[str, WheelEntry]:
+def with_proofs(entries: dict[str, WheelEntry], taken: Sequence[ProofFile]) -> dict[str, WheelEntry]:
     """The wheel entries with each proof recorded (pure): one entry per proof file, several per wheel."""
     out = dict(entries)
-    for proof, data in taken:
-        entry = out[proof.wheel]
-        new = proof.entry(hashlib.sha256(data).hexdigest())
-        kept = tuple(p for p in entry.proofs if p.name != new.name)
-        out[proof.wheel] = dataclasses.replace(entry, proofs=tuple(sorted((*kept, new), key=ProofEntry.order)))
+    for found in taken:
+        entry = out[found.proof.wheel]
+        kept = tuple(p for p in entry.proofs if p.name != found.entry.name)
+        out[entry.name] = dataclasses.replace(entry, proofs=tuple(sorted((*kept, found.entry), key=ProofEntry.order)))
     return out
 
 
-def write_proofs(wheelhouse: Path, taken: Sequence[tuple[Proof, bytes]]) -> list[str]:
+def write_proofs(wheelhouse: Path, taken: Sequence[ProofFile]) -> list[str]:
     """The proof files beside their wheels, as given (their bytes are what the manifest hashes)."""
-    names = []
-    for proof, data in taken:
-        name = proof_name(proof.wheel, hashlib.sha256(data).hexdigest())
-        write_atomic(wheelhouse / name, data)
-        output.note(f"took in {name}: {proof.facts.describe()}")
-        names.append(name)
-    return names
+    for found in taken:
+        write_atomic(wheelhouse / found.entry.name, found.data)
+        output.note(f"took in {found.entry.name}: {found.entry.describe()}")
+    return [found.entry.name for found in taken]
 
 
 def verify_proofs(wheelhouse: Path, entry: WheelEntry) -> list[str]:
@@ -143,19 +156,16 @@ def verify_proofs(wheelhouse: Path, entry: WheelEntry) -> list[str]:
             why = "a link, not the file publish wrote" if path.is_symlink() else "missing"
             problems.append(f"{listed.name}: {why}")
             continue
-        if sha256_of(path) != listed.sha256:
-            problems.append(f"{listed.name}: sha256 differs from manifest.json")
-            continue
         try:
-            proof, _ = read_proof(path)
+            data = _read(path)
+            if hashlib.sha256(data).hexdigest() != listed.sha256:
+                problems.append(f"{listed.name}: sha256 differs from manifest.json")
+                continue
+            found = load_proof(data, path)
         except PublishError as exc:
             problems.append(exc.message)
             continue
-        if proof.entry(listed.sha256) != listed:
+        if found.entry != listed:
             problems.append(f"{listed.name}: manifest.json says otherwise of the proof than the file does")
-        problems += [f"{listed.name}: {why}" for why in refusals(proof, entry)]
+        problems += [f"{listed.name}: {why}" for why in refusals(found.proof, entry)]
     return problems
-
-
-def proof_files(entry: WheelEntry | None) -> list[str]:
-    return [p.name for p in entry.proofs] if entry is not None else []

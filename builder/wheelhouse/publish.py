@@ -174,6 +174,7 @@ def _leftovers(wheelhouse: Path, manifest: WheelhouseManifest) -> tuple[list[Pat
                 for table in (manifest.wheels, manifest.dependencies, manifest.variants, manifest.variant_indexes)
                 for n, e in table.items()
             }
+            listed.update({p.name: p.sha256 for e in manifest.wheels.values() for p in e.proofs})
             for name, digest in files.items():
                 path = wheelhouse / name
                 if name.startswith(f"{LOCKS}/"):
@@ -192,13 +193,8 @@ def _leftovers(wheelhouse: Path, manifest: WheelhouseManifest) -> tuple[list[Pat
                     node.check_image_file(name, JOURNAL)
                 elif name.endswith("-variants.json"):
                     check_variants_json_name(name, JOURNAL)
-                elif node.PROOF_NAME_RE.match(name):
-                    wheel = node.proof_wheel(name, JOURNAL)
-                    if name in proofs.proof_files(manifest.wheels.get(wheel)):
-                        continue
-                    if path.is_file() and not path.is_symlink() and sha256_of(path) == digest:
-                        doomed.append(path)  # a proof the killed publish --proof copied
-                    continue
+                elif name.endswith(".json"):  # a GPU proof (publish --proof): refused here if not one's name
+                    node.proof_wheel(name, JOURNAL)
                 elif not node.is_wheel_name(name):
                     split_variant_name(name, JOURNAL)
                 if name in listed or name in node.image_files(manifest):
@@ -344,8 +340,7 @@ def take_in_proofs(wheelhouse: Path, files: Sequence[Path]) -> list[str]:
         manifest = load_manifest(wheelhouse)
         _clean(wheelhouse, manifest)
         taken = proofs.accepted(wheelhouse, dict(manifest.wheels), files)
-        digests = [hashlib.sha256(data).hexdigest() for _, data in taken]
-        _journal(wheelhouse, {node.proof_name(p.wheel, d): d for (p, _), d in zip(taken, digests, strict=True)})
+        _journal(wheelhouse, {found.entry.name: found.entry.sha256 for found in taken})
         try:
             names = proofs.write_proofs(wheelhouse, taken)
             commit(wheelhouse, dataclasses.replace(manifest, wheels=proofs.with_proofs(dict(manifest.wheels), taken)))
