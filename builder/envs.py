@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from builder import cmd, output
+from builder import cmd, node, output
 from builder.errors import ToolError
-from builder.files import trusted_folder
+from builder.files import env_folder, settle_modes, tree_checked
 
 if TYPE_CHECKING:
     from builder.recipe import TorchSpec
@@ -50,7 +50,7 @@ ENV_CACHE_ENV = "DS_BUILDER_ENV_CACHE"
 
 def build_envs_folder(work_cache: Path, env: Mapping[str, str]) -> Path:
     """DS_BUILDER_ENV_CACHE (shared by several work folders), else the work folder's own."""
-    named = trusted_folder(env, ENV_CACHE_ENV, "build environments")  # their code runs in every build
+    named = env_folder(env, ENV_CACHE_ENV, "build environments")  # their code runs in every build
     return named if named is not None else work_cache / "envs"
 
 
@@ -461,45 +461,48 @@ def cached(
     root.mkdir(parents=True, exist_ok=True)
     with FileLock(str(venv) + ".lock"):
         if (venv / COMPLETE).is_file():
+            _check_own(venv)
             output.note(f"reusing environment {venv} (made meanwhile by another builder)")
             return venv
         create(venv, requirements, log, verbose, system_site_packages, base, index, bytecode=True)
         if then is not None:
             then(venv)
         (venv / COMPLETE).write_text("\n".join(requirements) + "\n", encoding="utf-8")
-        for place in _owned_places(venv):  # writable by this user alone, whatever the umask: _check_own
-            if place.exists() and not place.is_symlink():
-                place.chmod(place.stat().st_mode & ~0o022)
+        settle_modes(venv)  # written by no one else whatever the umask (2,205 entries others could write under 000)
+    _check_own(venv)  # stamped: the next build reuses it without walking it file by file
     return venv
 
 
-def _owned_places(venv: Path) -> list[Path]:
-    """Where code of a made environment could be put: its folder, completion mark, packages, programs."""
-    return [venv, venv / COMPLETE, *sorted(venv.glob("lib/python3*/site-packages")), venv / "bin"]
-
-
 def _check_own(venv: Path) -> None:
-    """A made environment is reused only where no one else could have put code in it: the folder, its
-    completion mark and its packages' folders belong to this user or root and no one else can write
-    them (a planted `.pth` runs in every Python process of the build). FolderError (exit 10) otherwise."""
+    """A made environment is reused only where no one else could have put code in it (a planted `.pth`
+    runs in every Python process of the build): the trust boundary's tree check, every entry this
+    user's or root's (or a shared group's) and written by no one else, links only inside or to this
+    user's interpreters. FolderError (exit 10) otherwise."""
+    fix = (
+        f"remove {venv} (the next build makes it again), and keep the environments' folder writable by you "
+        "alone or by a group you share (docs/trust.md)"
+    )
+    tree_checked(venv, "the build environment", fix, links_out_to=_interpreter_home(venv, fix))
+
+
+def _interpreter_home(venv: Path, fix: str) -> tuple[str, ...]:
+    """The folder of the interpreter an environment was made from (pyvenv.cfg's `home`), where its
+    bin/python leads, after the trust boundary's folder check of it."""
     from builder.errors import FolderError
 
-    for place in _owned_places(venv):
-        try:
-            st = place.lstat()
-        except FileNotFoundError:
-            continue
-        if place.is_symlink() or st.st_uid not in (os.getuid(), 0) or st.st_mode & 0o022:
-            why = (
-                "is a link"
-                if place.is_symlink()
-                else f"belongs to user {st.st_uid}"
-                if st.st_uid not in (os.getuid(), 0)
-                else f"can be written by others (mode {st.st_mode & 0o7777:o})"
-            )
-            raise FolderError(f"the build environment {venv} is not trusted: {place} {why}, so code in it may not "
-                              "be this toolkit's", f"remove {venv} (the next build makes it again), and keep the "
-                              "environments' folder writable by you alone")  # fmt: skip
+    try:
+        lines = (venv / "pyvenv.cfg").read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return ()
+    homes = [line.partition("=")[2].strip() for line in lines if line.partition("=")[0].strip() == "home"]
+    if not homes or not homes[0].startswith("/"):
+        return ()
+    why = node.folder_problem(homes[0], system_ok=True)
+    if why:
+        raise FolderError(f"the build environment {venv} runs an interpreter from a folder others could change: "
+                          f"{why}", fix)  # fmt: skip
+    real = os.path.realpath(homes[0])
+    return (real,)
 
 
 def _pip_progress(line: str) -> str | None:

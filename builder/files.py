@@ -14,6 +14,7 @@ import hashlib
 import os
 import re
 import shutil
+import stat
 import tempfile
 import threading
 import uuid
@@ -52,68 +53,35 @@ def is_file_here(path: Path) -> bool:
         return False
 
 
-SHM = Path("/dev/shm")  # in a system tree; the toolkit's own folders there (the memory pool) are named so
-SHM_OWN = "ds-builder-"
+SHARE_FIX = "or a setgid folder of a group you share with the other builders (chmod 2775, chgrp GROUP; docs/trust.md)"
+
+
+def checked_folder(path: Path, label: str, what: str, fix: str) -> Path:
+    """`path` as the trust boundary judges a folder the toolkit writes `what` into or runs code from
+    (node.folder_problem: every component and every hop of every link this user's or root's,
+    written by no one else, not a system folder), else FolderError (exit 10) naming it, with `fix`."""
+    why = node.folder_problem(str(path))
+    if why:
+        raise FolderError(f"{label} cannot hold {what}: {why}", fix)
+    return path
 
 
 def env_folder(env: Mapping[str, str], name: str, what: str) -> Path | None:
-    """The folder an environment variable names (None where unset), refused (FolderError, exit 10)
-    where it is a system folder or inside one: the toolkit would write `what` there, as root into the
-    system (DS_BUILDER_ROOTS=/opt once made roots, their lock and a temporary tree in /opt)."""
+    """The folder an environment variable names (None where unset), checked by the trust boundary
+    (checked_folder): DS_BUILDER_ROOTS=/opt once made roots in /opt; a cache of another user's, or
+    one others can write, decides what a build runs or ships."""
     value = env.get(name)
     if not value:
         return None
-    resolved = Path(os.path.abspath(value)).resolve()
-    if resolved.exists() and not resolved.is_dir():
-        raise FolderError(f"{name}={node.printable(value[:200])} is not a folder ({resolved} is a file)",
-                          f"point {name} at a folder, or unset it for the default")  # fmt: skip
-    if is_system_folder(resolved) and not (resolved.parent == SHM and resolved.name.startswith(SHM_OWN)):
-        raise FolderError(f"{name}={value[:200]} is the system folder {resolved}: the toolkit would write {what} there",
-                          f"point {name} at a folder of its own (e.g. /var/tmp/ds-builder or /shared/ds-builder), or "
-                          "unset it for the default")  # fmt: skip
-    return Path(value)
-
-
-def trusted_folder(env: Mapping[str, str], name: str, what: str) -> Path | None:
-    """The folder an environment variable names (None where unset) for something whose content decides
-    what a build runs or trusts (shared build environments, a shared compiler cache): env_folder's check,
-    then refused (FolderError, exit 10) where it is not a folder, where a link on its path was made by
-    a user other than this one or root, or where it or a folder above it belongs to another user or
-    can be written by others (a sticky folder above, such as /tmp, is fine), as OpenSSH refuses a key
-    file others can write. A folder not made yet is checked by its parents."""
-    named = env_folder(env, name, what)  # a system folder, or a file in its place: refused there
-    if named is None:
-        return None
-    absolute = Path(os.path.abspath(named))
-    fix = f"point {name} at a folder of your own that only you (or root) can write, or unset it"
-    link = foreign_link(absolute)
-    if link is not None:
-        raise FolderError(f"{name}={named} passes through {link}, a link made by another user "
-                          f"(uid {link.lstat().st_uid}): it decides where {what} are read from", fix)  # fmt: skip
-    resolved = absolute.resolve()
-    for folder in (resolved, *resolved.parents):
-        try:
-            st = folder.stat()
-        except FileNotFoundError:
-            continue
-        if st.st_uid not in (os.getuid(), 0):
-            raise FolderError(f"{name}={named}: {folder} belongs to user {st.st_uid}, who could change the {what} "
-                              "this build uses", fix)  # fmt: skip
-        if st.st_mode & 0o022 and not (folder != resolved and st.st_mode & 0o1000):
-            raise FolderError(f"{name}={named}: {folder} can be written by others (mode {st.st_mode & 0o7777:o}), "
-                              f"who could change the {what} this build uses",
-                              f"chmod go-w {folder}, or {fix}")  # fmt: skip
-    return named
+    return checked_folder(Path(value), f"{name}={node.shown(value)}", what,
+                          f"point {name} at a folder of your own that only you (or root) can write, {SHARE_FIX}, "
+                          "or unset it for the default")  # fmt: skip
 
 
 def dest_folder(folder: Path, what: str, example: str) -> None:
     """A --dest the toolkit writes `what` into, made and checked before anything else runs (FolderError,
-    exit 10): not a system folder, no link of another user's or a folder others could swap on its way,
-    a folder (not a file) this user can write."""
-    why = node.unsafe_folder(str(folder.absolute()))
-    if why:
-        raise FolderError(f"--dest {node.printable(str(folder))} cannot be {what}: {why}",
-                          f"give a folder of its own, e.g. {example}")  # fmt: skip
+    exit 10): the trust boundary's folder check, then a folder (not a file) this user can write."""
+    checked_folder(folder, f"--dest {node.shown(str(folder))}", what, f"give a folder of its own, e.g. {example}")
     try:
         make_dirs(folder)
         if not folder.is_dir():
@@ -121,19 +89,34 @@ def dest_folder(folder: Path, what: str, example: str) -> None:
         if not os.access(folder, os.W_OK | os.X_OK):
             raise PermissionError(13, "this user cannot write it")
     except OSError as exc:
-        raise FolderError(f"cannot make --dest {node.printable(str(folder))}: {exc.strerror or exc}",
+        raise FolderError(f"cannot make --dest {node.shown(str(folder))}: {exc.strerror or exc}",
                           "give a folder you can write (not a file, not on a read-only mount)") from exc  # fmt: skip
 
 
-def foreign_link(absolute: Path) -> Path | None:
-    """The first link on `absolute`'s path made by a user other than this one or root (None: none):
-    whoever made it decides where the path leads."""
-    probe = Path(absolute.anchor)
-    for part in absolute.parts[1:]:
-        probe = probe / part
-        if probe.is_symlink() and probe.lstat().st_uid not in (os.getuid(), 0):
-            return probe
-    return None
+def tree_checked(
+    top: Path, what: str, fix: str, absolute_inside: bool = False, links_out_to: tuple[str, ...] = ()
+) -> Path:
+    """A tree whose files run or are compiled (an environment, a compiler cache, a root), judged
+    entry by entry by the trust boundary (node.tree_problem, stamped: an unchanged tree is not walked
+    file by file again), else FolderError (exit 10) naming the entry, with `fix`."""
+    why = node.tree_problem(str(top), absolute_inside=absolute_inside, stamp=True, links_out_to=links_out_to)
+    if why:
+        raise FolderError(f"{what} {node.shown(str(top))} is not trusted: {why}, so what runs from it may not be "
+                          "this toolkit's", fix)  # fmt: skip
+    return top
+
+
+def settle_modes(top: Path) -> None:
+    """Every entry of a tree the toolkit made writable by its owner alone (and by the group where the
+    tree is a shared group folder), whatever the umask it was made under: what tree_checked requires."""
+    keep_group = node.is_group_shared(top.lstat())
+    mask = ~0o002 if keep_group else ~0o022
+    for folder, dirs, names in os.walk(top):
+        for name in [*dirs, *names, ""]:
+            path = os.path.join(folder, name) if name else folder
+            st = os.lstat(path)
+            if not stat.S_ISLNK(st.st_mode) and stat.S_IMODE(st.st_mode) & ~mask:
+                os.chmod(path, stat.S_IMODE(st.st_mode) & mask)
 
 
 def path_error(exc: OSError) -> FolderError:

@@ -136,25 +136,25 @@ def test_the_modulefile_sets_only_the_environment_and_quotes_what_it_names() -> 
 
 
 def test_unsafe_prefixes_are_named(tmp_path: Path) -> None:
-    assert "system folder" in (node.unsafe_folder("/usr/lib/x") or "")
-    assert "system folder" in (node.unsafe_folder("/opt") or "")
-    assert node.unsafe_folder("/usr/local/software") is None or "/usr/local" not in node.SYSTEM_TREES
+    assert "system folder" in (node.folder_problem("/usr/lib/x") or "")
+    assert "system folder" in (node.folder_problem("/opt") or "")
+    assert node.folder_problem("/usr/local/software") is None or "/usr/local" not in node.SYSTEM_TREES
     shared = tmp_path / "shared"
     shared.mkdir()
-    assert node.unsafe_folder(str(shared / "software")) is None
+    assert node.folder_problem(str(shared / "software")) is None
     shared.chmod(0o777)
-    assert "writable by every user" in (node.unsafe_folder(str(shared / "software")) or "")
+    assert "writable by every user" in (node.folder_problem(str(shared / "software")) or "")
     shared.chmod(0o1777)  # sticky, as /tmp: others cannot move what is not theirs
-    assert node.unsafe_folder(str(shared / "software")) is None
+    assert node.folder_problem(str(shared / "software")) is None
     shared.chmod(0o755)
     link = tmp_path / "link"
     link.symlink_to(shared)
     os.lchown(link, 4242, 4242)
-    assert "a link made by another user (uid 4242)" in (node.unsafe_folder(str(link / "software")) or "")
+    assert "a link made by another user (uid 4242)" in (node.folder_problem(str(link / "software")) or "")
     theirs = tmp_path / "theirs"
     theirs.mkdir()
     os.chown(theirs, 4242, 4242)
-    assert "belongs to another user" in (node.unsafe_folder(str(theirs / "software")) or "")
+    assert "belongs to another user" in (node.folder_problem(str(theirs / "software")) or "")
 
 
 def test_pip_and_venv_run_without_the_users_pip_settings() -> None:
@@ -276,7 +276,7 @@ def test_an_unsafe_or_taken_place_is_refused_before_anything_is_written(house: P
     prefix = tmp_path / "sw"
     if case == "system":
         prefix = Path("/usr/lib/ds-module-test")
-        said_here = "is a system folder"
+        said_here = "is the system folder"
     elif case == "world-writable modulefiles":
         (prefix / "modulefiles").mkdir(parents=True)
         (prefix / "modulefiles").chmod(0o777)
@@ -287,7 +287,7 @@ def test_an_unsafe_or_taken_place_is_refused_before_anything_is_written(house: P
         said_here = "exists and was not written by this installer"
     elif case == "a file":
         prefix.write_text("")
-        said_here = "cannot be written by this user"
+        said_here = "is a file, not a folder"
     else:
         real = tmp_path / "real"
         real.mkdir()

@@ -675,7 +675,7 @@ def test_a_unit_cache_in_a_system_folder_or_behind_another_users_link_is_refused
     link = tmp_path / "cache-link"
     link.symlink_to("/")
     for path in (link, Path("/"), Path("/usr/lib"), Path("/etc"), Path.home()):
-        with pytest.raises(FolderError, match="is the system folder"):
+        with pytest.raises(FolderError, match="(is|leads to) the system folder"):
             cache_folder(tmp_path, {UNIT_CACHE_ENV: str(path)})
     assert FolderError.exit_code == 10
     mine = tmp_path / "shared" / "units"

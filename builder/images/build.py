@@ -149,7 +149,7 @@ def base_lock(base_id: str) -> FileLock:
     so a run knows its own containers only as those made from the base while it holds the lock: a second
     build from the same base (another CI run's) waits rather than have its container removed."""
     folder = LOCKS_FOLDER / f"ds-builder-image-locks-{os.geteuid()}"
-    why = node.unsafe_folder(str(folder))
+    why = node.folder_problem(str(folder))
     make_dirs(folder, mode=0o700)
     st = folder.lstat()
     if why or folder.is_symlink() or st.st_uid != os.geteuid() or st.st_mode & 0o077:

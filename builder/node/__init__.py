@@ -67,16 +67,14 @@ from builder.node.fields import (
     url_secret,
 )
 from builder.node.files import (
-    SYSTEM_TREES,
     NotAFile,
     TooLarge,
-    is_system_folder,
     open_regular,
     printable,
     read_bounded,
     read_limited,
     scratch_dir,
-    unsafe_folder,
+    shown,
 )
 from builder.node.install import checked_dependencies, checked_wheel, load_verified, load_wheelhouse
 from builder.node.manifest import (
@@ -107,6 +105,14 @@ from builder.node.module import (
     render_modulefile,
 )
 from builder.node.names import check_variants_json_name, check_wheel_name, is_wheel_name, normalize, split_variant_name
+from builder.node.paths import (
+    STAMP,
+    SYSTEM_TREES,
+    folder_problem,
+    is_group_shared,
+    is_system_folder,
+    tree_problem,
+)
 from builder.node.probe import cpu_flags, parse_node_probe, probe_node
 from builder.node.state import STATE_ENV
 from builder.node.tables import (
@@ -145,6 +151,7 @@ BUNDLE = (
     "contract",
     "names",
     "files",
+    "paths",
     "fields",
     "trust",
     "entries",
@@ -196,6 +203,7 @@ __all__ = [
     "SHA256_RE",
     "SIGNATURE_FILE",
     "SKIP_FLAG",
+    "STAMP",
     "STAMP_RE",
     "STATE_ENV",
     "SYSTEM_TREES",
@@ -241,12 +249,14 @@ __all__ = [
     "entry_differences",
     "fingerprint_of",
     "floor_systems",
+    "folder_problem",
     "format_configs",
     "format_op_rows",
     "glibc_floor",
     "glibc_mismatch",
     "host_ops_of",
     "image_files",
+    "is_group_shared",
     "is_system_folder",
     "is_wheel_name",
     "key_from_line",
@@ -280,12 +290,13 @@ __all__ = [
     "reason_table",
     "render_modulefile",
     "scratch_dir",
+    "shown",
     "split_variant_name",
     "squashfs_name",
     "stamp",
     "torch_variant",
+    "tree_problem",
     "unproven",
-    "unsafe_folder",
     "url_secret",
     "version_key",
     "wheelhouse_base",

@@ -12,53 +12,21 @@ from typing import IO
 
 from builder.node.contract import LIMITS, InstallError, ManifestError
 
-SYSTEM_FOLDERS = ("/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/media", "/mnt", "/opt",
-                  "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/usr/local", "/var",
-                  "/var/tmp", "/var/lib")  # fmt: skip
-SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/run", "/sbin", "/sys",
-                "/usr/bin", "/usr/include", "/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/libexec", "/usr/sbin",
-                "/usr/share")  # fmt: skip
-
-
-def is_system_folder(resolved: str, home: str = "") -> bool:
-    """Whether a resolved path is a system folder, inside a system tree, or the user's home itself."""
-    home = home or os.path.realpath(os.path.expanduser("~"))
-    inside = any(resolved == t or resolved.startswith(t + "/") for t in SYSTEM_TREES)
-    return resolved in SYSTEM_FOLDERS or resolved == home or inside
-
-
-def unsafe_folder(path: str) -> "str | None":
-    """What makes a folder unsafe to install into (None: nothing): a folder of the system, or on
-    its way a link another user made, a folder another user owns, or one any user may write
-    without the sticky bit (as OpenSSH checks the path of a user's keys)."""
-    path = os.path.abspath(path)
-    if any(c in path for c in "\n\r\t\x00"):
-        return f"{path!r} holds a control character"
-    if is_system_folder(os.path.realpath(path)):
-        return f"{path} is a system folder (or inside one)"
-    me, parts, current = os.geteuid(), [p for p in path.split("/") if p], "/"
-    for part in parts:
-        current = os.path.join(current, part)
-        try:
-            st = os.lstat(current)
-        except FileNotFoundError:
-            return None  # made by the installer from here on
-        except OSError as exc:
-            return f"{current} cannot be read ({exc.strerror})"
-        if os.path.islink(current):
-            if st.st_uid not in (0, me):
-                return f"{current} is a link made by another user (uid {st.st_uid}): it decides where files go"
-            continue
-        if st.st_uid not in (0, me):
-            return f"{current} belongs to another user (uid {st.st_uid}), who could move what is below it"
-        if st.st_mode & 0o002 and not st.st_mode & 0o1000:
-            return f"{current} is writable by every user (and not sticky): anyone could replace what is below it"
-    return None
-
 
 def printable(text: str) -> str:
-    """`text` with every character a terminal would act on (ESC, BEL, NUL, ...) shown escaped."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    """`text` with every character a terminal would act on (ESC, BEL, NUL, C1, DEL, bidi controls)
+    shown escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] if ord(c) < 0xA0 else f"\\u{ord(c):04x}"
+                   if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}" for c in text)  # fmt: skip
+
+
+def shown(text: str, limit: int = 200) -> str:
+    """The one way a name from outside is printed: escaped (printable), and where it is long, cut
+    with its length said, so a 3 MB value is one readable line."""
+    escaped = printable(text)
+    if len(escaped) <= limit:
+        return escaped
+    return f"{escaped[: limit * 2 // 3]}...{escaped[-(limit // 4) :]} ({len(text)} characters)"
 
 
 def too_big(what: str, where: str) -> "ManifestError":

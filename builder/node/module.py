@@ -20,9 +20,9 @@ from builder.node.files import (
     open_regular,
     printable,
     say,
-    unsafe_folder,
 )
 from builder.node.names import check_wheel_name, normalize
+from builder.node.paths import folder_problem
 from builder.node.pip import pip_fix, run_pip
 
 #
@@ -152,9 +152,10 @@ def modulefile_lock(path: str) -> "str | None":
 def check_module_folders(prefix: str, modulefiles: str) -> None:
     """The prefix and the modulefile folder are safe and writable, or ModuleError says why (each shown
     escaped: a newline in a --prefix printed a line of its own)."""
-    for what, folder in (("--module prefix", prefix), ("modulefile folder", modulefiles)):
+    for what, folder in (("--module prefix", prefix), ("modulefile folder", modulefiles),
+                         ("modulefile folder", os.path.join(modulefiles, MODULE))):  # fmt: skip
         shown = printable(folder)
-        why = unsafe_folder(folder)
+        why = folder_problem(folder, written_into_files=True)
         if why:
             raise ModuleError(f"the {what} {shown} is unsafe: {why}", "install into a folder for site software "
                               "that root or you own, e.g. /shared/software, with --modulefiles beside it")  # fmt: skip
@@ -165,11 +166,7 @@ def check_module_folders(prefix: str, modulefiles: str) -> None:
             raise ModuleError(f"the {what} {shown} cannot be written by this user ({printable(existing)} is not a "
                               "writable folder)", "run as the user who owns the site's software tree, or name a "
                               "folder this user may write")  # fmt: skip
-    for folder in (modulefiles, os.path.join(modulefiles, MODULE)):
-        if os.path.isdir(folder) and os.stat(folder).st_mode & 0o022:
-            raise ModuleError(f"the modulefile folder {printable(folder)} is writable by other users: any of them "
-                              "could put a module there that every user then loads",
-                              f"chmod go-w {printable(folder)}")  # fmt: skip
+
 
 
 def find_lmod(env: "Mapping[str, str]") -> str:

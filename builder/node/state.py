@@ -13,7 +13,8 @@ from typing import Any
 from builder.node.contract import InstallError, ManifestError
 from builder.node.entries import WheelhouseManifest
 from builder.node.fields import stamp
-from builder.node.files import open_regular, printable, read_limited, unsafe_folder
+from builder.node.files import open_regular, printable, read_limited
+from builder.node.paths import folder_problem, tree_problem
 from builder.node.trust import Signature
 
 STATE_ENV = "DS_NODE_STATE_DIR"  # where a node keeps the serial it last accepted per wheelhouse
@@ -43,23 +44,14 @@ def state_dir(env: "Mapping[str, str]") -> "Path":
 
 
 def _unsafe_state(folder: "Path") -> "str | None":
-    """unsafe_folder's checks of the path, then the folder and its records: this user's or root's,
+    """The trust boundary's folder check of the path, then its records: this user's or root's,
     written by no one else."""
-    why = unsafe_folder(str(folder))  # a control character in the path included
+    why = folder_problem(str(folder), written_into_files=True)
     if why:
         return why
-    for path in (folder, folder / SERIALS_FILE, folder / SOURCES_FILE):
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            return f"{path} cannot be read ({exc.strerror})"
-        if st.st_uid not in (0, os.geteuid()):
-            return f"{path} belongs to another user (uid {st.st_uid})"
-        if st.st_mode & 0o022:
-            return f"{path} can be written by others (mode {st.st_mode & 0o7777:o})"
-    return None
+    if not folder.is_dir():
+        return None  # made by the installer
+    return tree_problem(str(folder))  # its records: this user's or root's, written by no one else
 
 
 def _read_state(folder: "Path", name: str, field: str, kind: type, what: str, after: str) -> "dict[str, Any]":

@@ -22,7 +22,7 @@ from typing import Any
 
 from builder import output, signing
 from builder.errors import BuilderError, FolderError
-from builder.files import foreign_link, is_system_folder, make_dirs, sha256_of, write_atomic
+from builder.files import env_folder, make_dirs, sha256_of, write_atomic
 from builder.node import SHA256_RE, Fields, ManifestError, check_wheel_name, read_bounded
 from builder.units.plan import UNIT_SCHEMA, Unit
 
@@ -42,23 +42,12 @@ def cache_folder(work_cache: Path, env: Mapping[str, str]) -> Path:
 
 
 def check_cache_path(path: Path) -> Path:
-    """A shared unit cache the user named, refused (exit 10) where it resolves to a system folder or
-    its path passes through a link that neither this user nor root made."""
-    absolute = Path(os.path.abspath(path))
-    resolved = absolute.resolve()
-    if resolved.exists() and not resolved.is_dir():
-        raise FolderError(f"{UNIT_CACHE_ENV}={path} is not a folder ({resolved} is a file)",
-                          f"point {UNIT_CACHE_ENV} at a folder, or unset it for the work folder's own")  # fmt: skip
-    if is_system_folder(resolved):
-        raise FolderError(f"{UNIT_CACHE_ENV}={path} is the system folder {resolved}: the unit cache writes lock "
-                          "files and unit folders there", f"point {UNIT_CACHE_ENV} at a folder of its own, e.g. "
-                          "/shared/ds-unit-cache")  # fmt: skip
-    link = foreign_link(absolute)
-    if link is not None:
-        raise FolderError(f"{UNIT_CACHE_ENV}={path} passes through {link}, a link made by another user "
-                          f"(uid {link.lstat().st_uid}): it decides where the cache writes",
-                          f"point {UNIT_CACHE_ENV} at the real folder ({resolved}) if you trust it")  # fmt: skip
-    return resolved
+    """A shared unit cache the user named, judged by the trust boundary (files.env_folder: not a
+    system folder, every link and folder on its way this user's or root's or a shared group's);
+    where it leads."""
+    named = env_folder({UNIT_CACHE_ENV: str(path)}, UNIT_CACHE_ENV, "lock files and unit folders")
+    assert named is not None
+    return named.resolve()
 
 
 @dataclass(frozen=True)

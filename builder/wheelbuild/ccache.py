@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.cmd import query, which
-from builder.files import trusted_folder
+from builder.files import env_folder
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ CACHE_DIR_ENV = "DS_BUILDER_CCACHE_DIR"
 
 
 def cache_dir(work_cache: Path, env: Mapping[str, str]) -> Path:
-    named = trusted_folder(env, CACHE_DIR_ENV, "compiled objects")  # they go into the wheel as they are
+    named = env_folder(env, CACHE_DIR_ENV, "compiled objects")  # they go into the wheel as they are
     return named if named is not None else work_cache / "ccache"
 
 
