@@ -7,6 +7,7 @@ traceback only with --debug.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -537,6 +538,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from builder.node import InstallError  # the contract's errors (a bad manifest or report)
 
     output.set_quiet(getattr(args, "quiet", False))
+    os.umask(0o022)  # what the toolkit makes is 0755/0644 (0700 where private) under any umask, its tools' too
     _terminate_cleanly()
     try:
         return commands.HANDLERS[args.command](args)

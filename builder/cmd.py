@@ -40,6 +40,17 @@ def which(program: str, env: Mapping[str, str] | None = None) -> str | None:
     return shutil.which(program, path=path)
 
 
+COLOUR_FORCING = ("FORCE_COLOR", "CLICOLOR_FORCE", "PY_COLORS", "PY_COLOR", "UV_COLOR", "PIP_COLOR")
+
+
+def plain(env: Mapping[str, str] | None) -> dict[str, str]:
+    """`env` (default: this process's) with colour off: what the toolkit parses is what it asked for
+    (with FORCE_COLOR=1 uv coloured its dry-run plan and the plan read as empty)."""
+    out = {k: v for k, v in (os.environ if env is None else env).items() if k not in COLOUR_FORCING}
+    out["NO_COLOR"] = "1"
+    return out
+
+
 def run(
     args: Sequence[str | os.PathLike[str]],
     *,
@@ -85,7 +96,7 @@ def run(
         try:
             proc = subprocess.Popen(
                 argv,
-                env=dict(env) if env is not None else None,
+                env=plain(env),
                 cwd=cwd,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -283,7 +294,7 @@ def ask(
     try:
         return subprocess.run(
             list(args), capture_output=True, text=True, errors="replace", timeout=timeout, check=False,
-            env=dict(env) if env is not None else None, input=stdin,
+            env=plain(env), input=stdin,
         )  # fmt: skip
     except subprocess.TimeoutExpired as exc:
         raise NoAnswer(f"{quote(list(args))} did not answer in {timeout:.0f} s", "check the service it asks") from exc
@@ -297,7 +308,8 @@ def query(args: Sequence[str]) -> str:
     that is not UTF-8 (a broken or hostile program) is decoded with replacement characters.
     """
     try:
-        done = subprocess.run(list(args), capture_output=True, text=True, errors="replace", timeout=60, check=False)
+        done = subprocess.run(list(args), capture_output=True, text=True, errors="replace", timeout=60, check=False,
+                              env=plain(None))  # fmt: skip
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return done.stdout if done.returncode == 0 else ""

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 from builder import cmd, node, output
 from builder.errors import ToolError
 from builder.files import env_folder, settle_modes, tree_checked
+from builder.node import shown
 
 if TYPE_CHECKING:
     from builder.recipe import TorchSpec
@@ -395,9 +396,22 @@ def _create_system_with_uv(venv: Path, requirements: Sequence[str], log: Path, v
 _DRY_RUN_LINE = re.compile(r"^\s*\+\s+([A-Za-z0-9._-]+)(?:==(\S+?)(?:\s+\(from\s+(\S+)\))?|\s+@\s+(\S+))\s*$")
 
 
+_WOULD_INSTALL = re.compile(r"^Would install (\d+) packages?$", re.M)
+
+
 def parse_dry_run(text: str) -> list[str]:
     """The packages `uv pip install --dry-run` would add (" + name==version", " + name @ file:///..."),
-    as requirements for an exact, dependency-free install."""
+    as requirements for an exact, dependency-free install. A plan is read only as it was asked for:
+    colour codes in it (FORCE_COLOR), or fewer packages read than uv says it would install, or no
+    verdict at all, is an error, never an empty plan (the wheel under test was then never installed)."""
+    fix = f"use the uv this toolkit pins (uv=={UV_VERSION}), with colour off (unset FORCE_COLOR), or report the plan"
+    if "\x1b" in text:
+        raise ToolError("uv's dry run printed terminal colour codes, so its plan cannot be read", fix)
+    counted = _WOULD_INSTALL.search(text)
+    added = any(line.lstrip().startswith("+ ") for line in text.splitlines())
+    if counted is None and "Would make no changes" not in text and not added:
+        raise ToolError(f"uv's dry run said neither what it would install nor that nothing was missing: "
+                        f"{shown(text.strip()[-300:])!r}", fix)  # fmt: skip
     wanted = []
     for line in text.splitlines():
         m = _DRY_RUN_LINE.match(line)
@@ -413,6 +427,9 @@ def parse_dry_run(text: str) -> list[str]:
             wanted.append(urllib.request.url2pathname(parsed.path) if parsed.scheme == "file" else url)
         else:
             wanted.append(f"{name}=={version}")
+    if counted is not None and int(counted.group(1)) != len(wanted):
+        raise ToolError(f"uv's dry run said it would install {counted.group(1)} packages, and {len(wanted)} of them "
+                        "could be read", fix)  # fmt: skip
     return wanted
 
 

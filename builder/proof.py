@@ -176,7 +176,7 @@ def prove(wheelhouse: str, ws: Workspace, dest: Path, trust: Sequence[str] = (),
         output.step(f"prove: on {facts.describe()}")
         # The reference run (blame) uses the node's torch too: the wheel was installed against it.
         checks = smoke.run_checks(dataclasses.replace(manifest, recipe_torch="system"), python, env, tmp, log,
-                                  verbose, ws)  # fmt: skip
+                                  verbose, ws, wheel)  # fmt: skip
     finally:
         if keep_env:
             output.note(f"kept the proof's environment at {tmp}")

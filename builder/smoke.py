@@ -73,9 +73,10 @@ def parse_checks(output: str) -> tuple[Check, ...]:
     return tuple(checks)
 
 
-def smoke_spec(manifest: BuildManifest) -> dict[str, Any]:
+def smoke_spec(manifest: BuildManifest, record: Path | None = None) -> dict[str, Any]:
     return {
         "version": manifest.version,
+        "record": str(record) if record is not None else None,
         "ops": list(manifest.ops),
         "accelerator": manifest.accelerator,
         "torch": {"version": manifest.torch_version, "cuda": manifest.torch_cuda},
@@ -255,11 +256,27 @@ def run_cases(cases: Sequence[configs.ConfigCase], ws: Workspace, wheel: Path | 
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def wheel_record(wheel: Path, tmp: Path) -> Path:
+    """The wheel's own RECORD lines for DeepSpeed's files (path, sha256, size), in a file the checks
+    compare the installed package with, byte for byte: a version string proves nothing (the node's
+    own DeepSpeed of the same version passed for the wheel once)."""
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as zf:
+        records = [n for n in zf.namelist() if n.endswith(".dist-info/RECORD") and n.count("/") == 1]
+        if len(records) != 1:
+            raise SmokeError(f"{wheel.name} holds {len(records)} RECORD files, not one", "build the wheel again")
+        text = zf.read(records[0]).decode("utf-8", errors="replace")
+    lines = [line for line in text.splitlines() if line.startswith("deepspeed/") and ",sha256=" in line]
+    return write_atomic(tmp / "wheel-record.csv", "\n".join(lines) + "\n")
+
+
 def run_checks(manifest: BuildManifest, python: Path, env: dict[str, str], tmp: Path, log: Path, verbose: bool,
-               ws: Workspace) -> tuple[Check, ...]:  # fmt: skip
-    """Every check of a wheel in its venv: the smoke checks (one file, run by the venv's `python`),
-    then the config matrix with its blame rules (config_checks)."""
-    said = cmd.run([python, write_checks(tmp), json.dumps(smoke_spec(manifest))], env=env, cwd=tmp, log=log,
+               ws: Workspace, wheel: Path | None = None) -> tuple[Check, ...]:  # fmt: skip
+    """Every check of a wheel in its venv: the smoke checks (one file, run by the venv's `python`; the
+    installed DeepSpeed compared with `wheel`'s RECORD), then the config matrix with its blame rules."""
+    record = wheel_record(wheel, tmp) if wheel is not None else None
+    said = cmd.run([python, write_checks(tmp), json.dumps(smoke_spec(manifest, record))], env=env, cwd=tmp, log=log,
                    verbose=verbose)  # fmt: skip
     return parse_checks(said) + config_checks(manifest, python, env, tmp, log, verbose, ws)
 
@@ -278,7 +295,7 @@ def smoke(wheel: Path, ws: Workspace, verbose: bool = False, keep_env: bool = Fa
     tmp = Path(tempfile.mkdtemp(prefix="smoke-", dir=ws.scratch))
     try:
         venv, env = wheel_env(wheel, manifest, tmp, log, verbose, SMOKE_EXTRAS)
-        checks = run_checks(manifest, envs.python_in(venv), env, tmp, log, verbose, ws)
+        checks = run_checks(manifest, envs.python_in(venv), env, tmp, log, verbose, ws, wheel)
         if on_venv is not None:
             on_venv(envs.python_in(venv), env)
     finally:

@@ -47,6 +47,14 @@ class Workspace:
         return self.root / "tmp"
 
     def check_writable(self) -> None:
+        """The trust boundary's folder check first (the work folder's environments and sources run), as
+        given: another user's link on its way, or a system folder, is refused before anything is made."""
+        from builder.files import checked_folder
+        from builder.node import shown
+
+        what = "the work folder (environments, sources, logs)"
+        checked_folder(self.root, f"--work-dir {shown(str(self.root))}", what,
+                       "pass --work-dir with a folder of your own that only you (or root) can write")  # fmt: skip
         check_writable(self.root, "--work-dir")
 
     def recipe_dir(self, name: str) -> Path:

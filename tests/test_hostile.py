@@ -585,7 +585,7 @@ def test_an_unwritable_work_dir_says_which_option_moves_it(tmp_path: Path) -> No
     blocker.write_text("")
     done = builder("build-wheel", "--work-dir", str(blocker / "work"))
     assert done.returncode == 10, done.stderr
-    assert "cannot write to" in done.stderr and "--work-dir" in done.stderr and "Traceback" not in done.stderr
+    assert "is a file, not a folder" in done.stderr and "--work-dir" in done.stderr and "Traceback" not in done.stderr
 
 
 @pytest.mark.spawns

@@ -111,6 +111,8 @@ def main(argv: "Sequence[str] | None" = None, prog: "str | None" = None, module_
     args = p.parse_args(argv)
     import threading
 
+    os.umask(0o022)  # run as root by provisioning: pip under umask 000 made site-packages anyone could write
+
     if threading.current_thread() is threading.main_thread():  # signal handlers live there only
         signal.signal(signal.SIGTERM, _terminated)
     ops = [op.strip() for op in args.ops.split(",") if op.strip()]

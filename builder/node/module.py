@@ -168,7 +168,6 @@ def check_module_folders(prefix: str, modulefiles: str) -> None:
                               "folder this user may write")  # fmt: skip
 
 
-
 def find_lmod(env: "Mapping[str, str]") -> str:
     """Lmod's bash init script (LMOD_PKG's, else where distributions put it)."""
     pkg = env.get("LMOD_PKG", "")

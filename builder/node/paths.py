@@ -259,9 +259,7 @@ def tree_problem(
             if why:
                 return why
             if not _inside(top, path, absolute_inside) and not _leads_into(path, links_out_to):
-                return (
-                    f"{shown(path)} is a link leading out of {shown(top)} (to {shown(os.readlink(path))})"
-                )
+                return f"{shown(path)} is a link leading out of {shown(top)} (to {shown(os.readlink(path))})"
             continue
         why = _owner_problem(path, st, shared, "belongs to") or _mode_problem(path, st, shared)
         if why:

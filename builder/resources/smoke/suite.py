@@ -108,7 +108,7 @@ def main() -> None:
     if ext_dir_files():
         raise SystemExit("TORCH_EXTENSIONS_DIR is not empty at the start")
     record(results, "torch", lambda: check_torch(spec["torch"]))
-    record(results, "import", lambda: check_import(spec["version"]))
+    record(results, "import", lambda: check_import(spec["version"], spec.get("record")))
     for op in spec["ops"]:
         record(results, f"load:{op}", functools.partial(check_op_loads, op))
     for op in spec["ops"]:

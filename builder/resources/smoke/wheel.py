@@ -13,12 +13,48 @@ from typing import Any
 from builder.resources.smoke.common import Skip, ext_dir_files
 
 
-def check_import(expected_version: str) -> str:
+def check_import(expected_version: str, record: str | None = None) -> str:
+    """DeepSpeed imports, and it is the wheel: every file its RECORD lists, byte for byte (a version
+    string proves nothing: the node's own DeepSpeed of the same version once passed for it)."""
     import deepspeed
 
     if deepspeed.__version__ != expected_version:
         raise AssertionError(f"deepspeed.__version__ is {deepspeed.__version__}, expected {expected_version}")
-    return f"deepspeed {deepspeed.__version__} from {os.path.dirname(deepspeed.__file__)}"
+    where = os.path.dirname(deepspeed.__file__)
+    if record is None:
+        return f"deepspeed {deepspeed.__version__} from {where}"
+    compared = compare_record(os.path.dirname(where), record)
+    return f"deepspeed {deepspeed.__version__} from {where}: {compared} files the wheel's RECORD lists, byte for byte"
+
+
+def compare_record(site: str, record: str) -> int:
+    """Each file of `record` (the wheel's RECORD lines) under `site` has the sha256 the wheel says;
+    AssertionError names the first that differs or is missing. The number compared."""
+    import base64
+    import hashlib
+
+    wrong: list[str] = []
+    count = 0
+    with open(record, encoding="utf-8") as f:
+        for line in f:
+            path, _, rest = line.rstrip("\n").partition(",")
+            algorithm, _, want = rest.partition(",")[0].partition("=")
+            if algorithm != "sha256" or not path:
+                continue
+            count += 1
+            try:
+                with open(os.path.join(site, path), "rb") as installed:
+                    got = base64.urlsafe_b64encode(hashlib.sha256(installed.read()).digest()).rstrip(b"=").decode()
+            except OSError:
+                got = "missing"
+            if got != want:
+                wrong.append(f"{path} ({'missing' if got == 'missing' else 'other bytes'})")
+    if wrong:
+        raise AssertionError(f"the DeepSpeed imported from {site} is not the wheel's: {len(wrong)} of {count} files "
+                             f"differ from its RECORD, e.g. {', '.join(wrong[:3])}")  # fmt: skip
+    if count == 0:
+        raise AssertionError("the wheel's RECORD lists no DeepSpeed file to compare")
+    return count
 
 
 def check_torch(expected: dict[str, Any]) -> str:
