@@ -16,35 +16,26 @@ import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from builder import output
+from builder import node, output
 from builder.buildroot import make
 from builder.buildroot.spec import RootFacts, RootSpec, bind_paths, default_spec, outermost, wrapper_files
 from builder.errors import RootError
 from builder.files import make_dirs, write_atomic
 
 FIX_HOST = 'or build for this machine\'s own OS only with platform = "host"'
-_INNER = ("usr", "usr/bin", "usr/lib", "usr/lib64", "usr/libexec", "usr/include", "bin", "lib", "lib64", "etc")
-
-
-def _owner_ok(st: os.stat_result) -> bool:
-    return st.st_uid in (0, os.geteuid())
 
 
 def check_trusted(root: Path, spec: RootSpec) -> None:
     """RootError unless the root may be trusted (see the module) and is a root with the compilers."""
+    why = node.folder_problem(str(root), system_ok=True)
     real = Path(os.path.realpath(root))
-    for folder in (real, *real.parents):
-        st = folder.stat()
-        if not _owner_ok(st):
-            raise RootError(f"the build root {root} is not trusted: {folder} belongs to user {st.st_uid}, "
-                            "who could change the compiler every build runs",
-                            f"use a root that root or you own (chown -R), {FIX_HOST}")  # fmt: skip
-        writable = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-        if writable and not (folder != real and st.st_mode & stat.S_ISVTX):
-            raise RootError(f"the build root {root} is not trusted: {folder} is writable by "
-                            f"{'everyone' if st.st_mode & stat.S_IWOTH else 'its group'} "
-                            f"(mode {stat.S_IMODE(st.st_mode):o}), who could change the compiler every build runs",
-                            f"chmod go-w {folder}, {FIX_HOST}")  # fmt: skip
+    if why is None and real.is_dir():  # the whole tree, as the trust boundary judges what runs (stamped)
+        why = node.tree_problem(str(real), absolute_inside=True, stamp=True)
+    if why:
+        raise RootError(f"the build root {node.shown(str(root))} is not trusted: {why}; whoever could change it "
+                        "could change the compiler every build runs",
+                        f"use a root that root or you own, written by no one else (chown -R, chmod -R go-w), "
+                        f"{FIX_HOST}")  # fmt: skip
     if not (real / "usr").is_dir() or not ((real / "bin").exists() or (real / "usr" / "bin").is_dir()):
         raise RootError(f"{root} is not the top folder of an OS's files (no usr/ and bin/ in it)",
                         f"name the folder that holds the root's usr/, bin/ and lib/, {FIX_HOST}")  # fmt: skip
@@ -58,23 +49,9 @@ def check_trusted(root: Path, spec: RootSpec) -> None:
             raise RootError(f"the build root {root} has no compiler {tool}",
                             f"install {what} in the root, or name its compiler with [root] cxx / cc, "
                             + FIX_HOST)  # fmt: skip
-        _check_inner(root, found)
     if make.inside(real, "/usr/include/stdio.h") is None:
         raise RootError(f"the build root {root} has no C library headers (/usr/include/stdio.h)",
                         f"install them in the root (Debian: libc6-dev; RHEL: glibc-devel), {FIX_HOST}")  # fmt: skip
-    for rel in _INNER:
-        path = real / rel
-        if path.is_dir() and not path.is_symlink():
-            _check_inner(root, path)
-
-
-def _check_inner(root: Path, path: Path) -> None:
-    st = path.stat()
-    if not _owner_ok(st) or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise RootError(f"the build root {root} is not trusted: {path} "
-                        + (f"belongs to user {st.st_uid}" if not _owner_ok(st) else
-                           f"is writable by others (mode {stat.S_IMODE(st.st_mode):o})"),
-                        f"fix its owner and mode (chown root, chmod go-w), {FIX_HOST}")  # fmt: skip
 
 
 _RESOLVED: dict[tuple[RootSpec, Path], RootFacts] = {}

@@ -188,6 +188,7 @@ def gather(args: argparse.Namespace) -> int:
     have = offline.read_freeze(args.have) if args.have else {}
     ws = _workspace(args)  # a file or a read-only mount in its place: exit 10, one line
     ws.logs.mkdir(parents=True, exist_ok=True)
+    offline.check_dest(args.dest)  # as given: resolved first, another user's link on its way was followed
     offline.gather(
         recipe, args.dest.resolve(), args.python, have, ws.logs / "gather.log", args.verbose, with_root=not args.no_root
     )

@@ -15,10 +15,10 @@ from builder.workspace import Workspace
 
 
 def _workspace(args: argparse.Namespace, check: bool = True) -> Workspace:
-    ws = Workspace(args.work_dir.resolve())
+    """The work folder, judged as given (another user's link on its way is seen before it is resolved)."""
     if check:
-        ws.check_writable()
-    return ws
+        Workspace(args.work_dir).check_writable()
+    return Workspace(args.work_dir.resolve())
 
 
 def _trust_arg(args: argparse.Namespace) -> Any:

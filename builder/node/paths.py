@@ -27,6 +27,9 @@ SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/p
 SCRATCH_TREES = ("/dev/shm",)  # inside a system tree, but a tmpfs every user may make folders in, as /tmp
 MAX_HOPS = 40  # the kernel's own limit of links on one path (ELOOP)
 STAMP = ".ds-builder-trusted"  # tree_problem's record of the tree it last found sound
+# A root's folders no compile reads: the host's /dev, /proc and /sys are bound over them, and the rest
+# hold state (Debian makes /var/local 2775 root:staff, /var/mail 2775 root:mail, /tmp 1777).
+ROOT_STATE = ("dev", "proc", "sys", "tmp", "var", "run", "home", "root", "mnt", "media", "srv", "boot")
 
 
 def is_system_folder(resolved: str, home: str = "") -> bool:
@@ -190,7 +193,9 @@ def _leads_into(link: str, folders: "tuple[str, ...]") -> bool:
     return any(real == f or real.startswith(f.rstrip("/") + "/") for f in folders)
 
 
-def _fingerprint(top: str) -> "tuple[str, list[tuple[str, os.stat_result]], list[tuple[str, os.DirEntry[str]]]]":
+def _fingerprint(
+    top: str, skip: "tuple[str, ...]" = ()
+) -> "tuple[str, list[tuple[str, os.stat_result]], list[tuple[str, os.DirEntry[str]]]]":
     """The folders of a tree (path, inode, owner, group, mode, change time): what any change of an
     entry's name, or of a folder's owner or mode, changes; and every entry that is not a folder."""
     digest = hashlib.sha256()
@@ -208,6 +213,8 @@ def _fingerprint(top: str) -> "tuple[str, list[tuple[str, os.stat_result]], list
         )
         with os.scandir(folder) as it:
             for entry in it:
+                if folder == top and entry.name in skip:
+                    continue
                 if entry.is_dir(follow_symlinks=False):
                     stack.append(entry.path)
                 else:
@@ -221,9 +228,10 @@ def tree_problem(
     """What makes the tree at `top` unsafe to run or compile from (None: nothing): an entry inside
     (folder, file, link) of a user other than this one or root (in a group-shared tree, a member),
     one others can write, or a link leading out of the tree (`absolute_inside`: a root, whose
-    absolute links are read inside it). With `stamp`, a sound tree is recorded in `top/STAMP` by its
-    folders' fingerprint, and a tree whose folders are unchanged since (no entry added, removed or
-    renamed, no folder's owner or mode changed) is not walked file by file again. `links_out_to`:
+    absolute links are read inside it and whose state folders, ROOT_STATE, no compile reads). With
+    `stamp`, a sound tree is recorded in `top/STAMP` by its folders' fingerprint, and a tree whose
+    folders are unchanged since (no entry added, removed or renamed, no folder's owner or mode
+    changed) is not walked file by file again. `links_out_to`:
     folders (already judged by folder_problem) that links may lead into, as an environment's
     bin/python leads to its interpreter."""
     try:
@@ -237,7 +245,7 @@ def tree_problem(
     if stamp:
         _make_stamp(stamp_path)  # before the fingerprint: making it changes the top folder's ctime
     try:
-        fingerprint, folders, entries = _fingerprint(top)
+        fingerprint, folders, entries = _fingerprint(top, ROOT_STATE if absolute_inside else ())
     except OSError as exc:
         return f"a folder in {shown(top)} cannot be read ({exc.strerror})"
     if stamp and _stamped(stamp_path, fingerprint):

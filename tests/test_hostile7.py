@@ -1,0 +1,379 @@
+"""Round 7 of hostile and bad inputs (issue 62): one trust boundary (builder/node/paths.py) for every
+path others could reach, judged the same everywhere; a packed root unpacked by the toolkit's own filter;
+what the toolkit parses is what it asked for. Each case names the problem, exits with its documented
+code, and touches nothing outside the toolkit's folders."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from builder import cmd, envs, node
+from builder.errors import FolderError, ToolError
+
+OTHER = 65534  # nobody: another user of a shared build host
+ZOO = Path(__file__).with_name("data") / "path-zoo.py"  # ../shared/tools/path-zoo.py, as the project was given it
+ZOO_SHAPES = (
+    "own", "own-link", "other-link", "chain", "foreign-parent", "world-writable", "sticky-foreign-entry",
+    "sticky-own-entry", "setgid-group", "setgid-other-writable", "tree-inner-writable", "tree-planted-file",
+    "tree-link-out", "a-file", "a-fifo", "newline-name", "esc-name", "long-path", "system-folder", "missing-under-own",
+    "missing-under-other-link",
+)  # fmt: skip
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="making files of another user needs root")
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, str]]:
+    if os.geteuid() != 0:
+        pytest.skip("path-zoo.py makes files of another user: it needs root")
+    parent = tmp_path_factory.mktemp("zoo")
+    parent.chmod(0o755)
+    made = subprocess.run([sys.executable, str(ZOO), str(parent)], capture_output=True, text=True, check=True)
+    shapes: dict[str, dict[str, str]] = json.loads(made.stdout)
+    assert sorted(shapes) == sorted(ZOO_SHAPES), "a shape was added to the zoo: list it here and judge it"
+    return shapes
+
+
+@pytest.mark.spawns
+@pytest.mark.parametrize("shape", ZOO_SHAPES)
+def test_the_folder_check_judges_every_shape_of_the_zoo(zoo: dict[str, dict[str, str]], shape: str) -> None:
+    """Item 1: one folder check, the path taken as given, every component and every hop of every link.
+    A tree shape is a sound folder whose inside is not: the folder check passes it, the tree check
+    refuses it. A name with control characters is accepted and printed escaped; a 4 KB path's message
+    is one line, cut with its length."""
+    fixture = zoo[shape]
+    path, expect = fixture["path"], fixture["expect"]
+    why = node.folder_problem(path)
+    if expect.startswith("refuse (tree check)"):
+        assert why is None, why
+        tree = node.tree_problem(path)
+        assert tree is not None and path in tree, tree
+    elif expect.startswith("refuse"):
+        assert why is not None, f"{shape}: {fixture['why']}"
+        assert "\n" not in why and "\x1b" not in why
+    else:
+        assert why is None, f"{shape}: {why}"
+    if shape == "long-path":
+        long = Path(path) / "x" / "y"
+        os.makedirs(long.parent, exist_ok=True)
+        long.parent.chmod(0o777)
+        said = node.folder_problem(str(long)) or ""
+        assert f"({len(str(long.parent))} characters)" in said and len(said) < 400, said
+    if shape in ("newline-name", "esc-name"):
+        open_to_all = Path(path) / "open"
+        open_to_all.mkdir(exist_ok=True)
+        open_to_all.chmod(0o777)
+        said = node.folder_problem(str(open_to_all)) or ""
+        assert "\n" not in said and "\x1b" not in said and "\x9b" not in said and "writable by every user" in said
+
+
+def _links(tmp: Path) -> dict[str, tuple[Path, bool]]:
+    """More shapes than the zoo's, each (path, refused?): a chain of three hops with another user's link
+    in the middle, a loop, a relative link whose `..` is read after another link, a group-writable folder
+    without setgid, a setgid folder of a group this user is not in."""
+    own = tmp / "own"
+    own.mkdir(mode=0o755)
+    theirs = tmp / "theirs-link"
+    theirs.symlink_to(own)
+    os.lchown(theirs, OTHER, OTHER)
+    (tmp / "hop2").symlink_to(theirs)
+    (tmp / "hop1").symlink_to(tmp / "hop2")
+    (tmp / "loop-a").symlink_to(tmp / "loop-b")
+    (tmp / "loop-b").symlink_to(tmp / "loop-a")
+    # deep/d/up -> .. (fine), then deep/d/trap -> up/../../theirs-link: the kernel reads `up` first and
+    # lands on another user's link, however the text of the path looks.
+    (tmp / "deep" / "d").mkdir(parents=True)
+    (tmp / "deep" / "d" / "up").symlink_to("..")
+    (tmp / "deep" / "d" / "trap").symlink_to("up/../theirs-link")
+    group = tmp / "group-no-setgid"
+    group.mkdir()
+    group.chmod(0o775)
+    foreign_group = tmp / "setgid-of-another-group"
+    foreign_group.mkdir()
+    os.chown(foreign_group, 0, 4242)
+    foreign_group.chmod(0o2775)
+    return {
+        "three hops, another's link in the middle": (tmp / "hop1" / "cache", True),
+        "a loop": (tmp / "loop-a", True),
+        "dotdot after a link": (tmp / "deep" / "d" / "trap" / "cache", True),
+        "group-writable, not setgid": (group / "cache", True),
+        "setgid of a group this user is not in": (foreign_group / "cache", True),
+        "own, through its own links": (tmp / "deep" / "d" / "up" / "d" / "up" / "own" / "cache", False),
+    }
+
+
+@needs_root
+def test_the_folder_check_follows_every_hop_as_the_kernel_does(tmp_path: Path) -> None:
+    for name, (path, refused) in _links(tmp_path).items():
+        why = node.folder_problem(str(path))
+        assert (why is not None) == refused, f"{name}: {why}"
+
+
+@needs_root
+@pytest.mark.parametrize(
+    ("variable", "folder"),
+    [
+        (envs.ENV_CACHE_ENV, lambda env: envs.build_envs_folder(Path("/tmp/work/cache"), env)),
+        ("DS_BUILDER_CCACHE_DIR", lambda env: __import__("builder.wheelbuild.ccache").wheelbuild.ccache.cache_dir(
+            Path("/tmp/work/cache"), env)),
+        ("DS_BUILDER_UNIT_CACHE", lambda env: __import__("builder.units.cache").units.cache.cache_folder(
+            Path("/tmp/work/cache"), env)),
+        ("DS_BUILDER_SDIST_CACHE", lambda env: __import__("builder.wheelbuild.source").wheelbuild.source.sdist_folder(
+            Path("/tmp/work/cache"), env)),
+        ("DS_BUILDER_ROOTS", lambda env: __import__("builder.buildroot.make").buildroot.make.roots_folder(env)),
+        ("DS_BUILDER_MEMORY_POOL", lambda env: __import__("builder.units.memory").units.memory.pool_folder(env)),
+    ],
+)  # fmt: skip
+def test_every_folder_the_environment_names_is_judged_by_the_boundary(
+    tmp_path: Path, variable: str, folder: Callable[[dict[str, str]], Any]
+) -> None:
+    """Item 1: the builder's own link to another user's link to a folder passed for the env, ccache and
+    unit caches (one hop was checked). Refused now, by the one check, exit 10; a setgid group folder of
+    the user's group is the documented way to share, and passes."""
+    shapes = _links(tmp_path)
+    chain = shapes["three hops, another's link in the middle"][0]
+    with pytest.raises(FolderError, match=f"{tmp_path / 'theirs-link'} is a link made by another user") as err:
+        folder({variable: str(chain)})
+    assert err.value.exit_code == 10 and "setgid folder of a group you share" in err.value.fix
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o2775)  # root's group: root is in it
+    assert folder({variable: str(shared / "cache")}) in (shared / "cache", (shared / "cache").resolve())
+    assert folder({variable: "/dev/shm/ds-mine"}) if variable == "DS_BUILDER_MEMORY_POOL" else True  # a tmpfs
+
+
+@needs_root
+def test_dest_and_work_dir_through_another_users_link_write_nothing(tmp_path: Path) -> None:
+    """Item 1: `gather --dest LINK` and `--work-dir LINK` (another user's link) wrote into its target,
+    because the path was resolved before it was checked. Exit 10, the target untouched."""
+    from builder import cli
+
+    target = tmp_path / "target"
+    target.mkdir()
+    link = tmp_path / "their-link"
+    link.symlink_to(target)
+    os.lchown(link, OTHER, OTHER)
+    recipe = str(Path(__file__).resolve().parents[1] / "recipes" / "system-cpu.toml")
+    assert cli.main(["gather", "--recipe", recipe, "--dest", str(link / "d"), "--work-dir", str(tmp_path / "w")]) == 10
+    assert cli.main(["gather", "--recipe", recipe, "--dest", str(tmp_path / "d"), "--work-dir", str(link)]) == 10
+    assert cli.main(["prove", "--wheelhouse", str(tmp_path), "--dest", str(link / "p")]) == 10
+    assert list(target.iterdir()) == []
+
+
+def test_the_tree_check_refuses_what_others_could_change_inside(tmp_path: Path) -> None:
+    """Item 1: an environment in DS_BUILDER_ENV_CACHE was checked at its top only: a `.pth` owned by
+    nobody, mode 0666, ran as root 12 times in one build; `torch/` 0777, `lib/` of another user, a
+    `pyvenv.cfg` 0666, a link nobody made, each passed. Each is refused by the tree check; a stamp lets an
+    unchanged tree pass without a walk of its files, and any entry added, removed or changed in owner or
+    mode of a folder walks it again."""
+    tree = tmp_path / "env"
+    site = tree / "lib" / "python3.11" / "site-packages"
+    (site / "torch").mkdir(parents=True)
+    (tree / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (tree / "lib64").symlink_to("lib")
+    (site / "torch" / "__init__.py").write_text("")
+    assert node.tree_problem(str(tree), stamp=True) is None
+    assert (tree / node.STAMP).is_file()
+    assert node.tree_problem(str(tree), stamp=True) is None  # stamped: folders unchanged
+    (site / "torch").chmod(0o777)
+    assert "torch is writable by every user" in (node.tree_problem(str(tree), stamp=True) or "")
+    (site / "torch").chmod(0o755)
+    (tree / "pyvenv.cfg").chmod(0o666)
+    assert "pyvenv.cfg is writable by every user" in (node.tree_problem(str(tree)) or "")
+    (tree / "pyvenv.cfg").chmod(0o644)
+    (site / "zz.pth").symlink_to("/etc/passwd")
+    assert "zz.pth is a link leading out of" in (node.tree_problem(str(tree), stamp=True) or "")
+    (site / "zz.pth").unlink()
+    assert node.tree_problem(str(tree), stamp=True) is None
+    # A link read hop by hop: `up` leads to the tree's top, and two `..` from there leave it.
+    (site / "up").symlink_to("../../..")
+    (site / "trap").symlink_to("up/../../etc")
+    assert "trap is a link leading out of" in (node.tree_problem(str(tree)) or "")
+    (site / "trap").unlink()
+    os.mkfifo(site / "fifo")
+    assert "fifo is a FIFO" in (node.tree_problem(str(tree)) or "")
+    (site / "fifo").unlink()
+    if os.geteuid() == 0:
+        planted = site / "zz_planted.pth"
+        planted.write_text("import os\n")
+        os.chown(planted, OTHER, OTHER)
+        assert f"zz_planted.pth belongs to another user (uid {OTHER})" in (node.tree_problem(str(tree), stamp=True)
+                                                                          or "")  # fmt: skip
+        os.chown(planted, 0, 0)
+        link = site / "their-link"
+        link.symlink_to("torch")
+        os.lchown(link, OTHER, OTHER)
+        assert "their-link is a link made by another user" in (node.tree_problem(str(tree)) or "")
+
+
+def test_a_root_reads_its_absolute_links_inside_itself(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "usr" / "bin").mkdir(parents=True)
+    (root / "usr" / "bin" / "gcc-10").write_text("")
+    (root / "usr" / "bin" / "cc").symlink_to("/usr/bin/gcc-10")
+    (root / "bin").symlink_to("usr/bin")
+    (root / "up").symlink_to("/../../..")  # a root's / has no parent
+    assert node.tree_problem(str(root), absolute_inside=True) is None
+    assert "is a link leading out of" in (node.tree_problem(str(root)) or "")  # read on the host: out
+
+
+@pytest.mark.spawns
+def test_an_environment_made_under_umask_000_is_written_by_no_one_else_and_reused(tmp_path: Path) -> None:
+    """Item 1: under `umask 000` the environment the toolkit made had 2,205 world-writable entries and was
+    reused. Now every entry is 0755/0644 whatever the umask, it is stamped, and the next build reuses it."""
+    old = os.umask(0)
+    try:
+        venv = envs.cached(tmp_path, ["packaging"], tmp_path / "log")
+    finally:
+        os.umask(old)
+    loose = [p for p in venv.rglob("*") if not p.is_symlink() and p.lstat().st_mode & 0o022]
+    assert loose == [] and not venv.lstat().st_mode & 0o022
+    assert (venv / node.STAMP).is_file()
+    assert envs.cached(tmp_path, ["packaging"], tmp_path / "log") == venv  # reused, its stamp still true
+    (venv / "lib").chmod(0o777)
+    with pytest.raises(FolderError, match="lib is writable by every user") as err:
+        envs.cached(tmp_path, ["packaging"], tmp_path / "log")
+    assert err.value.exit_code == 10 and f"remove {venv}" in err.value.fix
+
+
+def _tar(members: list[tuple[tarfile.TarInfo, bytes | None]]) -> tarfile.TarFile:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for info, data in members:
+            tf.addfile(info, io.BytesIO(data) if data is not None else None)
+    buf.seek(0)
+    return tarfile.open(fileobj=buf, mode="r")
+
+
+def _member(name: str, kind: bytes = tarfile.REGTYPE, data: bytes = b"", link: str = "", mode: int = 0o644) -> Any:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname, info.mode, info.uid, info.gid = kind, link, mode, OTHER, OTHER
+    info.size = len(data) if kind == tarfile.REGTYPE else 0
+    return info, (data if kind == tarfile.REGTYPE else None)
+
+
+@pytest.mark.parametrize(
+    ("case", "said"),
+    [
+        ("hard link out, then a file of its name", "is a hard link to"),
+        ("hard link by ..", "is a hard link to"),
+        ("a file through a link", "goes through 'd', a link or a file"),
+        ("a file over a link", "is listed twice"),
+        ("absolute name", "is not a path inside the root"),
+        ("dotdot name", "is not a path inside the root"),
+    ],
+)
+def test_a_crafted_root_pack_writes_nothing_outside(tmp_path: Path, case: str, said: str) -> None:
+    """Item 4: a root pack whose offline.json entry matched it held a hard-link member to a file outside
+    the root followed by a regular member of the same name: `build-wheel --offline` unpacked it as root and
+    overwrote that file ("PWNED by a packed root"); the hard link alone chowned it to nobody, 0644. The
+    toolkit's own filter refuses each shape by name; the outside file keeps its bytes, owner and mode."""
+    from builder.buildroot import pack
+
+    victim = tmp_path / "victim"
+    victim.write_text("secret")
+    victim.chmod(0o600)
+    before = victim.stat()
+    members = {
+        "hard link out, then a file of its name": [_member("x", tarfile.LNKTYPE, link=str(victim)),
+                                                   _member("x", data=b"PWNED by a packed root")],
+        "hard link by ..": [_member("x", tarfile.LNKTYPE, link="../victim"), _member("x", data=b"PWNED")],
+        "a file through a link": [_member("d", tarfile.SYMTYPE, link=str(tmp_path)),
+                                  _member("d/victim", data=b"PWNED")],
+        "a file over a link": [_member("v", tarfile.SYMTYPE, link=str(victim)), _member("v", data=b"PWNED")],
+        "absolute name": [_member(str(victim), data=b"PWNED")],
+        "dotdot name": [_member("../victim", data=b"PWNED")],
+    }[case]  # fmt: skip
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    with pytest.raises(pack.Refused, match=said):
+        pack.extract(_tar(members), dest, "crafted.tar.xz")
+    after = victim.stat()
+    assert victim.read_text() == "secret" and (after.st_uid, after.st_mode) == (before.st_uid, before.st_mode)
+
+
+def test_a_root_pack_is_unpacked_owned_by_the_unpacker_with_no_special_bits(tmp_path: Path) -> None:
+    from builder.buildroot import pack
+
+    members = [
+        _member("usr", tarfile.DIRTYPE, mode=0o755), _member("usr/bin", tarfile.DIRTYPE, mode=0o755),
+        _member("usr/bin/su", data=b"#!/bin/sh\n", mode=0o4777), _member("usr/bin/cc", data=b"x", mode=0o755),
+        _member("usr/bin/c++", tarfile.LNKTYPE, link="./usr/bin/cc"), _member("bin", tarfile.SYMTYPE, link="/usr/bin"),
+        _member("dev/null", tarfile.CHRTYPE), _member("tmp", tarfile.DIRTYPE, mode=0o1777),
+    ]  # fmt: skip
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    assert pack.extract(_tar(members), dest, "root.tar.xz") == 7  # the device is never made
+    assert not (dest / "dev" / "null").exists()
+    modes = {str(p.relative_to(dest)): stat.S_IMODE(p.lstat().st_mode) for p in dest.rglob("*") if not p.is_symlink()}
+    assert modes["usr/bin/su"] == 0o755 and modes["tmp"] == 0o755
+    assert {p.lstat().st_uid for p in dest.rglob("*")} == {os.geteuid()}
+    assert os.readlink(dest / "bin") == "/usr/bin"  # kept as a link, read inside the root once it is entered
+    assert (dest / "usr" / "bin" / "c++").stat().st_ino == (dest / "usr" / "bin" / "cc").stat().st_ino
+    assert node.tree_problem(str(dest), absolute_inside=True) is None
+
+
+@pytest.mark.spawns
+def test_tools_run_with_colour_off_whatever_the_user_forces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item 6: with FORCE_COLOR=1 uv coloured its dry-run plan, the plan read as empty, prove installed
+    nothing and checked the node's own DeepSpeed. Every tool the toolkit runs gets colour off."""
+    for var in ("FORCE_COLOR", "CLICOLOR_FORCE", "PY_COLORS"):
+        monkeypatch.setenv(var, "1")
+    said = cmd.run(["env"])
+    assert "NO_COLOR=1" in said.splitlines()
+    assert not any(line.startswith(("FORCE_COLOR=", "CLICOLOR_FORCE=", "PY_COLORS=")) for line in said.splitlines())
+    assert "NO_COLOR=1" in cmd.ask(["env"], env={"FORCE_COLOR": "1", "PATH": os.environ["PATH"]}).stdout
+
+
+def test_a_plan_that_cannot_be_read_is_an_error_never_an_empty_plan() -> None:
+    coloured = ("\x1b[2mResolved \x1b[1m1 package\x1b[0m\n\x1b[2mWould install \x1b[1m1 package\x1b[0m\n"
+                " \x1b[32m+\x1b[39m \x1b[1mdeepspeed\x1b[0m\x1b[2m==0.19.8\x1b[0m\n")  # fmt: skip
+    with pytest.raises(ToolError, match="colour codes"):
+        envs.parse_dry_run(coloured)
+    with pytest.raises(ToolError, match="would install 2 packages, and 1 of them"):
+        envs.parse_dry_run("Resolved 2 packages in 3ms\nWould install 2 packages\n + einops==0.8.2\n")
+    with pytest.raises(ToolError, match="said neither"):
+        envs.parse_dry_run("Resolved 2 packages in 3ms\n")
+    assert envs.parse_dry_run("Checked 1 package in 67ms\nWould make no changes\n") == []
+
+
+def test_the_installed_deepspeed_is_compared_with_the_wheels_record(tmp_path: Path) -> None:
+    """Item 6: the wheel check passed on the node's own DeepSpeed of the same version (a version string);
+    the smoke and prove now compare the installed files with the wheel's RECORD, byte for byte."""
+    import base64
+    import hashlib
+
+    from builder.resources.smoke.wheel import compare_record
+
+    site = tmp_path / "site"
+    (site / "deepspeed").mkdir(parents=True)
+    (site / "deepspeed" / "__init__.py").write_text("version = '0.19.8'\n")
+    digest = base64.urlsafe_b64encode(hashlib.sha256(b"version = '0.19.8'\n").digest()).rstrip(b"=").decode()
+    record = tmp_path / "record.csv"
+    record.write_text(f"deepspeed/__init__.py,sha256={digest},19\n")
+    assert compare_record(str(site), str(record)) == 1
+    (site / "deepspeed" / "__init__.py").write_text("version = '0.19.8'  # the node's own\n")
+    with pytest.raises(AssertionError, match=r"1 of 1 files differ from its RECORD, e.g. deepspeed/__init__.py \("):
+        compare_record(str(site), str(record))
+    shutil.rmtree(site / "deepspeed")
+    with pytest.raises(AssertionError, match="missing"):
+        compare_record(str(site), str(record))
+
+
+def test_one_escaping_function_cuts_long_values_with_their_length() -> None:
+    """Item 10: names printed raw (C0, C1, DEL, bidi controls), a 3 MB value echoed whole."""
+    assert node.shown("a\u202eb\x1b[2J\x9b\x7f\n") == "a\\u202eb\\x1b[2J\\x9b\\x7f\\n"
+    cut = node.shown("x" * 3_000_000)
+    assert len(cut) < 300 and cut.endswith("(3000000 characters)")
+    assert node.shown("plain") == "plain"
