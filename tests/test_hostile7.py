@@ -279,7 +279,7 @@ def test_a_crafted_root_pack_writes_nothing_outside(tmp_path: Path, case: str, s
     the root followed by a regular member of the same name: `build-wheel --offline` unpacked it as root and
     overwrote that file ("PWNED by a packed root"); the hard link alone chowned it to nobody, 0644. The
     toolkit's own filter refuses each shape by name; the outside file keeps its bytes, owner and mode."""
-    from builder.buildroot import pack
+    from builder import archives
 
     victim = tmp_path / "victim"
     victim.write_text("secret")
@@ -297,14 +297,14 @@ def test_a_crafted_root_pack_writes_nothing_outside(tmp_path: Path, case: str, s
     }[case]  # fmt: skip
     dest = tmp_path / "dest"
     dest.mkdir()
-    with pytest.raises(pack.Refused, match=said):
-        pack.extract(_tar(members), dest, "crafted.tar.xz")
+    with pytest.raises(archives.Refused, match=said):
+        archives.extract(_tar(members), dest, "crafted.tar.xz", 100)
     after = victim.stat()
     assert victim.read_text() == "secret" and (after.st_uid, after.st_mode) == (before.st_uid, before.st_mode)
 
 
 def test_a_root_pack_is_unpacked_owned_by_the_unpacker_with_no_special_bits(tmp_path: Path) -> None:
-    from builder.buildroot import pack
+    from builder import archives
 
     members = [
         _member("usr", tarfile.DIRTYPE, mode=0o755), _member("usr/bin", tarfile.DIRTYPE, mode=0o755),
@@ -314,7 +314,7 @@ def test_a_root_pack_is_unpacked_owned_by_the_unpacker_with_no_special_bits(tmp_
     ]  # fmt: skip
     dest = tmp_path / "dest"
     dest.mkdir()
-    assert pack.extract(_tar(members), dest, "root.tar.xz") == 7  # the device is never made
+    assert archives.extract(_tar(members), dest, "root.tar.xz", 100) == 7  # the device is never made
     assert not (dest / "dev" / "null").exists()
     modes = {str(p.relative_to(dest)): stat.S_IMODE(p.lstat().st_mode) for p in dest.rglob("*") if not p.is_symlink()}
     assert modes["usr/bin/su"] == 0o755 and modes["tmp"] == 0o755
@@ -377,3 +377,28 @@ def test_one_escaping_function_cuts_long_values_with_their_length() -> None:
     cut = node.shown("x" * 3_000_000)
     assert len(cut) < 300 and cut.endswith("(3000000 characters)")
     assert node.shown("plain") == "plain"
+
+
+@pytest.mark.spawns
+@pytest.mark.skipif(not Path("/usr/bin/python3").is_file(), reason="needs the system's python3 (Debian 12: 3.11.2)")
+def test_debian_12s_own_python_unpacks_an_sdist(tmp_path: Path) -> None:
+    """Item 3: the system Python of Debian 12 (3.11.2) crashed with `extractall() got an unexpected keyword
+    argument 'filter'` (tarfile's filters came in 3.11.4). The toolkit's own filter works on it."""
+    sdist = tmp_path / "deepspeed-0.19.8.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tf:
+        for name, data in (("deepspeed-0.19.8/setup.py", b"# setup\n"), ("deepspeed-0.19.8/op_builder/x.py", b"")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    code = (
+        "import sys, tarfile; from pathlib import Path; from builder.archives import extract; "  # source.unpack's
+        f"(tmp_path := Path({str(tmp_path)!r})).joinpath('src').mkdir(); "
+        f"print(sys.version.split()[0], extract(tarfile.open({str(sdist)!r}), tmp_path / 'src', 'sdist', 100))"
+    )
+    done = subprocess.run(["/usr/bin/python3", "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})  # fmt: skip
+    if "No module named" in done.stderr:
+        pytest.skip(f"the system python3 lacks the toolkit's dependencies: {done.stderr.strip().splitlines()[-1]}")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[1] == "2", done.stdout
+    assert (tmp_path / "src" / "deepspeed-0.19.8" / "setup.py").read_bytes() == b"# setup\n"

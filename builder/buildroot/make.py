@@ -17,7 +17,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from builder import cmd, output
+from builder import cmd, node, output
 from builder.buildroot import pack
 from builder.buildroot.spec import RootFacts, RootSpec, identity_of, root_name
 from builder.debian import debootstrap_stage
@@ -31,6 +31,9 @@ WAYS_OUT = ("bring the root in a folder `python -m builder gather` made on a con
             'or build for this machine\'s own OS only with platform = "host"')  # fmt: skip
 
 
+MACHINE_ROOTS = Path("/var/tmp/ds-builder-roots")  # root's: the machine's roots, every user may build with them
+
+
 def roots_folder(env: Mapping[str, str]) -> Path:
     """Where roots are kept, once per machine: DS_BUILDER_ROOTS, else /var/tmp/ds-builder-roots for
     root (the folder the cluster test's node images share), else the user's cache."""
@@ -38,8 +41,23 @@ def roots_folder(env: Mapping[str, str]) -> Path:
     if named is not None:
         return named
     if os.geteuid() == 0:
-        return Path("/var/tmp/ds-builder-roots")
+        return MACHINE_ROOTS
     return Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ds-builder" / "roots"
+
+
+def _made(spec: RootSpec, roots: Path) -> RootFacts | None:
+    """The root already made, read without a lock (a root is renamed into place whole and never changed
+    after): in `roots`, else, for a plain user, in the machine's roots an administrator made (root's
+    lock file there is 0644: taking it made every user's build exit 10 on a root it only needed to read)."""
+    name = root_name(spec)
+    places = [roots]
+    if os.geteuid() != 0 and roots != MACHINE_ROOTS and node.folder_problem(str(MACHINE_ROOTS)) is None:
+        places.append(MACHINE_ROOTS)
+    for place in places:
+        facts = read_facts(_facts_file(place, name))
+        if facts is not None and (place / name).is_dir() and facts.path == place / name:
+            return facts
+    return None
 
 
 def debootstrap(tools: Path, log: Path) -> tuple[str, dict[str, str]]:
@@ -99,6 +117,9 @@ def read_facts(path: Path) -> RootFacts | None:
 def ensure_debian(spec: RootSpec, roots: Path) -> RootFacts:
     """The toolkit's own root, made now (about a minute) unless this machine has it; its making's log
     is kept beside it."""
+    made = _made(spec, roots)
+    if made is not None:
+        return made
     name = root_name(spec)
     path = roots / name
     make_dirs(roots)

@@ -159,7 +159,12 @@ class _Layer:
             os.link(self.rootfs / source, target)
             return
         member.name = name
-        tar.extract(member, self.rootfs, set_attrs=True, numeric_owner=True, filter="fully_trusted")
+        tar.extract(member, self.rootfs, set_attrs=True, numeric_owner=True, **TRUSTED)
+
+
+# This member was judged above, link by link: extracted as it is. `filter=` came in Python 3.11.4 (Debian
+# 12's 3.11.2 has none) and 3.14 defaults to the "data" filter, which would drop an image's owners.
+TRUSTED: dict[str, Any] = {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}
 
 
 def flatten(archive: Path, rootfs: Path) -> ImageConfig:

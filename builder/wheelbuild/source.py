@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from builder import cmd
+from builder.archives import extract
 from builder.errors import SourceError, ToolError
 from builder.files import env_folder, sha256_of
 from builder.recipe import DeepSpeedSource
@@ -73,13 +74,20 @@ def _verify(path: Path, expected: str) -> None:
         )
 
 
+MAX_SDIST_MEMBERS = 50_000  # DeepSpeed 0.19.8's sdist holds about 2,800
+
+
 def unpack(sdist: Path, dest: Path) -> Path:
     """Unpack `sdist` into a fresh `dest` and return the source tree (the folder with setup.py)."""
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
-    with tarfile.open(sdist) as tar:
-        tar.extractall(dest, filter="data")
+    try:
+        with tarfile.open(sdist) as tar:
+            extract(tar, dest, str(sdist), MAX_SDIST_MEMBERS)
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise SourceError(f"cannot unpack {sdist.name}: {exc}", f"delete {sdist} and retry: it is not the "
+                          "published sdist") from exc  # fmt: skip
     roots = [p for p in dest.iterdir() if (p / "setup.py").is_file()]
     if len(roots) != 1:
         raise SourceError(f"{sdist.name} does not hold one DeepSpeed source tree", "check the sdist")
