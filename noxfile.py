@@ -172,10 +172,15 @@ def gpu(session: nox.Session) -> None:
     node: `pip install --no-index --find-links DIR/wheels .`): detect, the system recipe built and
     smoked with every op checked on the GPU, a manylinux_2_28 CUDA wheel built with no GPU visible run
     on it; one table at the end.
-    -- [--offline DIR] (build from a `gather` folder: the node reaches nothing) [--wheelhouse DIR] (prove the
-    CUDA wheel a GPU-less build host published there; its proof is written to DS_GPU_PROOFS, else the run's folder)."""
+    -- [--offline DIR [--trust KEY]] (build from a `gather` folder: the node reaches nothing; KEY the gathering
+    host's, which signed it) [--wheelhouse DIR] (prove the CUDA wheel a GPU-less build host published there;
+    its proof is written to DS_GPU_PROOFS, else the run's folder)."""
     args = list(session.posargs)
     env = {}
+    if "--trust" in args:
+        at = args.index("--trust")
+        env["DS_GPU_OFFLINE_TRUST"] = args[at + 1]
+        del args[at : at + 2]
     if "--wheelhouse" in args:
         at = args.index("--wheelhouse")
         env["DS_GPU_WHEELHOUSE"] = os.path.abspath(args[at + 1])

@@ -21,10 +21,16 @@ from builder.errors import BuilderError
 # else, so each command imports what it needs when it runs.
 
 
-def _offline_option(p: argparse.ArgumentParser) -> None:
-    """--offline DIR, the same for every command that installs (build-wheel, smoke, check-config)."""
+def _offline_option(p: argparse.ArgumentParser, with_trust: bool = True) -> None:
+    """--offline DIR, the same for every command that installs (build-wheel, smoke, check-config, prove),
+    and --trust, the key its offline.json must be signed by (prove's --trust serves both)."""
     help = "an air-gapped host: install only from DIR, a folder `gather` made on a connected machine (its sdist, "
-    p.add_argument("--offline", type=Path, metavar="DIR", help=help + "wheels and build root; nothing else is reached)")
+    p.add_argument("--offline", type=Path, metavar="DIR", help=help + "wheels and build root; nothing else is reached; "
+                   "its offline.json must be signed by a key this host trusts)")  # fmt: skip
+    if with_trust:
+        p.add_argument("--trust", action="append", default=[], metavar="KEY_OR_FILE",
+                       help="with --offline: the gathering host's key (`python -m builder key show` there), as a line "
+                       "or an allowed-signers file (default: this host's allowed_signers)")  # fmt: skip
 
 
 def parser() -> argparse.ArgumentParser:
@@ -220,7 +226,7 @@ def parser() -> argparse.ArgumentParser:
                     "is bound to the wheel's sha256 all the same)")  # fmt: skip
     pf.add_argument("--dest", type=Path, default=Path("."), help="where the proof goes (default: this folder)")
     pf.add_argument("--keep-env", action="store_true", help="keep the proof's venv for inspection")
-    _offline_option(pf)
+    _offline_option(pf, with_trust=False)
 
     cc = sub.add_parser(
         "check-config",

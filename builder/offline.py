@@ -34,16 +34,22 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from builder import cmd, envs, output
+from builder import cmd, envs, output, signing
 from builder.buildroot import pack
 from builder.buildroot.pack import PackedRoot
 from builder.errors import FolderError, RootError, SourceError, UsageError
 from builder.files import dest_folder, make_dirs, sha256_of, write_atomic
 from builder.glibc import HOST
+from builder.node import ManifestError, Trust
 from builder.recipe import Recipe
 from builder.wheelbuild import source
 
 RECORD = "offline.json"
+SIGNATURE = "offline.json.sig"  # offline.json signed by the gathering host's key (ssh-keygen -Y sign)
+NAMESPACE = "ds-wheel-builder-offline"  # its own purpose: a manifest's or a unit's signature is not one
+HOW_TO_TRUST = ("on the machine that gathered it, `python -m builder key show` prints its key; here pass that line "
+                "with --trust 'ssh-ed25519 AAAA...', or trust it for good: python -m builder key trust "
+                "'ssh-ed25519 AAAA...'")  # fmt: skip
 ROOT_FOLDER = "root"  # the packed build root and its record (builder.buildroot.pack)
 SCHEMA = 1
 # What the toolkit itself runs on (pyproject.toml's dependencies), for a node that installs it from the folder.
@@ -183,7 +189,11 @@ def gather(recipe: Recipe, folder: Path, python: str, have: Mapping[str, str], l
               "wheels": [{"file": n, "size": s, "sha256": sha256_of(folder / "wheels" / n)}
                          for n, s in files],
               "root": root.to_json() if root is not None else None}  # fmt: skip
-    write_atomic(folder / RECORD, json.dumps(record, indent=2) + "\n")
+    text = (json.dumps(record, indent=2) + "\n").encode("utf-8")
+    signature = signing.sign(text, NAMESPACE)  # a folder carried across an air gap is trusted by its signer
+    (folder / SIGNATURE).unlink(missing_ok=True)  # never an old signature beside a new record
+    write_atomic(folder / RECORD, text)
+    write_atomic(folder / SIGNATURE, signature)
     gathered = Gathered(folder, sdist, tuple(files), root.size if root is not None else 0)
     for name, size in sorted(files, key=lambda f: -f[1])[:8]:
         output.note(f"{size / 1e6:6.1f} MB  {name}")
@@ -210,12 +220,25 @@ def check_dest(folder: Path) -> dict[str, str]:
     present = sorted(p.name for p in (folder / "wheels").iterdir()) if (folder / "wheels").is_dir() else []
     listed = _listed_wheels(folder) if present else {}
     stray = [n for n in present if n not in listed or (folder / "wheels" / n).is_symlink()]
+    root = folder / ROOT_FOLDER
+    in_root = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+    ours = _listed_root(folder) if in_root else set()
+    stray += [f"{ROOT_FOLDER}/{n}" for n in in_root if n not in ours or (root / n).is_symlink()]
     if stray:
-        raise FolderError(f"{_shown(folder / 'wheels')} holds files gather did not put there: "
+        raise FolderError(f"{_shown(folder)} holds files gather did not put there: "
                           f"{', '.join(printable(n) for n in stray[:6])}" + (" ..." if len(stray) > 6 else ""),
-                          "gather records and hands the node only what it fetched: empty that folder yourself, or "
-                          "give another --dest")  # fmt: skip
+                          "gather records and hands the node only what it made: empty wheels/ and root/ yourself, "
+                          "or give another --dest")  # fmt: skip
     return listed
+
+
+def _listed_root(folder: Path) -> set[str]:
+    """The names an earlier gather put in root/ (the packed root and its record), or none."""
+    try:
+        entry = read_record(folder).get("root")
+        return {str(entry["file"]), f"{entry['name']}.pack.json"} if isinstance(entry, dict) else set()
+    except (SourceError, KeyError, TypeError):
+        return set()
 
 
 def _listed_wheels(folder: Path) -> dict[str, str]:
@@ -309,7 +332,7 @@ def pack_root(recipe: Recipe, folder: Path, log: Path) -> PackedRoot | None:
     return packed
 
 
-def environ(folder: Path, recipe: Recipe | None = None) -> dict[str, str]:
+def environ(folder: Path, recipe: Recipe | None = None, trust: Trust | None = None) -> dict[str, str]:
     """The variables that make every install of a build reach `folder` alone: pip and uv with no index
     and its wheels as their one source, the sdist cache its sdists. Refused (exit 4) where the folder
     is not one gather made, or lacks the recipe's sdist."""
@@ -319,7 +342,7 @@ def environ(folder: Path, recipe: Recipe | None = None) -> dict[str, str]:
         raise SourceError(f"{_shown(folder)} is not a folder `gather` made (no {RECORD} and wheels/)",
                           "run `python -m builder gather --recipe RECIPE --dest DIR` on a connected machine and "
                           "copy DIR here")  # fmt: skip
-    check_record(folder, read_record(folder, recipe, f"{sys.version_info.major}.{sys.version_info.minor}"))
+    check_record(folder, read_record(folder, recipe, f"{sys.version_info.major}.{sys.version_info.minor}", trust))
     if recipe is not None:
         sdist = folder / "sdists" / recipe.deepspeed.sha256 / f"deepspeed-{recipe.deepspeed.version}.tar.gz"
         if not sdist.is_file():
@@ -334,18 +357,62 @@ def environ(folder: Path, recipe: Recipe | None = None) -> dict[str, str]:
 RECORD_LIMIT = 16 << 20  # bytes: a record of a few hundred wheels is tens of KB
 
 
-def read_record(folder: Path, recipe: Recipe | None = None, python: str | None = None) -> dict[str, Any]:
-    """offline.json, read within RECORD_LIMIT and checked for its schema, and where given for the recipe
-    and the Python it was gathered for: SourceError (exit 4) in one line otherwise."""
+def _bounded(path: Path, limit: int) -> bytes:
+    with open(path, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ValueError("not a regular file")
+        text = f.read(limit + 1)
+    if len(text) > limit:
+        raise ValueError(f"larger than {limit >> 20} MB" if limit >= 1 << 20 else f"larger than {limit} bytes")
+    return text
+
+
+def verified_text(folder: Path, trust: Trust | None = None, signed: bool = True) -> bytes:
+    """offline.json's bytes, read within RECORD_LIMIT, after its signature (offline.json.sig) is checked
+    against `trust` (default: this host's allowed_signers), before anything in it is read: nothing in a
+    folder carried across an air gap is believed unless the gathering host signed it. SourceError
+    (exit 4) names the problem and how to trust the gathering host. `signed` False reads a record of
+    this host's own gather (its listed wheels, to replace them) without the check."""
     path = folder / RECORD
     fix = "gather the folder again on a connected machine"
     try:
-        with open(path, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise ValueError("not a regular file")
-            text = f.read(RECORD_LIMIT + 1)
-        if len(text) > RECORD_LIMIT:
-            raise ValueError(f"larger than {RECORD_LIMIT >> 20} MB")
+        text = _bounded(path, RECORD_LIMIT)
+    except OSError as exc:
+        raise SourceError(f"{_shown(path)} cannot be read as gather writes it ({exc.strerror or exc})", fix) from exc
+    except ValueError as exc:
+        raise SourceError(f"{_shown(path)} cannot be read as gather writes it ({exc})", fix) from exc
+    if not signed:
+        return text
+    where = folder / SIGNATURE
+    try:
+        signature = _bounded(where, 64 << 10)
+    except FileNotFoundError as exc:
+        raise SourceError(f"{_shown(folder)} holds no {SIGNATURE}: nothing says who gathered it (an older toolkit "
+                          "gathered it, or the signature was removed)", f"gather it again with this toolkit, "
+                          f"which signs it; then trust the gathering host: {HOW_TO_TRUST}") from exc  # fmt: skip
+    except (OSError, ValueError) as exc:
+        raise SourceError(f"{_shown(where)} cannot be read ({exc})", fix) from exc
+    if trust is None:
+        trust = signing.keys().trust()
+    if not trust.keys:
+        raise SourceError(f"this host trusts no key to check who gathered {_shown(folder)}", HOW_TO_TRUST)
+    try:
+        signing.check(text, signature, _shown(where), trust, NAMESPACE)
+    except ManifestError as exc:
+        raise SourceError(f"{_shown(folder / RECORD)} is not signed by a key this host trusts: {exc.message}",
+                          f"if you trust the machine that gathered it: {HOW_TO_TRUST}; otherwise gather the folder "
+                          "again on a machine you trust") from exc  # fmt: skip
+    return text
+
+
+def read_record(folder: Path, recipe: Recipe | None = None, python: str | None = None, trust: Trust | None = None,
+                signed: bool = True) -> dict[str, Any]:  # fmt: skip
+    """offline.json, its signature checked first (verified_text), then checked for its schema, and where
+    given for the recipe and the Python it was gathered for: SourceError (exit 4) in one line otherwise."""
+    path = folder / RECORD
+    fix = "gather the folder again on a connected machine"
+    text = verified_text(folder, trust, signed)
+    try:
         data = json.loads(text)
     except RecursionError as exc:
         raise SourceError(f"{_shown(path)} cannot be read as gather writes it (nested too deeply)", fix) from exc
@@ -368,11 +435,11 @@ def read_record(folder: Path, recipe: Recipe | None = None, python: str | None =
     return data
 
 
-def check_record(folder: Path, data: Mapping[str, Any] | None = None) -> None:
+def check_record(folder: Path, data: Mapping[str, Any] | None = None, trust: Trust | None = None) -> None:
     """Every wheel in the folder is one offline.json lists, with its size and sha256: a file damaged on
     its way to the node, or one put there after gather, is refused by name (exit 4). (The record sits
     in the same folder: it proves nothing against whoever can write it; the node's own copy does.)"""
-    data = read_record(folder) if data is None else data
+    data = read_record(folder, trust=trust) if data is None else data
     try:
         listed = {w["file"]: (int(w["size"]), str(w["sha256"])) for w in data["wheels"]}
     except (ValueError, KeyError, TypeError) as exc:
@@ -422,13 +489,14 @@ UV_INDEXES = ("UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_INDEX", "UV_DEFAULT_INDE
               "PIP_EXTRA_INDEX_URL")  # fmt: skip
 
 
-def use(folder: Path, recipes: Sequence[Recipe]) -> None:
-    """Point this process (and every process it starts) at the offline folder, before any install."""
+def use(folder: Path, recipes: Sequence[Recipe], trust: Trust | None = None) -> None:
+    """Point this process (and every process it starts) at the offline folder, before any install, its
+    offline.json checked against `trust` (default: this host's allowed_signers) first."""
     found: dict[str, str] = {}
     for recipe in recipes:
-        found = environ(folder, recipe)
+        found = environ(folder, recipe, trust)
     for name in UV_INDEXES:  # an index handed down (noxfile.py hands pip's to uv) is not asked
         os.environ.pop(name, None)
-    os.environ.update(found or environ(folder))
+    os.environ.update(found or environ(folder, None, trust))
     envs.pip_sources.cache_clear()
     output.note(f"offline: every install reads {_shown(found.get('PIP_FIND_LINKS') or folder)}; no index is asked")

@@ -163,3 +163,12 @@ def pytorch_like_index(root: Path, wheel: Path) -> str:
     href = f"../../files/{urllib.parse.quote(wheel.name)}#sha256={sha256_of(wheel)}"
     page.write_text(f'<!DOCTYPE html><html><body>\n<a href="{href}">{wheel.name}</a>\n</body></html>\n')
     return (root / "whl" / "cpu").as_uri()
+
+
+def sign_offline(folder: Path) -> None:
+    """offline.json in `folder` signed as gather signs it, by this test run's own key (a record a test
+    writes by hand is then judged on what it says, after its signature)."""
+    from builder import offline, signing
+
+    text = (folder / offline.RECORD).read_bytes()
+    (folder / offline.SIGNATURE).write_bytes(signing.sign(text, offline.NAMESPACE))

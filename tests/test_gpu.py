@@ -22,6 +22,14 @@ from gpu_table import ROWS
 pytestmark = [pytest.mark.gpu, pytest.mark.integration]
 ROOT = Path(__file__).resolve().parents[1]
 OFFLINE_ENV = "DS_GPU_OFFLINE"  # a folder `python -m builder gather` made for this node
+# The gathering host's key (`python -m builder key show` there: a line, or a file holding it): the folder's
+# offline.json is signed by it, and a node believes the folder only when it trusts that key.
+OFFLINE_TRUST_ENV = "DS_GPU_OFFLINE_TRUST"
+
+
+def _offline_args() -> list[str]:
+    offline, trust = os.environ.get(OFFLINE_ENV), os.environ.get(OFFLINE_TRUST_ENV)
+    return ["--offline", offline, *(["--trust", trust] if trust else [])] if offline else []
 
 
 def _no_gpu() -> str | None:
@@ -40,8 +48,7 @@ skip_without_gpu = pytest.mark.skipif(NO_GPU is not None, reason=str(NO_GPU))
 
 
 def builder(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    offline = os.environ.get(OFFLINE_ENV)
-    extra = ["--offline", offline] if offline and args[0] in ("build-wheel", "smoke", "check-config") else []
+    extra = _offline_args() if args[0] in ("build-wheel", "smoke", "check-config") else []
     return subprocess.run([sys.executable, "-m", "builder", *args, *extra], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, **(env or {})})  # fmt: skip
 
@@ -137,10 +144,9 @@ def test_prove_passes_for_a_cuda_wheel_built_where_no_gpu_is_and_publish_takes_i
                         str(house), env=hidden)  # fmt: skip
         assert built.returncode == 0, built.stderr[-5000:]
     dest = Path(os.environ.get("DS_GPU_PROOFS") or tmp_path / "proofs")
-    offline = os.environ.get(OFFLINE_ENV)
     start = time.monotonic()
     proved = builder("prove", "--wheelhouse", str(house), "--dest", str(dest), "--work-dir", str(tmp_path / "prove"),
-                     *(["--offline", offline] if offline else []))  # fmt: skip
+                     *_offline_args())  # fmt: skip
     seconds = time.monotonic() - start
     assert proved.returncode == 0, proved.stderr[-5000:]
     (path,) = sorted(dest.glob("*.proof.json"))

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes import sign_offline
 
 from builder import envs
 from builder.errors import FolderError
@@ -185,6 +186,7 @@ def _record(folder: Path, **fields: Any) -> None:
     data = {"schema": 1, "recipe": "system-cpu", "python": f"{sys.version_info.major}.{sys.version_info.minor}",
             "wheels": [], **fields}  # fmt: skip
     (folder / "offline.json").write_text(json.dumps(data))
+    sign_offline(folder)
 
 
 def test_gather_writes_only_where_it_may_and_records_only_what_it_fetched(tmp_path: Path) -> None:
@@ -281,6 +283,7 @@ def test_a_gathered_folders_record_is_checked_before_it_is_used(
             offline.environ(tmp_path, recipe)
         assert err.value.exit_code == 4
     (tmp_path / "offline.json").write_text("[" * 200_000 + "]" * 200_000)
+    sign_offline(tmp_path)
     with pytest.raises(SourceError, match="cannot be read as gather writes it"):
         offline.environ(tmp_path, recipe)
     monkeypatch.setattr(offline, "RECORD_LIMIT", 1000)
@@ -620,6 +623,7 @@ def test_newlines_in_names_are_printed_escaped(tmp_path: Path, capsys: Any) -> N
     folder = tmp_path / "off\nerror: fake"
     (folder / "wheels").mkdir(parents=True)
     (folder / "offline.json").write_text(json.dumps({"schema": 1, "recipe": "x", "wheels": []}))
+    sign_offline(folder)
     (folder / "wheels" / "evil\nerror: all good.whl").write_bytes(b"x")
     with pytest.raises(SourceError) as err:
         offline.check_record(folder)

@@ -402,3 +402,91 @@ def test_debian_12s_own_python_unpacks_an_sdist(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[1] == "2", done.stdout
     assert (tmp_path / "src" / "deepspeed-0.19.8" / "setup.py").read_bytes() == b"# setup\n"
+
+
+def _gathered(folder: Path) -> None:
+    """A folder as gather leaves it, for the recipe system-cpu on this Python: offline.json and one wheel
+    (the signature is the test's to make)."""
+    (folder / "wheels").mkdir(parents=True)
+    wheel = folder / "wheels" / "hjson-3.1.0-py3-none-any.whl"
+    wheel.write_bytes(b"a wheel")
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    record = {"schema": 1, "recipe": "system-cpu", "python": python, "root": None,
+              "wheels": [{"file": wheel.name, "size": 7, "sha256": files_sha256(wheel)}]}  # fmt: skip
+    (folder / "offline.json").write_text(json.dumps(record, indent=2) + "\n")
+
+
+def files_sha256(path: Path) -> str:
+    from builder.files import sha256_of
+
+    return sha256_of(path)
+
+
+def test_a_gathered_folder_is_believed_only_when_a_trusted_key_signed_it(tmp_path: Path) -> None:
+    """Item 4: a gathered folder is a file set carried across an air gap, and nothing in it was signed:
+    offline.json's sizes and sha256 sat in the same unsigned file as what they vouched for. gather signs
+    it (namespace ds-wheel-builder-offline); --offline checks the signature against --trust or this host's
+    allowed_signers before anything in it is read, and says how to trust the gathering host."""
+    from builder import offline, signing
+    from builder.errors import SourceError
+
+    folder = tmp_path / "offline"
+    _gathered(folder)
+    with pytest.raises(SourceError, match="holds no offline.json.sig") as err:
+        offline.check_record(folder)
+    assert err.value.exit_code == 4 and "python -m builder key trust" in err.value.fix
+    text = (folder / offline.RECORD).read_bytes()
+    (folder / offline.SIGNATURE).write_bytes(signing.sign(text, offline.NAMESPACE))
+    offline.check_record(folder)  # this host's own key: trusted
+    # Another host's key: refused until trusted, by --trust or for good.
+    gatherer = signing.keys({signing.KEYS_ENV: str(tmp_path / "gathering-host")})
+    (folder / offline.SIGNATURE).write_bytes(signing.sign(text, offline.NAMESPACE, gatherer))
+    with pytest.raises(SourceError, match="is not signed by a key this host trusts") as err:
+        offline.check_record(folder)
+    assert "key show" in err.value.fix and "--trust" in err.value.fix
+    offline.check_record(folder, trust=node.load_trust([gatherer.key().line()]))
+    # Edited after it was signed (a wheel's sha256 made to match a planted one): refused.
+    (folder / offline.RECORD).write_bytes(text.replace(b'"size": 7', b'"size": 8'))
+    with pytest.raises(SourceError, match="is not signed by a key this host trusts"):
+        offline.check_record(folder, trust=node.load_trust([gatherer.key().line()]))
+    # A signature made for another purpose (a wheelhouse manifest's) is not one of a gathered folder.
+    (folder / offline.RECORD).write_bytes(text)
+    (folder / offline.SIGNATURE).write_bytes(signing.sign(text, node.NAMESPACE))
+    with pytest.raises(SourceError, match="namespace 'ds-wheelhouse'"):
+        offline.check_record(folder)
+
+
+@pytest.mark.spawns
+def test_build_wheel_offline_refuses_an_untrusted_folder_before_anything_runs(tmp_path: Path) -> None:
+    """The command as a user runs it: exit 4, one line naming the problem and how to trust the gatherer."""
+    from builder import offline, signing
+
+    folder = tmp_path / "offline"
+    _gathered(folder)
+    gatherer = signing.keys({signing.KEYS_ENV: str(tmp_path / "gathering-host")})
+    (folder / offline.SIGNATURE).write_bytes(signing.sign((folder / offline.RECORD).read_bytes(), offline.NAMESPACE,
+                                                          gatherer))  # fmt: skip
+    recipe = str(Path(__file__).resolve().parents[1] / "recipes" / "system-cpu.toml")
+    argv = [sys.executable, "-m", "builder", "build-wheel", "--recipe", recipe, "--offline", str(folder),
+            "--work-dir", str(tmp_path / "work"), "--no-publish"]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})  # fmt: skip
+    assert done.returncode == 4, done.stderr[-2000:]
+    assert "is not signed by a key this host trusts" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "work" / "cache").exists()  # nothing was fetched, built or made
+    trusted = subprocess.run([*argv, "--trust", gatherer.key().line()], capture_output=True, text=True, cwd=tmp_path,
+                             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})  # fmt: skip
+    assert "is not signed" not in trusted.stderr and "holds no sdist of DeepSpeed" in trusted.stderr  # past the check
+
+
+def test_gather_refuses_a_stray_file_in_its_root_folder(tmp_path: Path) -> None:
+    """Item 4: a stray file in DEST/root/ is refused by gather, as wheels/ strays are (the node would
+    refuse the folder later, after the copy across the air gap)."""
+    from builder import offline
+
+    folder = tmp_path / "dest"
+    (folder / "root").mkdir(parents=True)
+    (folder / "root" / "evil.tar.xz").write_bytes(b"x")
+    with pytest.raises(FolderError, match="holds files gather did not put there: root/evil.tar.xz") as err:
+        offline.check_dest(folder)
+    assert err.value.exit_code == 10

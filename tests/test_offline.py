@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import own_envs
+from fakes import sign_offline
 
 from builder import offline
 from builder.errors import SourceError, UsageError
@@ -56,6 +57,10 @@ def test_a_folder_gather_did_not_make_or_without_the_recipes_sdist_is_refused(tm
     assert "python -m builder gather" in err.value.fix and err.value.exit_code == 4
     (tmp_path / "wheels").mkdir()
     (tmp_path / offline.RECORD).write_text("[]")
+    with pytest.raises(SourceError, match="holds no offline.json.sig: nothing says who gathered it") as err:
+        offline.environ(tmp_path, recipe)
+    assert "key trust" in err.value.fix and err.value.exit_code == 4
+    sign_offline(tmp_path)
     with pytest.raises(SourceError, match="has schema 'list', not 1"):
         offline.environ(tmp_path, recipe)
     wheel = tmp_path / "wheels" / "hjson-3.1.0-py3-none-any.whl"
@@ -63,6 +68,7 @@ def test_a_folder_gather_did_not_make_or_without_the_recipes_sdist_is_refused(tm
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     (tmp_path / offline.RECORD).write_text(json.dumps({"schema": 1, "recipe": "system-cpu", "python": python,
         "wheels": [{"file": wheel.name, "size": 7, "sha256": hashlib.sha256(b"a wheel").hexdigest()}]}))  # fmt: skip
+    sign_offline(tmp_path)
     # A file put there after gather, or damaged on its way: refused by name.
     (tmp_path / "wheels" / "planted-1.0-py3-none-any.whl").write_bytes(b"x")
     with pytest.raises(SourceError, match=r"planted-1.0-py3-none-any.whl \(not listed\)"):

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from builder import DEFAULT_RECIPE, output
-from builder.commands.common import _publish_coverage, _report_run, _workspace
+from builder.commands.common import _publish_coverage, _report_run, _trust_arg, _workspace
 from builder.errors import ToolError
 
 
@@ -33,7 +33,7 @@ def build_wheel(args: argparse.Namespace) -> int:
     if args.offline is not None:  # before the first install: every later pip and uv reads only the folder
         from builder import offline
 
-        offline.use(args.offline, recipes)
+        offline.use(args.offline, recipes, _trust_arg(args))
     targets = targets_for(recipes, pythons)  # every recipe and interpreter checked before the first build
     if args.target:
         targets = [select(targets, args.target)]

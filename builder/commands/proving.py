@@ -9,7 +9,7 @@ import argparse
 import json
 
 from builder import output
-from builder.commands.common import _newest_wheel, _workspace
+from builder.commands.common import _newest_wheel, _trust_arg, _workspace
 from builder.errors import ConfigError
 
 
@@ -39,7 +39,7 @@ def _go_offline(args: argparse.Namespace) -> None:
     if getattr(args, "offline", None) is not None:
         from builder import offline
 
-        offline.use(args.offline, [])
+        offline.use(args.offline, [], _trust_arg(args))
 
 
 def check_config(args: argparse.Namespace) -> int:
