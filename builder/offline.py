@@ -46,7 +46,7 @@ from builder.wheelbuild import source
 
 RECORD = "offline.json"
 SIGNATURE = "offline.json.sig"  # offline.json signed by the gathering host's key (ssh-keygen -Y sign)
-NAMESPACE = "ds-wheel-builder-offline"  # its own purpose: a manifest's or a unit's signature is not one
+NAMESPACE = signing.OFFLINE_NAMESPACE  # its own purpose: a manifest's or a unit's signature is not one
 HOW_TO_TRUST = ("on the machine that gathered it, `python -m builder key show` prints its key; here pass that line "
                 "with --trust 'ssh-ed25519 AAAA...', or trust it for good: python -m builder key trust "
                 "'ssh-ed25519 AAAA...'")  # fmt: skip

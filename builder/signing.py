@@ -45,6 +45,7 @@ KEY_FILE = "wheelhouse-signing-key"
 TRUST_FILE = "allowed_signers"
 SERIALS_FILE = "signed-serials.json"
 UNIT_NAMESPACE = "ds-wheel-builder-unit"  # op-unit records; a manifest signature is not one
+OFFLINE_NAMESPACE = "ds-wheel-builder-offline"  # a gathered folder's offline.json (builder/offline.py)
 SSH_KEYGEN_FIX = "install OpenSSH's client (Debian: apt-get install openssh-client), version 8.1 or newer"
 
 
@@ -201,17 +202,41 @@ def _make(k: Keys) -> PublicKey:
     return key
 
 
+def _line_key(line: str) -> str | None:
+    """The `keytype base64` an allowed-signers line names (None: a comment, a blank line)."""
+    fields = line.split()
+    if not fields or fields[0].startswith("#"):
+        return None
+    at = next((i for i, t in enumerate(fields) if t in node.KEY_TYPES), None)
+    return f"{fields[at]} {fields[at + 1]}" if at is not None and at + 1 < len(fields) else None
+
+
 def _add_trust(k: Keys, add: Sequence[PublicKey] = (), revoke: Sequence[PublicKey] = ()) -> None:
-    """Rewrite allowed_signers with `add` trusted (first) and `revoke` revoked."""
-    listed = (
-        node.parse_trust(k.trust_file.read_text("utf-8"), str(k.trust_file)) if k.trust_file.is_file() else Trust(())
-    )
-    revoked = tuple(dict.fromkeys((*listed.revoked, *revoke)))
-    trusted = [key for key in dict.fromkeys((*add, *listed.keys)) if key not in revoked]
-    lines = ["# Keys whose signatures this build host and its nodes accept (ds-wheel-builder)."]
-    lines += [f'{node.NAMESPACE} namespaces="{node.NAMESPACE},{UNIT_NAMESPACE}" {key.line()}' for key in trusted]
-    lines += [f"@revoked {key.line()}" for key in revoked]
+    """allowed_signers with `add` trusted and `revoke` revoked, every line already there kept as it is
+    (an administrator's limits by hand, comments, other principals: `key trust` once rewrote the file
+    from what it understood and dropped them). A key already listed is not listed again."""
+    old = k.trust_file.read_text("utf-8") if k.trust_file.is_file() else ""
+    lines = old.splitlines() or ["# Keys whose signatures this build host and its nodes accept (ds-wheel-builder)."]
+    listed = {_line_key(line): line for line in lines if not line.lstrip().startswith("@revoked")}
+    revoked = {_line_key(line) for line in lines if line.lstrip().startswith("@revoked")}
+    for key in add:
+        if key.line() not in listed and key.line() not in revoked:
+            lines.append(f'{node.NAMESPACE} namespaces="{node.NAMESPACE},{UNIT_NAMESPACE},{OFFLINE_NAMESPACE}" '
+                         f"{key.line()}")  # fmt: skip
+    lines += [f"@revoked {key.line()}" for key in revoke if key.line() not in revoked]
     write_atomic(k.trust_file, "\n".join(lines) + "\n", mode=0o644)
+
+
+def listed_with_options(k: Keys, key: PublicKey) -> str | None:
+    """The allowed_signers line (number and text) that lists `key` with options of an administrator's
+    (a namespace, a time limit), or None: `key trust` leaves such a line to the hand that wrote it."""
+    if not k.trust_file.is_file():
+        return None
+    for number, line in enumerate(k.trust_file.read_text("utf-8").splitlines(), 1):
+        ours = line.startswith(f'{node.NAMESPACE} namespaces="{node.NAMESPACE},{UNIT_NAMESPACE}')
+        if _line_key(line) == key.line() and not ours and _options_of(line):
+            return f"line {number}: {node.shown(line, 160)}"
+    return None
 
 
 def ensure_key(k: Keys) -> PublicKey:
@@ -238,6 +263,11 @@ def trust_key(k: Keys, line: str) -> PublicKey:
                          "give the plain key line (`python -m builder key show` on that host); to limit a key, "
                          f"revoke it when it must stop signing (`key revoke`), or edit {k.trust_file} by "
                          "hand")  # fmt: skip
+    if line.lstrip().startswith("#"):
+        raise UsageError(
+            "the line given is a comment (it starts with #), not a key line",
+            "give the line `python -m builder key show` prints on that host",
+        )
     try:
         found = node.parse_trust(line, "key line").keys
     except InstallError as exc:
@@ -249,6 +279,11 @@ def trust_key(k: Keys, line: str) -> PublicKey:
             raise TrustError(f"{found[0].fingerprint()} is revoked on this host: trusting it again would accept "
                              "what a stolen key signs", "make a new key on that host (`key rotate`) and trust that "
                              "one")  # fmt: skip
+        limited = listed_with_options(k, found[0])
+        if limited:
+            raise UsageError(f"{found[0].fingerprint()} is already listed in {k.trust_file} with limits set by hand "
+                             f"({limited})", "keep that line as it is, or edit it by hand: `key trust` adds a key "
+                             "with no limits and never rewrites another's line")  # fmt: skip
         _add_trust(k, add=found)
     return found[0]
 

@@ -202,7 +202,7 @@ def test_gather_writes_only_where_it_may_and_records_only_what_it_fetched(tmp_pa
     planted.write_bytes(b"planted")
     with pytest.raises(FolderError, match="holds files gather did not put there: numpy-99.0.0") as err:
         offline.check_dest(dest)
-    assert err.value.exit_code == 10 and "empty that folder yourself" in err.value.fix
+    assert err.value.exit_code == 10 and "empty wheels/ and root/ yourself" in err.value.fix
     assert planted.read_bytes() == b"planted"
     _record(dest, wheels=[{"file": planted.name, "size": 7, "sha256": "0" * 64}])
     assert offline.check_dest(dest) == {planted.name: "0" * 64}  # an earlier gather's: replaced by this run's closure

@@ -490,3 +490,37 @@ def test_gather_refuses_a_stray_file_in_its_root_folder(tmp_path: Path) -> None:
     with pytest.raises(FolderError, match="holds files gather did not put there: root/evil.tar.xz") as err:
         offline.check_dest(folder)
     assert err.value.exit_code == 10
+
+
+def test_key_trust_and_rotate_keep_every_line_they_did_not_write(tmp_path: Path) -> None:
+    """Item 8 (data loss): `key trust` and `key rotate` rewrote allowed_signers from what they understood,
+    dropping a key an administrator had limited by hand (valid-before, a namespace), comments and other
+    principals. Every line they did not write is kept byte for byte; a key listed with limits is refused
+    by `key trust`, naming the line; a comment is not a key line."""
+    from builder import signing
+    from builder.errors import UsageError
+
+    k = signing.keys({signing.KEYS_ENV: str(tmp_path / "keys")})
+    signing.create(k)
+    other = signing.keys({signing.KEYS_ENV: str(tmp_path / "other")})
+    third = signing.keys({signing.KEYS_ENV: str(tmp_path / "third")})
+    signing.create(other)
+    signing.create(third)
+    by_hand = [
+        "# the site's second build host, until its lease ends",
+        f'ops@site namespaces="ds-wheelhouse",valid-before="20991231" {other.key().line()} limited-by-hand',
+        "",
+    ]
+    before = k.trust_file.read_text().splitlines()
+    k.trust_file.write_text("\n".join([*before, *by_hand]) + "\n")
+    signing.trust_key(k, third.key().line())
+    signing.create(k, rotate=True)
+    after = k.trust_file.read_text().splitlines()
+    assert all(line in after for line in [*before, *by_hand]), after  # nothing dropped, nothing rewritten
+    assert sum(third.key().line() in line for line in after) == 1
+    with pytest.raises(UsageError, match="already listed .* with limits set by hand") as err:
+        signing.trust_key(k, other.key().line())
+    assert "line " in err.value.message and "valid-before" in err.value.message
+    with pytest.raises(UsageError, match="is a comment"):
+        signing.trust_key(k, f"# {third.key().line()}")
+    assert k.trust_file.read_text().splitlines() == after
