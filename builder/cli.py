@@ -265,7 +265,7 @@ def parser() -> argparse.ArgumentParser:
         help="wheels to publish (default: every smoke-passed wheel in WORK_DIR/dist)",
     )
     u.add_argument("--variants", action="store_true", help=VARIANTS_HELP)
-    u.add_argument("--proof", dest="proofs", nargs="+", type=Path, default=[], metavar="FILE",
+    u.add_argument("--proof", dest="proofs", action="extend", nargs="+", type=Path, default=[], metavar="FILE",
                    help="take in GPU proofs (`prove` wrote them on GPU nodes): each must name the sha256 of a wheel "
                    "the wheelhouse holds, have checked every CUDA op of it on GPUs it has code for, and hold no "
                    "failure of the wheel's; it is kept beside the wheel and signed into the manifest (exit 7 "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import zipfile
 from collections.abc import Mapping, Sequence
@@ -40,6 +41,7 @@ from builder.node import (
     check_wheel_name,
     embedded_build_manifest,
     link_secret,
+    parse_stamp,
     proof_name,
     reason_table,
 )
@@ -229,7 +231,13 @@ STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PROOF_TYPE_PREFIX = "urn:ds-wheel-builder:gpu-proof:"
 PROOF_TYPE = PROOF_TYPE_PREFIX + "v1"
 _SHORT = re.compile(r"^[^\x00-\x1f\x7f]{0,300}$")
-_PY = re.compile(r"^\d\.\d{1,2}\.\d{1,3}[a-z0-9]{0,8}$")
+_PY = re.compile(r"^\d\.\d{1,2}\.\d{1,3}[a-z0-9+]{0,8}$")  # 3.12.3, 3.14.0a1+ (a build from a checkout)
+# A proof's bounds: a node holds a few GPUs (a GB200 node 4, an HGX 8), the smoke about 200 checks. Six
+# proofs of 43,000 GPUs each made a 35 MB manifest nothing could read any more.
+MAX_GPUS = 64
+MAX_CHECKS = 2000
+MAX_DETAIL = 16 << 10  # characters of one check's detail
+_CHECK_NAME = re.compile(r"^[^\x00-\x1f\x7f]{1,200}$")
 
 
 @dataclass(frozen=True)
@@ -306,10 +314,7 @@ class Proof:
     @classmethod
     def from_json(cls, text: str | bytes, where: str) -> Proof:
         fix = "run `python -m builder prove` on the GPU node again and take in the file it writes"
-        try:
-            data = json.loads(text)
-        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-            raise ManifestError(f"{where} is not valid JSON ({str(exc)[:200]})", fix) from exc
+        data = strict_json(text, where, fix)
         top = Fields(data, where)
         if top.get("_type", str) != STATEMENT_TYPE:
             raise top.fail("_type", f"is not {STATEMENT_TYPE} (an in-toto v1 Statement)")
@@ -330,6 +335,10 @@ class Proof:
         sha256 = Fields(subject.get("digest", dict), f"{where}: subject[0].digest").text("sha256", SHA256_RE)
         p = Fields(top.get("predicate", dict), f"{where}: predicate")
         gpus = []
+        if len(p.get("gpus", list)) > MAX_GPUS:
+            raise p.fail("gpus", f"lists {len(p.data['gpus'])} GPUs, more than the {MAX_GPUS} a node holds")
+        if len(p.get("checks", list)) > MAX_CHECKS:
+            raise p.fail("checks", f"lists {len(p.data['checks'])} checks, more than the {MAX_CHECKS} prove runs")
         for i, item in enumerate(p.get("gpus", list)):
             g = Fields(item, f"{where}: predicate.gpus[{i}]")
             memory = g.get("memory_mib", int)
@@ -341,8 +350,18 @@ class Proof:
         checks = []
         for i, item in enumerate(p.get("checks", list)):
             c = Fields(item, f"{where}: predicate.checks[{i}]")
-            checks.append(Check(c.text("name", _ANY), c.choice("status", CHECK_STATUSES), c.get("detail", str)))
+            detail: str = c.get("detail", str)
+            if len(detail) > MAX_DETAIL:
+                raise c.fail("detail", f"is {len(detail)} characters long, more than {MAX_DETAIL}")
+            checks.append(Check(c.text("name", _CHECK_NAME), c.choice("status", CHECK_STATUSES), detail))
         seconds = p.get("seconds", (int, float))
+        if not math.isfinite(seconds) or seconds < 0:
+            raise p.fail("seconds", f"is {seconds!r}, not a finite number of seconds from 0 up")
+        for key in ("started_at", "finished_at"):
+            if parse_stamp(p.text(key, STAMP_RE)) is None:
+                raise p.fail(key, f"is {p.data[key][:40]!r}, not a time as prove writes it (2026-11-28T15:00:00Z)")
+        if parse_stamp(p.data["finished_at"]) < parse_stamp(p.data["started_at"]):  # type: ignore[operator]
+            raise p.fail("finished_at", "is before started_at")
         facts = GpuFacts(tuple(gpus), p.text("driver", DRIVER_RE), p.text("cuda", CUDA_RE), p.text("torch", VERSION_RE),
                          p.text("nccl", DRIVER_RE, optional=True) or "", p.text("python", _PY),
                          p.text("host", HOST_RE))  # fmt: skip
@@ -357,6 +376,30 @@ class Proof:
             raise ManifestError(f"{where} was changed after `prove` wrote it: its content_sha256 does not match what "
                                 "it holds", fix)  # fmt: skip
         return proof
+
+
+def strict_json(text: str | bytes, where: str, fix: str) -> Any:
+    """JSON read strictly, as a signed or hashed file must be: UTF-8 only (json.loads guesses UTF-16 and
+    32 from bytes), no key twice in one object (which one counts differs between readers), no NaN or
+    Infinity (not JSON), nesting within Python's limits; ManifestError naming `where` otherwise."""
+
+    def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys = [k for k, _ in pairs]
+        twice = sorted({k for k in keys if keys.count(k) > 1})
+        if twice:
+            raise ValueError(f"key {twice[0][:40]!r} appears twice in one object")
+        return dict(pairs)
+
+    def no_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not a JSON number")
+
+    try:
+        decoded = text.decode("utf-8") if isinstance(text, bytes) else text
+        return json.loads(decoded, object_pairs_hook=no_duplicates, parse_constant=no_constant)
+    except UnicodeDecodeError as exc:
+        raise ManifestError(f"{where} is not UTF-8 ({str(exc)[:120]})", fix) from exc
+    except (ValueError, RecursionError) as exc:
+        raise ManifestError(f"{where} is not valid JSON ({str(exc)[:200]})", fix) from exc
 
 
 def content_digest(statement: Mapping[str, Any]) -> str:

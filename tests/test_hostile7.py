@@ -524,3 +524,118 @@ def test_key_trust_and_rotate_keep_every_line_they_did_not_write(tmp_path: Path)
     with pytest.raises(UsageError, match="is a comment"):
         signing.trust_key(k, f"# {third.key().line()}")
     assert k.trust_file.read_text().splitlines() == after
+
+
+def _statement(path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def _resealed(data: dict[str, Any]) -> str:
+    """A statement edited by whoever can recompute its content_sha256 (anyone: it is a plain digest)."""
+    from builder.contracts import content_digest
+
+    data["predicate"]["content_sha256"] = content_digest(data)
+    return json.dumps(data, indent=2)
+
+
+@pytest.mark.parametrize(
+    ("case", "said"),
+    [
+        ("43,000 GPUs", "lists 43000 GPUs, more than the 64 a node holds"),
+        ("5,000 checks", "lists 5000 checks, more than the 2000 prove runs"),
+        ("a 100 KB detail", "characters long, more than 16384"),
+        ("a trailing newline in the driver", "field 'driver' is not valid"),
+        ("a date that is no date", "not a time as prove writes it"),
+        ("finished before it started", "is before started_at"),
+        ("negative seconds", "not a finite number of seconds from 0 up"),
+        ("NaN seconds", "NaN is not a JSON number"),
+        ("a key twice", "appears twice in one object"),
+        ("UTF-16", "is not UTF-8"),
+    ],
+)
+def test_a_proof_is_read_strictly_and_bounded(tmp_path: Path, case: str, said: str) -> None:
+    """Item 5: six valid proofs of 43,000 GPUs each (7.8 MiB each, taken in with exit 0) left a 35 MB
+    manifest.json that nodes, publish, repair, prune, sign and verify all refused. A proof is bounded (GPUs,
+    checks, field lengths) and read strictly: whole-string patterns, real timestamps, finite non-negative
+    seconds; duplicate keys, NaN and non-UTF-8 refused. Each by name, exit 7, the wheelhouse unchanged."""
+    from test_proofs import cuda_house, state, write_proof
+
+    from builder.cli import main
+
+    house, wheel = cuda_house(tmp_path)
+    path = write_proof(tmp_path, wheel)
+    data = _statement(path)
+    p = data["predicate"]
+    if case == "43,000 GPUs":
+        p["gpus"] = p["gpus"] * 43_000
+    elif case == "5,000 checks":
+        p["checks"] = (p["checks"] * 500)[:5000]
+    elif case == "a 100 KB detail":
+        p["checks"][0]["detail"] = "x" * 100_000
+    elif case == "a trailing newline in the driver":
+        p["driver"] += "\n"
+    elif case == "a date that is no date":
+        p["started_at"] = "2026-99-99T99:99:99Z"
+    elif case == "finished before it started":
+        p["finished_at"] = "2026-11-27T00:00:00Z"
+    elif case == "negative seconds":
+        p["seconds"] = -5.0
+    text = _resealed(data)
+    if case == "NaN seconds":
+        text = text.replace('"seconds": 110.0', '"seconds": NaN')
+    elif case == "a key twice":
+        text = text.replace('"driver":', '"driver": "1.0", "driver":', 1)
+    path.write_bytes(text.encode("utf-16") if case == "UTF-16" else text.encode("utf-8"))
+    before = state(house)
+    assert main(["publish", "--wheelhouse", str(house), "--proof", str(path)]) == 7
+    assert state(house) == before
+    from builder.errors import PublishError
+    from builder.wheelhouse.proofs import read_proof
+
+    with pytest.raises(PublishError, match=said):
+        read_proof(path)
+
+
+def test_proofs_are_one_entry_a_statement_every_flag_counts_and_a_wheel_keeps_at_most_16(tmp_path: Path) -> None:
+    """Item 5: the same statement re-indented was a second entry; `--proof A --proof B` took B alone; a
+    wheel's proofs were unbounded. One entry a statement, every --proof taken, the 17th refused by name."""
+    import dataclasses
+
+    from test_proofs import CUDA_NAME, H200, cuda_house, write_proof
+
+    from builder.cli import main
+    from builder.wheelhouse.layout import load_manifest
+
+    house, wheel = cuda_house(tmp_path)
+    first = write_proof(tmp_path / "a", wheel)
+    again = tmp_path / "again.json"
+    again.write_text(json.dumps(_statement(first), indent=7, sort_keys=True))  # the same statement, laid out anew
+    second = write_proof(tmp_path / "b", wheel, facts=dataclasses.replace(H200, host="gpu-node-2"))
+    assert main(["publish", "--wheelhouse", str(house), "--proof", str(first), "--proof", str(second)]) == 0
+    assert len(load_manifest(house).wheels[CUDA_NAME].proofs) == 2
+    assert main(["publish", "--wheelhouse", str(house), "--proof", str(again)]) == 0
+    assert len(load_manifest(house).wheels[CUDA_NAME].proofs) == 2
+    more = [write_proof(tmp_path / f"n{i}", wheel, facts=dataclasses.replace(H200, host=f"gpu-node-{i + 3}"))
+            for i in range(15)]  # fmt: skip
+    assert main(["publish", "--wheelhouse", str(house), "--proof", *map(str, more[:14])]) == 0
+    assert len(load_manifest(house).wheels[CUDA_NAME].proofs) == 16
+    assert main(["publish", "--wheelhouse", str(house), "--proof", str(more[14])]) == 7
+    assert len(load_manifest(house).wheels[CUDA_NAME].proofs) == 16
+
+
+def test_a_publish_that_would_make_the_manifest_unreadable_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 5: the manifest's size is checked before publish writes it; past what every reader allows,
+    nothing is written (the limit lowered here to the size of a few proofs)."""
+    from test_proofs import cuda_house, state, write_proof
+
+    from builder.cli import main
+
+    house, wheel = cuda_house(tmp_path)
+    size = (house / "manifest.json").stat().st_size
+    monkeypatch.setitem(node.LIMITS, "manifest", size + 200)
+    before = state(house)
+    assert main(["publish", "--wheelhouse", str(house), "--proof", str(write_proof(tmp_path, wheel))]) == 7
+    assert state(house) == before

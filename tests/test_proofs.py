@@ -186,7 +186,7 @@ def _bad_proof(tmp_path: Path, house: Path, wheel: Path, case: str) -> tuple[Pat
         return path, "a version this toolkit does not read"
     if case == "not-json":
         path.write_bytes(b"\xff\xfe not json")
-        return path, "is not valid JSON"
+        return path, "is not UTF-8"
     if case == "deep":
         path.write_text("[" * 100_000 + "]" * 100_000)
         return path, "is not valid JSON"

@@ -36,7 +36,7 @@ class Fields:
 
     def text(self, key: str, pattern: "re.Pattern[str] | None" = None, optional: bool = False) -> Any:
         value = self.get(key, str, optional)
-        if value is not None and pattern is not None and not pattern.match(value):
+        if value is not None and pattern is not None and not pattern.fullmatch(value):
             raise self.fail(key, f"is not valid: {value[:80]!r}")
         return value
 
@@ -51,7 +51,7 @@ class Fields:
         if value is None:
             return ()
         for item in value:
-            if not isinstance(item, str) or not pattern.match(item):
+            if not isinstance(item, str) or not pattern.fullmatch(item):
                 raise self.fail(key, f"holds an invalid item {str(item)[:80]!r}")
         return tuple(value)
 

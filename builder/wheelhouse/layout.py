@@ -15,7 +15,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from builder import node, output, signing
-from builder.errors import WheelhouseError
+from builder.errors import PublishError, WheelhouseError
 from builder.files import is_temp_name, write_atomic
 from builder.node import (
     IMAGES,
@@ -168,6 +168,11 @@ def signed_manifest(manifest: WheelhouseManifest) -> tuple[str, bytes]:
     if not manifest.serial:
         raise AssertionError("a manifest is signed once stamped (layout.stamped)")
     text = manifest.to_json()
+    size = len(text.encode("utf-8"))
+    if size > node.LIMITS["manifest"]:  # nodes, publish, repair, prune, sign and verify would all refuse it
+        raise PublishError(f"the manifest would be {size / (1 << 20):.1f} MiB, past the "
+                           f"{node.LIMITS['manifest'] >> 20} MiB every reader of it allows: nothing was written",
+                           "take in fewer or smaller proofs, or prune old wheels from the wheelhouse")  # fmt: skip
     node.parse_manifest(text, "the manifest about to be written")
     return text, signing.sign(text.encode("utf-8"), node.NAMESPACE)
 

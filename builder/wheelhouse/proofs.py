@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder import output
+from builder import node, output
 from builder.contracts import Proof, wheel_failures
 from builder.errors import PublishError
 from builder.files import sha256_of, write_atomic
@@ -96,12 +96,15 @@ def _read(path: Path) -> bytes:
 
 
 def load_proof(data: bytes, path: Path) -> ProofFile:
-    """A proof's bytes, validated, with its entry in the manifest; PublishError naming `path` otherwise."""
+    """A proof's bytes, validated, with its entry in the manifest; PublishError naming `path` otherwise.
+    What is kept is the statement as prove writes it (Proof.to_json), whatever the file's indentation
+    or key order: one statement, one file and one manifest entry."""
     try:
         proof = Proof.from_json(data, str(path))
     except ManifestError as exc:
-        raise PublishError(f"refused the proof {path}: {exc.message}", exc.fix) from exc
-    return ProofFile(proof, data, proof.entry(hashlib.sha256(data).hexdigest()))
+        raise PublishError(f"refused the proof {node.shown(str(path))}: {exc.message}", exc.fix) from exc
+    canonical = proof.to_json().encode("utf-8")
+    return ProofFile(proof, canonical, proof.entry(hashlib.sha256(canonical).hexdigest()))
 
 
 def accepted(wheelhouse: Path, entries: dict[str, WheelEntry], files: Sequence[Path]) -> list[ProofFile]:
@@ -128,12 +131,20 @@ def accepted(wheelhouse: Path, entries: dict[str, WheelEntry], files: Sequence[P
     return out
 
 
+MAX_PROOFS = 16  # per wheel: a node of each GPU kind a site runs, proven again after a driver update
+
+
 def with_proofs(entries: dict[str, WheelEntry], taken: Sequence[ProofFile]) -> dict[str, WheelEntry]:
-    """The wheel entries with each proof recorded (pure): one entry per proof file, several per wheel."""
+    """The wheel entries with each proof recorded (pure): one entry per proof file, several per wheel, at
+    most MAX_PROOFS (PublishError beyond: the manifest every node reads stays small)."""
     out = dict(entries)
     for found in taken:
         entry = out[found.proof.wheel]
         kept = tuple(p for p in entry.proofs if p.name != found.entry.name)
+        if len(kept) >= MAX_PROOFS:
+            raise PublishError(f"{entry.name} has {len(kept)} GPU proofs already, the most a wheel keeps",
+                               f"a wheel keeps at most {MAX_PROOFS}: the ones there already vouch for it; a new build "
+                               "of the wheel starts with none")  # fmt: skip
         out[entry.name] = dataclasses.replace(entry, proofs=tuple(sorted((*kept, found.entry), key=ProofEntry.order)))
     return out
 
