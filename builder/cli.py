@@ -564,9 +564,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         output.error("interrupted")
         return 130
-    except Terminated:
-        output.error("terminated (SIGTERM): what this run made in its temporary folders was removed")
-        return 143
+    except Terminated as exc:
+        name = str(exc) or "SIGTERM"
+        output.error(f"terminated ({name}): what this run made in its temporary folders was removed")
+        return 129 if name == "SIGHUP" else 143
 
 
 class Terminated(BaseException):
@@ -576,13 +577,19 @@ class Terminated(BaseException):
 
 
 def _terminate_cleanly() -> None:
+    """SIGTERM and SIGHUP raise Terminated once; the same signal again (Slurm and `timeout` signal the
+    whole process group, a cluster's scheduler twice) is ignored while the `finally` blocks remove what the
+    run made: a second SIGTERM once ended a run mid-cleanup, printing nothing and leaving its root-tmp
+    folder. SIGKILL still ends it at once, and the next run sweeps what it left (names carry the PID)."""
     import signal
     import threading
 
     def raise_terminated(signum: int, frame: object) -> None:
-        del signum, frame
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends it at once
-        raise Terminated()
+        del frame
+        for each in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(each, signal.SIG_IGN)
+        raise Terminated(signal.Signals(signum).name)
 
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, raise_terminated)
+        for each in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(each, raise_terminated)

@@ -16,7 +16,6 @@ import re
 import shutil
 import socket
 import sys
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -24,7 +23,7 @@ from pathlib import Path
 from builder import __version__, cmd, envs, output, smoke
 from builder.contracts import BuildManifest, Check, Gpu, GpuFacts, Proof, wheel_failures
 from builder.errors import SmokeError, ToolError
-from builder.files import dest_folder, write_atomic
+from builder.files import dest_folder, scratch_folder, sweep_dead, write_atomic
 from builder.node import ManifestError
 from builder.workspace import Workspace
 
@@ -161,7 +160,8 @@ def prove(wheelhouse: str, ws: Workspace, dest: Path, trust: Sequence[str] = (),
     log = ws.logs / f"{entry.name}.prove.log"
     log.unlink(missing_ok=True)
     output.note(f"full log: {log}")
-    tmp = Path(tempfile.mkdtemp(prefix="prove-", dir=ws.scratch))
+    sweep_dead(ws.scratch, "prove-")
+    tmp = scratch_folder(ws.scratch, "prove-")
     try:
         files = tmp / "files"
         files.mkdir()
@@ -182,8 +182,17 @@ def prove(wheelhouse: str, ws: Workspace, dest: Path, trust: Sequence[str] = (),
             output.note(f"kept the proof's environment at {tmp}")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-    proof = Proof(entry.name, entry.sha256, facts, checks, started, now(), round(time.monotonic() - start, 1),
-                  f"ds-wheel-builder {__version__}", wheelhouse[:300])  # fmt: skip
+    proof = Proof(
+        entry.name,
+        entry.sha256,
+        facts,
+        checks,
+        started,
+        now(),
+        round(time.monotonic() - start, 1),
+        f"ds-wheel-builder {__version__}",
+        node.shown(wheelhouse, 280),
+    )  # fmt: skip (a tab in it: escaped)
     return finish(proof, dest, log)
 
 

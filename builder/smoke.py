@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -24,7 +23,7 @@ from packaging.version import InvalidVersion, Version
 from builder import bundle, cmd, configs, envs, output, reference
 from builder.contracts import BuildManifest, Check, SmokeReport, summarize, verdict, wheel_failures
 from builder.errors import SmokeError, UsageError
-from builder.files import is_file_here, sha256_of, write_atomic
+from builder.files import is_file_here, scratch_folder, sha256_of, sweep_dead, write_atomic
 from builder.node import CHECK_STATUSES, Fields, ManifestError, TooLarge, format_configs, read_bounded
 from builder.recipe import TorchSpec
 from builder.resources import RESOURCES, report_after, resource
@@ -222,7 +221,9 @@ def run_cases(cases: Sequence[configs.ConfigCase], ws: Workspace, wheel: Path | 
     """The configs run against a wheel's fresh venv (torch and the wheel only) or `python`'s DeepSpeed."""
     ws.logs.mkdir(parents=True, exist_ok=True)
     ws.scratch.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix="check-config-", dir=ws.scratch))
+    ws.scratch.mkdir(parents=True, exist_ok=True)
+    sweep_dead(ws.scratch, "check-config-")  # what a run killed with -9 left (81 MB once)
+    tmp = scratch_folder(ws.scratch, "check-config-")
     log = ws.logs / "check-config.log"
     output.note(f"full log: {log}")
     try:
@@ -292,7 +293,8 @@ def smoke(wheel: Path, ws: Workspace, verbose: bool = False, keep_env: bool = Fa
     ws.scratch.mkdir(parents=True, exist_ok=True)
     log.unlink(missing_ok=True)
     output.step(f"smoke: {wheel.name}; full log: {log}")
-    tmp = Path(tempfile.mkdtemp(prefix="smoke-", dir=ws.scratch))
+    sweep_dead(ws.scratch, "smoke-")
+    tmp = scratch_folder(ws.scratch, "smoke-")
     try:
         venv, env = wheel_env(wheel, manifest, tmp, log, verbose, SMOKE_EXTRAS)
         checks = run_checks(manifest, envs.python_in(venv), env, tmp, log, verbose, ws, wheel)

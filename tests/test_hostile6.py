@@ -415,14 +415,17 @@ def test_sigterm_stops_a_real_build_with_its_compilers_and_leaves_nothing(tmp_pa
     env = {**own_envs(dict(os.environ)), "DS_BUILDER_UNIT_CACHE": str(units)}
     proc = subprocess.Popen([sys.executable, "-m", "builder", "build-wheel", "--recipe", str(recipe), "--work-dir",
                              str(work), "--no-smoke", "--no-ccache"], cwd=root, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
     try:
         deadline = time.monotonic() + 900  # the build environment and the root, where this machine has none yet
         while time.monotonic() < deadline and not _compilers_of(work) and proc.poll() is None:
             time.sleep(0.5)
         assert _compilers_of(work), "no compiler ran"
         sent = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
+        # As Slurm and `timeout` send it (issue 62 item 9): to the whole process group, twice.
+        os.killpg(proc.pid, signal.SIGTERM)
+        time.sleep(0.3)
+        os.killpg(proc.pid, signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
         took = time.monotonic() - sent
     finally:
@@ -434,6 +437,7 @@ def test_sigterm_stops_a_real_build_with_its_compilers_and_leaves_nothing(tmp_pa
         time.sleep(0.2)
     assert _compilers_of(work) == 0
     assert not list(units.glob("*/unit.json")), "a unit was stored after the signal"
+    assert not list(units.rglob("*.tmp")), list(units.rglob("*.tmp"))  # no half-made header or unit in the cache
     assert not list((work / "tmp").iterdir()), list((work / "tmp").iterdir())  # its temporary folders
     assert took < 30, took  # a cpu_adam compile takes minutes here
 

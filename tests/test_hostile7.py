@@ -639,3 +639,69 @@ def test_a_publish_that_would_make_the_manifest_unreadable_is_refused(
     before = state(house)
     assert main(["publish", "--wheelhouse", str(house), "--proof", str(write_proof(tmp_path, wheel))]) == 7
     assert state(house) == before
+
+
+@pytest.mark.spawns
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGHUP"])
+def test_a_signal_sent_twice_to_the_group_lets_the_run_clean_up_and_say_so(tmp_path: Path, signal_name: str) -> None:
+    """Item 9: SIGTERM to the whole process group, twice (timeout, Slurm): one run printed nothing and left its
+    root-tmp folder, since the second signal ended it in the middle of its clean-up. The second is ignored
+    while the run removes what it made; it prints its line; SIGHUP is handled the same (exit 129)."""
+    import signal
+    import time
+
+    root = Path(__file__).resolve().parents[1]
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    script = tmp_path / "run.py"
+    script.write_text(f"""import shutil, sys, time
+sys.path.insert(0, {str(root)!r})
+from pathlib import Path
+from builder import cli, files, output
+cli._terminate_cleanly()
+folder = files.scratch_folder(Path({str(scratch)!r}), "root-tmp-")
+(folder / "big").write_bytes(b"x" * 1000)
+try:
+    print("ready", flush=True)
+    time.sleep(60)
+except cli.Terminated as exc:
+    time.sleep(1.5)  # a clean-up that takes a while: the second signal arrives during it
+    shutil.rmtree(folder)
+    output.error(f"terminated ({{exc}}): removed")
+    sys.exit(129 if str(exc) == "SIGHUP" else 143)
+""")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        sig = getattr(signal, signal_name)
+        os.killpg(proc.pid, sig)
+        time.sleep(0.5)
+        os.killpg(proc.pid, sig)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == (129 if signal_name == "SIGHUP" else 143), err
+    assert f"terminated ({signal_name})" in err and list(scratch.iterdir()) == []
+
+
+def test_what_a_run_killed_with_9_left_is_swept_by_the_next_and_a_live_ones_kept(tmp_path: Path) -> None:
+    """Item 9: a check-config killed with -9 left 81 MB; a half-made precompiled header (4.3 MB) stayed in
+    the unit cache a cluster shares. Their folders carry the PID (and, in a shared cache, the host), so the
+    next run removes a dead process's and never a live one's, nor another host's."""
+    import socket
+
+    from builder.files import scratch_folder, sweep_dead
+
+    dead = tmp_path / "check-config-4194999-abc"  # past pid_max: no such process
+    dead.mkdir()
+    (dead / "venv").write_bytes(b"x" * 1000)
+    live = scratch_folder(tmp_path, "check-config-")
+    assert sweep_dead(tmp_path, "check-config-") == [dead] and live.is_dir() and not dead.exists()
+    host = socket.gethostname()
+    cache = tmp_path / "units"
+    cache.mkdir()
+    (cache / f".k1.{host}.4194999-x.tmp").mkdir()
+    (cache / ".k1.another-host.4194999-x.tmp").mkdir()
+    sweep_dead(cache, f".k1.{host}.")
+    assert sorted(p.name for p in cache.iterdir()) == [".k1.another-host.4194999-x.tmp"]

@@ -83,6 +83,10 @@ def parser(prog: "str | None" = None, module_only: bool = False) -> argparse.Arg
 
 
 def _terminated(signum: int, frame: object) -> None:
+    import signal
+
+    for each in (signal.SIGTERM, signal.SIGHUP):  # the same signal again (a whole group, twice): cleanup goes on
+        signal.signal(each, signal.SIG_IGN)
     raise SystemExit(128 + signum)  # unwinds: every temporary folder is removed, pip or a config run killed
 
 
@@ -115,6 +119,7 @@ def main(argv: "Sequence[str] | None" = None, prog: "str | None" = None, module_
 
     if threading.current_thread() is threading.main_thread():  # signal handlers live there only
         signal.signal(signal.SIGTERM, _terminated)
+        signal.signal(signal.SIGHUP, _terminated)
     ops = [op.strip() for op in args.ops.split(",") if op.strip()]
     bad = [op for op in ops if not OP_RE.match(op)]
     if bad:  # a name no op has ('../../x'): never suggested to a recipe

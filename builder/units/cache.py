@@ -14,6 +14,7 @@ import datetime
 import json
 import os
 import shutil
+import socket
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from typing import Any
 
 from builder import output, signing
 from builder.errors import BuilderError, FolderError
-from builder.files import env_folder, make_dirs, sha256_of, write_atomic
+from builder.files import env_folder, make_dirs, sha256_of, sweep_dead, write_atomic
 from builder.node import SHA256_RE, Fields, ManifestError, check_wheel_name, read_bounded
 from builder.units.plan import UNIT_SCHEMA, Unit
 
@@ -117,7 +118,9 @@ def _store(cache: Path, unit: Unit, wheel: Path, seconds: float) -> tuple[UnitRe
     make_dirs(cache)
     record = UnitRecord(unit.op.name, unit.key, wheel.name, sha256_of(wheel), round(seconds, 1),
                         datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))  # fmt: skip
-    tmp = Path(tempfile.mkdtemp(dir=cache, prefix=f".{unit.key}.", suffix=".tmp"))
+    mine = f".{unit.key}.{socket.gethostname()}."  # this host's and process's: a later store sweeps it if killed
+    sweep_dead(cache, mine)
+    tmp = Path(tempfile.mkdtemp(dir=cache, prefix=f"{mine}{os.getpid()}-", suffix=".tmp"))
     try:
         shutil.copyfile(wheel, tmp / wheel.name)
         os.chmod(tmp / wheel.name, 0o644)

@@ -29,6 +29,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -531,9 +532,13 @@ def _stub_text(k: str) -> str:
 def _make(here: str, tool: str, compile_: Compile, folder: Path, k: str) -> None:
     """Make the header into a new folder, then swap it in (a reader sees a whole header or none)."""
     from builder import signing
-    from builder.files import sha256_of
+    from builder.files import sha256_of, sweep_dead
 
-    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{k}.", suffix=".tmp"))
+    # The folder a cluster shares: named for this host and process, so what a builder killed with -9 left
+    # is swept by the next one on the same host (a live one's, or another host's, never).
+    mine = f".{k}.{socket.gethostname()}."
+    sweep_dead(folder.parent, mine)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f"{mine}{os.getpid()}-", suffix=".tmp"))
     try:
         (tmp / "source.h").write_text(f"#include <{HEADER}>\n")
         (tmp / STUB).write_text(_stub_text(k))
@@ -569,7 +574,18 @@ def _make(here: str, tool: str, compile_: Compile, folder: Path, k: str) -> None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`enter`'s call: HERE TOOL ARGS..."""
+    """`enter`'s call: HERE TOOL ARGS... SIGTERM and SIGHUP (Slurm and `timeout` signal the whole group,
+    twice) unwind it, so a header half made is removed, not left in the unit cache a cluster shares."""
+    import signal
+
+    def unwind(signum: int, frame: object) -> None:
+        del frame
+        for each in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(each, signal.SIG_IGN)
+        raise SystemExit(128 + signum)
+
+    for each in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(each, unwind)
     args = list(sys.argv[1:] if argv is None else argv)
     return front(args[0], args[1], args[2:])
 
