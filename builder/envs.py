@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 from builder import cmd, node, output
 from builder.errors import ToolError
-from builder.files import env_folder, settle_modes, tree_checked
+from builder.files import env_folder, lock, make_dirs, settle_modes, tree_checked
 from builder.node import shown
 
 if TYPE_CHECKING:
@@ -468,15 +468,13 @@ def cached(
     (PYTHONDONTWRITEBYTECODE, read-only site-packages) each would compile torch's modules again
     (2.4 s of a unit's 5.4 s start, measured here). `then` finishes it before it counts as made (an
     sdist built into it), and `key` names what that adds to the environment's key."""
-    from filelock import FileLock
-
     venv = root / env_key([*requirements, *key], system_site_packages, base, index)
     if (venv / COMPLETE).is_file():
         _check_own(venv)
         output.note(f"reusing environment {venv}")
         return venv
-    root.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(venv) + ".lock"):
+    make_dirs(root)
+    with lock(Path(str(venv) + ".lock")):
         if (venv / COMPLETE).is_file():
             _check_own(venv)
             output.note(f"reusing environment {venv} (made meanwhile by another builder)")

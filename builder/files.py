@@ -20,7 +20,7 @@ import threading
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from builder import node
 from builder.errors import FolderError
@@ -106,17 +106,49 @@ def tree_checked(
     return top
 
 
+def group_shared(folder: Path) -> bool:
+    """Whether `folder` (or, where it is not made yet, the nearest folder above it) is a setgid folder of a
+    group this user is in: the documented way builders share a cache (docs/trust.md), where what one
+    member makes the others may replace."""
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        return node.is_group_shared(probe.stat())
+    except OSError:
+        return False
+
+
+def folder_mode(parent: Path) -> int:
+    """The mode of a folder the toolkit makes in `parent`: 0755, or 2775 in a group-shared cache (a
+    member who rebuilds a unit must be able to replace the entry another member made)."""
+    return 0o2775 if group_shared(parent) else DIR_MODE
+
+
+def lock(path: Path) -> Any:
+    """A FileLock on `path`, its file 0664 in a group-shared folder (a member must be able to open the
+    lock another made: root's 0644 lock once made a second user's build exit 10), else as the umask says."""
+    from filelock import FileLock  # here: the node's install path imports only the standard library
+
+    return FileLock(str(path), mode=0o664) if group_shared(path.parent) else FileLock(str(path))
+
+
 def settle_modes(top: Path) -> None:
-    """Every entry of a tree the toolkit made writable by its owner alone (and by the group where the
-    tree is a shared group folder), whatever the umask it was made under: what tree_checked requires."""
-    keep_group = node.is_group_shared(top.lstat())
-    mask = ~0o002 if keep_group else ~0o022
+    """Every entry of a tree the toolkit made writable by its owner alone, whatever the umask it was made
+    under (what tree_checked requires); in a group-shared cache, its folders 2775 for the group."""
+    shared = group_shared(top.parent) or node.is_group_shared(top.lstat())
+    mask = ~0o002 if shared else ~0o022
     for folder, dirs, names in os.walk(top):
         for name in [*dirs, *names, ""]:
             path = os.path.join(folder, name) if name else folder
             st = os.lstat(path)
-            if not stat.S_ISLNK(st.st_mode) and stat.S_IMODE(st.st_mode) & ~mask:
-                os.chmod(path, stat.S_IMODE(st.st_mode) & mask)
+            if stat.S_ISLNK(st.st_mode):
+                continue
+            mode = stat.S_IMODE(st.st_mode) & mask
+            if shared and stat.S_ISDIR(st.st_mode):
+                mode |= 0o2070
+            if mode != stat.S_IMODE(st.st_mode):
+                os.chmod(path, mode)
 
 
 def path_error(exc: OSError) -> FolderError:
@@ -266,7 +298,7 @@ def make_dirs(path: Path, mode: int = DIR_MODE) -> None:
             folder.mkdir()
         except FileExistsError:
             continue
-        os.chmod(folder, mode)
+        os.chmod(folder, folder_mode(folder.parent) if mode == DIR_MODE else mode)
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -705,3 +705,109 @@ def test_what_a_run_killed_with_9_left_is_swept_by_the_next_and_a_live_ones_kept
     (cache / ".k1.another-host.4194999-x.tmp").mkdir()
     sweep_dead(cache, f".k1.{host}.")
     assert sorted(p.name for p in cache.iterdir()) == [".k1.another-host.4194999-x.tmp"]
+
+
+# ---------------------------------------------------------------- item 2: two real builders, one group
+
+RUNUSER = shutil.which("runuser") or "runuser"
+TWO_USERS_SCRIPT = """
+import json, os, sys, types
+from pathlib import Path
+from builder import files, node, signing
+from builder.units import cache
+
+what, shared = sys.argv[1], Path(sys.argv[2])
+units = cache.check_cache_path(shared / "units")  # the boundary's folder check, as this user
+unit = types.SimpleNamespace(key="k" * 64, op=types.SimpleNamespace(name="cpu_adam"), inputs={})
+out = {}
+if what == "store":
+    record, path = cache.store(units, unit, shared / "cpu_adam-0.0-py3-none-any.whl", 1.0)
+    out["stored"] = str(path)
+    with files.lock(units / ".shared.lock"):
+        pass
+    envs = shared / "envs" / "env1"
+    files.make_dirs(envs / "lib" / "site-packages")
+    (envs / "lib" / "site-packages" / "mod.py").write_text("x = 1\\n")
+    files.settle_modes(envs)
+elif what == "trust":
+    signing.trust_key(signing.keys(), sys.argv[3])
+elif what == "key":
+    out["key"] = signing.ensure_key(signing.keys()).line()
+elif what == "reuse":
+    found = cache.lookup(units, unit)
+    out["reused"] = str(found[1]) if found else None
+    with files.lock(units / ".shared.lock"):  # the lock file the other member made
+        pass
+    out["env"] = node.tree_problem(str(shared / "envs" / "env1"))
+    record, path = cache.store(units, unit, shared / "cpu_adam-0.0-py3-none-any.whl", 2.0)  # rebuilt: replaced
+    out["restored"] = str(path)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.spawns
+@pytest.mark.skipif(os.geteuid() != 0 or not all(shutil.which(t) for t in ("runuser", "useradd", "groupadd")),
+                    reason="two real users need root, useradd, groupadd and runuser")  # fmt: skip
+def test_two_builders_of_one_group_share_the_caches(tmp_path: Path) -> None:
+    """Item 2, with two real Unix users in one group: a setgid group folder (2775) is the documented way to
+    share the unit, env and sdist caches and ccache. Both pass the folder check; the first member's unit
+    is reused by the second once it trusts the first's key; the second, rebuilding the unit, replaces the
+    first's entry (exit 10 "Permission denied" before); the first's lock file is the second's to take; an
+    environment the first made passes the second's tree check. A folder others can write is still refused."""
+    from test_hostile import SYSTEM_PYTHON
+
+    from builder.envs import TOOLS, pip_sources, uv_binary
+
+    tag = f"{os.getpid() % 100000}"
+    group, users = f"dsbg{tag}", [f"dsba{tag}", f"dsbb{tag}"]
+    base = Path("/tmp") / f"ds-two-users-{tag}"
+    base.mkdir(mode=0o755)
+    try:
+        subprocess.run(["groupadd", group], check=True)
+        for user in users:
+            subprocess.run(["useradd", "-M", "-N", "-g", group, "-d", str(base / user), user], check=True)
+        uv = uv_binary(TOOLS)
+        subprocess.run([uv, "venv", "-q", "--python", str(SYSTEM_PYTHON), str(base / "venv")], check=True)
+        python = str(base / "venv" / "bin" / "python")
+        subprocess.run([uv, "pip", "install", "-q", "--python", python, *pip_sources().uv_args(), "packaging",
+                        "filelock"], check=True)  # fmt: skip
+        shutil.copytree(Path(__file__).resolve().parents[1] / "builder", base / "code" / "builder")
+        (base / "run.py").write_text(TWO_USERS_SCRIPT)
+        shared = base / "shared"
+        shared.mkdir()
+        shutil.chown(shared, "root", group)
+        shared.chmod(0o2775)
+        (shared / "cpu_adam-0.0-py3-none-any.whl").write_bytes(b"a unit wheel")
+        for user in users:
+            (base / user).mkdir(mode=0o700)
+            shutil.chown(base / user, user, group)
+
+        def as_user(user: str, *argv: str) -> dict[str, Any]:
+            env = {"PYTHONPATH": str(base / "code"), "HOME": str(base / user), "PATH": "/usr/bin:/bin",
+                   "DS_BUILDER_KEYS": str(base / user / "keys")}  # fmt: skip
+            done = subprocess.run([RUNUSER, "-u", user, "--", python, str(base / "run.py"), *argv],
+                                  capture_output=True, text=True, env=env, cwd="/")  # fmt: skip
+            assert done.returncode == 0, f"{user}: {done.stderr[-3000:]}"
+            result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+            return result
+
+        first, second = users
+        key = as_user(first, "key", str(shared))["key"]
+        stored = as_user(first, "store", str(shared))["stored"]
+        as_user(second, "trust", str(shared), key)
+        said = as_user(second, "reuse", str(shared))
+        assert said["reused"] == stored  # 0 compiled: the first member's unit
+        assert said["env"] is None  # the first member's environment passes the second's tree check
+        assert said["restored"] == stored and Path(stored).stat().st_uid != Path(shared).stat().st_uid
+        entry = Path(stored).parent
+        assert entry.stat().st_mode & 0o2070 == 0o2070 and not entry.stat().st_mode & 0o002
+        shared.chmod(0o2777)
+        done = subprocess.run([RUNUSER, "-u", second, "--", python, str(base / "run.py"), "key", str(shared)],
+                              capture_output=True, text=True, cwd="/", env={"PYTHONPATH": str(base / "code"),
+                              "HOME": str(base / second), "DS_BUILDER_KEYS": str(base / second / "keys")})  # fmt: skip
+        assert done.returncode != 0 and "is writable by every user" in done.stderr
+    finally:
+        for user in users:
+            subprocess.run(["userdel", user], capture_output=True)
+        subprocess.run(["groupdel", group], capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)

@@ -23,7 +23,7 @@ from typing import Any
 
 from builder import output, signing
 from builder.errors import BuilderError, FolderError
-from builder.files import env_folder, make_dirs, sha256_of, sweep_dead, write_atomic
+from builder.files import env_folder, folder_mode, make_dirs, sha256_of, sweep_dead, write_atomic
 from builder.node import SHA256_RE, Fields, ManifestError, check_wheel_name, read_bounded
 from builder.units.plan import UNIT_SCHEMA, Unit
 
@@ -127,7 +127,7 @@ def _store(cache: Path, unit: Unit, wheel: Path, seconds: float) -> tuple[UnitRe
         text = record.to_json(unit.inputs)
         write_atomic(tmp / RECORD, text)
         write_atomic(tmp / SIGNATURE, signing.seal_unit(text.encode("utf-8")))
-        os.chmod(tmp, 0o755)
+        os.chmod(tmp, folder_mode(cache))  # 2775 in a group-shared cache: another member may replace it
         final = cache / unit.key
         if final.exists():  # a stale or damaged entry lookup refused: replaced whole
             shutil.rmtree(final)

@@ -457,13 +457,12 @@ def _header(here: str, tool: str, compile_: Compile) -> Path:
     stamp = Path(here) / "pch-checked" / k  # this build checked it: by inode and times, not hashed again
     if _stamped(stamp, folder):
         return folder
-    from filelock import FileLock
-
     from builder.errors import BuilderError
+    from builder.files import lock, make_dirs
 
     try:
-        cache.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(cache / f".{k}.lock")):
+        make_dirs(cache)
+        with lock(cache / f".{k}.lock"):
             why = _check(folder, k)
             if why:
                 if os.environ.get(MAKE_ENV) == "0":
@@ -532,7 +531,7 @@ def _stub_text(k: str) -> str:
 def _make(here: str, tool: str, compile_: Compile, folder: Path, k: str) -> None:
     """Make the header into a new folder, then swap it in (a reader sees a whole header or none)."""
     from builder import signing
-    from builder.files import sha256_of, sweep_dead
+    from builder.files import folder_mode, sha256_of, sweep_dead
 
     # The folder a cluster shares: named for this host and process, so what a builder killed with -9 left
     # is swept by the next one on the same host (a live one's, or another host's, never).
@@ -563,7 +562,7 @@ def _make(here: str, tool: str, compile_: Compile, folder: Path, k: str) -> None
         (tmp / "deps.d").unlink()
         for path in tmp.iterdir():
             os.chmod(path, 0o644)
-        os.chmod(tmp, 0o755)
+        os.chmod(tmp, folder_mode(folder.parent))
         if folder.exists() or folder.is_symlink():
             shutil.rmtree(folder) if folder.is_dir() and not folder.is_symlink() else folder.unlink()
         tmp.rename(folder)

@@ -21,9 +21,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from filelock import FileLock, Timeout
+from filelock import Timeout
 
-from builder import cmd, output
+from builder import cmd, files, output
 from builder.detect import available_memory_gb
 from builder.errors import BuilderError, BuildError, ToolError
 from builder.files import Sweeper, make_dirs
@@ -200,7 +200,7 @@ def run_unit(unit: Unit, job: UnitJob, sweeper: Sweeper) -> UnitResult:
 @contextlib.contextmanager
 def _waiting_lock(path: Path) -> Iterator[None]:
     """A file lock waited for a second at a time, given up (cmd.Stopped) when the run stops."""
-    lock = FileLock(str(path))
+    lock = files.lock(path)  # 0664 in a group-shared unit cache: each member takes the other's lock
     while True:
         try:
             lock.acquire(timeout=1)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.cmd import query, which
-from builder.files import env_folder
+from builder.files import env_folder, group_shared
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,8 @@ def environment(
     # ("modified_input_file", seen here); their content still decides, through their mtime and hash.
     out = {"CCACHE_DIR": str(cache_dir), "CCACHE_NOHASHDIR": "1", "CCACHE_NAMESPACE": namespace,
            "CCACHE_COMPILERCHECK": "content", "CCACHE_SLOPPINESS": "include_file_ctime"}  # fmt: skip
+    if group_shared(cache_dir):  # ccache's own way to share a cache: what one member stores, the others may use
+        out["CCACHE_UMASK"] = "002"
     if stats_log is not None:
         out["CCACHE_STATSLOG"] = str(stats_log)
     if front is not None:

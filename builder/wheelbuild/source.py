@@ -13,7 +13,7 @@ from pathlib import Path
 from builder import cmd
 from builder.archives import extract
 from builder.errors import SourceError, ToolError
-from builder.files import env_folder, sha256_of
+from builder.files import env_folder, make_dirs, sha256_of
 from builder.recipe import DeepSpeedSource
 from builder.resources import resource
 
@@ -38,7 +38,7 @@ def fetch(source: DeepSpeedSource, sdists: Path, log: Path, verbose: bool = Fals
     if target.is_file():
         _verify(target, source.sha256)
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(target.parent)  # 2775 in a group-shared cache
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         try:
             cmd.run(
