@@ -811,3 +811,41 @@ def test_two_builders_of_one_group_share_the_caches(tmp_path: Path) -> None:
             subprocess.run(["userdel", user], capture_output=True)
         subprocess.run(["groupdel", group], capture_output=True)
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.spawns
+@pytest.mark.parametrize("changes", [1, 2])
+def test_a_root_changed_while_it_is_packed_is_packed_again_then_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, changes: int
+) -> None:
+    """Item 12: gather's root pack failed with tar's "file changed as we read it" (another process had made a
+    hard-link copy of the shared root, which changes every file's ctime) and told the user to check the disk
+    space. Packed again once, saying why; twice, one line naming the real cause. FAKE tar: it says so
+    `changes` times, then packs."""
+    from builder.buildroot import pack
+    from builder.buildroot.spec import RootFacts, default_spec
+    from builder.errors import RootError
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    count = tmp_path / "count"
+    tar = bin_dir / "tar"
+    tar.write_text(f"""#!/bin/sh
+n=$(cat {count} 2>/dev/null || echo 0); n=$((n + 1)); echo $n > {count}
+if [ $n -le {changes} ]; then echo "tar: ./usr/lib/x.so: file changed as we read it" >&2; exit 1; fi
+for a; do case "$prev" in -cf) echo packed > "$a";; esac; prev=$a; done
+""")
+    tar.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    roots = tmp_path / "roots"
+    (roots / "build-bullseye-x").mkdir(parents=True)
+    facts = RootFacts(roots / "build-bullseye-x", "identity", "2.31", "10.2.1", "Debian bullseye")
+    spec = default_spec("http://deb.debian.org/debian")
+    if changes == 1:
+        packed = pack.pack(spec, facts, roots, tmp_path / "log")
+        assert (roots / packed.file).read_text() == "packed\n" and count.read_text().strip() == "2"
+    else:
+        with pytest.raises(RootError, match="another process on this machine copies or links") as err:
+            pack.pack(spec, facts, roots, tmp_path / "log")
+        assert "disk space" not in err.value.message + err.value.fix and err.value.exit_code == 15
+        assert not [p for p in roots.iterdir() if p.name.endswith(".tar.xz") or ".tmp-" in p.name]

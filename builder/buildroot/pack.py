@@ -23,7 +23,7 @@ from filelock import FileLock
 
 from builder import archives, cmd, output
 from builder.buildroot.spec import RootFacts, RootSpec
-from builder.errors import RootError
+from builder.errors import RootError, ToolError
 from builder.files import make_dirs, sha256_of, write_atomic
 
 PACKED_ENV = "DS_BUILDER_PACKED_ROOTS"  # a folder of packed roots (an offline folder's root/)
@@ -31,11 +31,14 @@ PACK_SCHEMA = 1
 # Left out of the file: what no compile or link of an op reads. Documentation and translations; apt's
 # lists and caches; /dev, /proc and /sys (the host's are bound in); perl (dpkg's, 45 MB); the LTO dump
 # tool (24 MB); the sanitizers' runtimes (30 MB: ops are not built with -fsanitize); time zones.
-LEFT_OUT = ("./dev/*", "./proc/*", "./sys/*", "./tmp/*", "./usr/share/doc/*", "./usr/share/man/*", "./usr/share/info/*",
+# And the trust boundary's stamp of this machine's check of the root (node.STAMP).
+LEFT_OUT = ("./.ds-builder-trusted", "./dev/*", "./proc/*", "./sys/*", "./tmp/*", "./usr/share/doc/*",
+            "./usr/share/man/*", "./usr/share/info/*",
             "./usr/share/locale/*", "./usr/share/lintian/*", "./usr/share/zoneinfo/*", "./var/cache/*",
             "./var/lib/apt/lists/*", "./var/log/*", "./usr/share/perl/*", "./usr/lib/x86_64-linux-gnu/perl/*",
             "./usr/lib/x86_64-linux-gnu/perl-base/*", "./usr/lib/x86_64-linux-gnu/libperl.so*", "*lto-dump*",
             "./usr/lib/x86_64-linux-gnu/lib[altu]san.so*", "./usr/lib/gcc/*/*/lib[altu]san*")  # fmt: skip
+CHANGED = "file changed as we read it"  # GNU tar's words (exit 1) when a file's ctime moved during the pack
 MAX_MEMBERS = 200_000  # a Debian 11 buildd root holds about 20,000 files
 
 
@@ -108,9 +111,24 @@ def pack(spec: RootSpec, facts: RootFacts, roots: Path, log: Path) -> PackedRoot
         tmp = roots / f".{file}.tmp-{os.getpid()}"
         output.step(f"root: packing {facts.describe} ({facts.path}) into {roots / file}, once per machine")
         excludes = [f"--exclude={p}" for p in LEFT_OUT]
+        argv: list[str | Path] = ["tar", "-C", facts.path, "--numeric-owner", "--sort=name", *excludes, "-I",
+                                  "xz -T0 -6", "-cf", tmp, "."]  # fmt: skip
         try:
-            cmd.run(["tar", "-C", facts.path, "--numeric-owner", "--sort=name", *excludes, "-I", "xz -T0 -6", "-cf",
-                     tmp, "."], log=log, fix="check the disk space of the roots folder")  # fmt: skip
+            for attempt in (1, 2):
+                try:
+                    cmd.run(argv, log=log, fix="check the disk space of the roots folder")
+                    break
+                except ToolError as exc:
+                    if CHANGED not in exc.message:
+                        raise
+                    if attempt == 2:
+                        raise RootError(f"tar saw the root {facts.path}'s files change twice while it packed them: "
+                                        "another process on this machine copies or links the shared roots folder "
+                                        "(a hard-link copy changes every file's ctime)", "run gather again once that "
+                                        "job is done; the root itself is unchanged") from exc  # fmt: skip
+                    output.note("root: tar saw a file change while packing (another process linked or touched the "
+                                "shared root: its ctime moved, its content did not); packing again")  # fmt: skip
+                    tmp.unlink(missing_ok=True)
             os.chmod(tmp, 0o644)
             tmp.rename(roots / file)
         except BaseException:
