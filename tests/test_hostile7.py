@@ -849,3 +849,30 @@ for a; do case "$prev" in -cf) echo packed > "$a";; esac; prev=$a; done
             pack.pack(spec, facts, roots, tmp_path / "log")
         assert "disk space" not in err.value.message + err.value.fix and err.value.exit_code == 15
         assert not [p for p in roots.iterdir() if p.name.endswith(".tar.xz") or ".tmp-" in p.name]
+
+
+def test_blame_is_by_where_a_failure_came_from_not_by_its_words() -> None:
+    """Item 7: "needs a compiler (torch.compile)" was said wherever a phrase appeared in a config's error: an
+    optimizer named "Failed to find C compiler" is a rejected config, and a wrapper's message holding
+    "torch.compile" is not the compiler's need. Only a failure raised in torch's compile path is."""
+    from builder.node.tables import config_category
+    from builder.resources.config_check import jit as runner_jit
+    from builder.resources.config_check import outcome as runner_outcome
+
+    runner_jit.jit_asked.clear()
+    runner_jit.refused_loads.clear()
+    deepspeed_config: dict[str, Any] = {}
+    source = "def _check(name):\n    raise AssertionError(f'{name} is not a supported DeepSpeed Optimizer')\n"
+    exec(compile(source, os.path.join("site-packages", "deepspeed", "runtime", "config.py"), "exec"), deepspeed_config)
+    try:
+        deepspeed_config["_check"]("Failed to find C compiler")
+    except AssertionError as exc:
+        status, detail = runner_outcome.classify(exc)
+    assert status == "invalid" and "Failed to find C compiler" in detail
+    try:
+        raise RuntimeError("No working C++ compiler: said by a user's own code, not by torch")
+    except RuntimeError as exc:
+        assert runner_outcome.classify(exc)[0] == "failed"
+    assert config_category("skipped", "DeepSpeed rejects the config: optimizer torch.compile") == "skipped"
+    assert config_category("skipped", runner_outcome.NEEDS_COMPILER + " for this config") == (
+        "needs a compiler (torch.compile)")  # fmt: skip

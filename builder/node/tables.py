@@ -96,7 +96,7 @@ def config_category(status: str, detail: str) -> str:
         return "needs " + detail[len("needs op ") :].split(", which")[0]
     if detail.startswith("not supported by DeepSpeed"):
         return "not supported by DeepSpeed"
-    if "torch.compile" in detail:
+    if detail.startswith("torch.compile (inductor) compiles code"):  # config_check.outcome.NEEDS_COMPILER
         return "needs a compiler (torch.compile)"
     if detail.startswith("no GPU visible"):
         return "not run (no GPU)"

@@ -15,15 +15,20 @@ from builder.resources.config_check.jit import NOT_IMPLEMENTED, jit_allowed, jit
 # a GPU ("Failed to find C compiler. Please specify via CC environment variable": DeepSpeed 0.19.8's Muon
 # on an H200 node). Checked after the wheel's own JIT, which is still a missing op.
 NO_COMPILER = ("InvalidCxxCompiler", "No working C++ compiler", "Failed to find C compiler")
+# Where torch's compile path runs: a failure is "needs a compiler" only when raised there, never for a
+# phrase in a config's error (an optimizer named "Failed to find C compiler" is a rejected config).
+COMPILE_PATH = (f"{os.sep}torch{os.sep}_inductor{os.sep}", f"{os.sep}torch{os.sep}_dynamo{os.sep}",
+                f"{os.sep}triton{os.sep}")  # fmt: skip
+NEEDS_COMPILER = "torch.compile (inductor) compiles code"  # the detail's start (node.tables reads it)
 
 
 def classify(exc: BaseException) -> tuple[str, str]:
     text = f"{type(exc).__name__}: {exc}".strip()
     if jit_asked and not jit_allowed():
         return "needs-op", f"needs {', '.join(jit_asked)}, which the installed wheel lacks ({text.splitlines()[0]})"
-    if any(said in text for said in NO_COMPILER):
+    if _from_compile_path(exc) and any(said in text for said in NO_COMPILER):
         return "needs-compiler", (
-            "torch.compile (inductor) compiles code for this config at first use, which needs a compiler on the "
+            f"{NEEDS_COMPILER} for this config at first use, which needs a compiler on the "
             "node (a C++ compiler for its CPU code, a C compiler for Triton's GPU launcher: gcc); torch's need, "
             f"not the wheel's, and no prebuilt wheel can carry it ({text.splitlines()[0]})"
         )
@@ -36,6 +41,16 @@ def classify(exc: BaseException) -> tuple[str, str]:
     if frames and f"{os.sep}deepspeed{os.sep}" in frames[-1].filename:
         return "unsupported", text
     return "failed", text + "\n" + "".join(traceback.format_exception(exc, limit=-4))[-1500:]
+
+
+def _from_compile_path(exc: BaseException) -> bool:
+    """Whether any exception of the chain was raised inside torch's compile path (inductor, dynamo,
+    Triton): the structure of the failure, not its words."""
+    return any(
+        any(marker in frame.filename for marker in COMPILE_PATH)
+        for e in _chain(exc)
+        for frame in traceback.extract_tb(e.__traceback__)
+    )
 
 
 _CONFIG_FILE = os.path.join("deepspeed", "runtime", "config.py")
