@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 from builder import cmd, node, output
 from builder.errors import ToolError
-from builder.files import env_folder, lock, make_dirs, settle_modes, tree_checked
+from builder.files import env_folder, held, make_dirs, settle_modes, tree_checked
 from builder.node import shown
 
 if TYPE_CHECKING:
@@ -474,7 +474,7 @@ def cached(
         output.note(f"reusing environment {venv}")
         return venv
     make_dirs(root)
-    with lock(Path(str(venv) + ".lock")):
+    with held(Path(str(venv) + ".lock"), f"the build environment {venv.name}, which another builder is making"):
         if (venv / COMPLETE).is_file():
             _check_own(venv)
             output.note(f"reusing environment {venv} (made meanwhile by another builder)")

@@ -69,10 +69,15 @@ def check_can_sign() -> None:
 
 def publish(wheels: Sequence[Path], wheelhouse: Path, ws: Workspace, variants: bool = False) -> list[Path]:
     from builder.wheelhouse import publish as publish_wheels
+    from builder.wheelhouse.page import PAGE
 
     published = publish_wheels(wheels, wheelhouse, log=ws.logs / "publish.log", variants=variants)
     for path in published:
         output.step(f"install it with: {install_command(wheelhouse, path)}")
+    if published:  # the run's last lines: where to look, and the key the node installer needs (README's node step)
+        output.step(f"the wheelhouse's page: {(wheelhouse / PAGE).resolve().as_uri()}")
+        output.step("nodes check the wheelhouse with this host's key: `python -m builder key show` prints it; the "
+                    "node installer takes it as --trust \"$(python -m builder key show)\"")  # fmt: skip
     return published
 
 

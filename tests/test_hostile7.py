@@ -876,3 +876,30 @@ def test_blame_is_by_where_a_failure_came_from_not_by_its_words() -> None:
     assert config_category("skipped", "DeepSpeed rejects the config: optimizer torch.compile") == "skipped"
     assert config_category("skipped", runner_outcome.NEEDS_COMPILER + " for this config") == (
         "needs a compiler (torch.compile)")  # fmt: skip
+
+
+@pytest.mark.spawns
+def test_a_wait_names_what_it_waits_for_and_who_holds_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Item 11: the first `nox -s build-wheel` on a machine where another process was packing the root sat
+    8.5 minutes with no output. A wait now says what it waits for and who holds it (PID, host, command)."""
+    import time
+
+    from builder import files
+
+    lock = tmp_path / ".build-bullseye-x.lock"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; sys.path.insert(0, sys.argv[1]); from pathlib import Path; "
+         "from builder import files\nwith files.held(Path(sys.argv[2]), 'x'):\n    print('held', flush=True); "
+         "time.sleep(3)", str(Path(__file__).resolve().parents[1]), str(lock)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        start = time.monotonic()
+        with files.held(lock, "the build root build-bullseye-x, which another process is packing or making"):
+            waited = time.monotonic() - start
+        err = capsys.readouterr().err
+    finally:
+        holder.kill()
+    assert waited > 1 and "waiting for the build root build-bullseye-x" in err
+    assert f"held by PID {holder.pid} on " in err and not Path(f"{lock}.holder").exists()

@@ -22,7 +22,7 @@ from builder.buildroot import pack
 from builder.buildroot.spec import RootFacts, RootSpec, identity_of, root_name
 from builder.debian import debootstrap_stage
 from builder.errors import RootError
-from builder.files import env_folder, make_dirs, write_atomic
+from builder.files import env_folder, held, make_dirs, write_atomic
 
 ROOTS_ENV = "DS_BUILDER_ROOTS"
 # What a machine that cannot make the root (no mirror, no debootstrap, no apt, not root) can do instead.
@@ -124,7 +124,7 @@ def ensure_debian(spec: RootSpec, roots: Path) -> RootFacts:
     path = roots / name
     make_dirs(roots)
     log = roots / f"{name}.log"
-    with FileLock(str(roots / f".{name}.lock")):
+    with held(roots / f".{name}.lock", f"the build root {name} (made once per machine by whoever holds it)"):
         facts = read_facts(_facts_file(roots, name))
         if facts is not None and path.is_dir() and facts.path == path:
             return facts

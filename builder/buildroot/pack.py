@@ -19,12 +19,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from filelock import FileLock
-
 from builder import archives, cmd, output
 from builder.buildroot.spec import RootFacts, RootSpec
 from builder.errors import RootError, ToolError
-from builder.files import make_dirs, sha256_of, write_atomic
+from builder.files import held, make_dirs, sha256_of, write_atomic
 
 PACKED_ENV = "DS_BUILDER_PACKED_ROOTS"  # a folder of packed roots (an offline folder's root/)
 PACK_SCHEMA = 1
@@ -102,7 +100,7 @@ def pack(spec: RootSpec, facts: RootFacts, roots: Path, log: Path) -> PackedRoot
     never changed once made) under the root's own lock; its record beside it."""
     name = facts.path.name
     record = record_path(roots, name)
-    with FileLock(str(roots / f".{name}.lock")):
+    with held(roots / f".{name}.lock", f"the build root {name}, which another process is packing or making"):
         if record.is_file():
             packed = read_record(record)
             if (roots / packed.file).is_file() and (roots / packed.file).stat().st_size == packed.size:

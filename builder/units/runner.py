@@ -177,14 +177,14 @@ def run_unit(unit: Unit, job: UnitJob, sweeper: Sweeper) -> UnitResult:
         output.note(f"unit {name}: cached ({unit.key}, built in {found[0].seconds:.0f}s)")
         return UnitResult(unit, "cached", found[1], 0.0, log)
     make_dirs(job.cache)
-    with _waiting_lock(job.cache / f".{unit.key}.lock"):  # another builder of this unit: wait, then reuse
+    with _waiting_lock(job.cache / f".{unit.key}.lock", f"op unit {name}, which another builder is building"):
         found = cache.lookup(job.cache, unit)
         if found is not None:
             output.note(f"unit {name}: built meanwhile by another builder ({unit.key})")
             return UnitResult(unit, "cached", found[1], 0.0, log)
         folder = job.work / name
         make_dirs(folder)
-        with _waiting_lock(job.work / f".{name}.lock"):
+        with _waiting_lock(job.work / f".{name}.lock", f"the work folder of op unit {name}"):
             unit, claim = room_for(unit, job.job_gb, pool=machine_pool())
             with _COMPILING_LOCK:
                 _COMPILING[0] += 1
@@ -198,9 +198,11 @@ def run_unit(unit: Unit, job: UnitJob, sweeper: Sweeper) -> UnitResult:
 
 
 @contextlib.contextmanager
-def _waiting_lock(path: Path) -> Iterator[None]:
-    """A file lock waited for a second at a time, given up (cmd.Stopped) when the run stops."""
+def _waiting_lock(path: Path, what: str) -> Iterator[None]:
+    """A file lock waited for a second at a time, given up (cmd.Stopped) when the run stops; a wait says
+    what it waits for and who holds it (files.waiting_line)."""
     lock = files.lock(path)  # 0664 in a group-shared unit cache: each member takes the other's lock
+    said = False
     while True:
         try:
             lock.acquire(timeout=1)
@@ -208,9 +210,14 @@ def _waiting_lock(path: Path) -> Iterator[None]:
         except Timeout:
             if cmd.stopping():
                 raise cmd.Stopped(f"stopped while waiting for {path}", "") from None
+            if not said:
+                output.note(files.waiting_line(path, what))
+                said = True
     try:
+        files.mark_holder(path)
         yield
     finally:
+        Path(f"{path}{files.HOLDER}").unlink(missing_ok=True)
         lock.release()
 
 
@@ -255,8 +262,10 @@ def room_for(unit: Unit, job_gb: float, free_gb: Callable[[], float | None] = av
             where = (f"{others} unit(s) of this build compiling" if others
                      else "other builds on this machine hold its memory for compile jobs")  # fmt: skip
             shown = "unknown" if free is None else f"{free:.1f} GB"
-            output.note(f"unit {unit.op.name}: waiting for memory ({shown} free, {jobs * job_gb:.0f} GB for "
-                        f"MAX_JOBS={jobs}; {where})")  # fmt: skip
+            output.note(f"unit {unit.op.name}: waiting for memory before compiling: its {jobs} compile jobs at "
+                        f"once need about {jobs * job_gb:.0f} GB and {shown} is free now ({where}); it starts as "
+                        "soon as they finish and memory is free again, or set MAX_JOBS lower to start "
+                        "sooner")  # fmt: skip
             said = True
         if cmd.stopping():
             raise cmd.Stopped(f"unit {unit.op.name}: stopped while waiting for memory", "")
