@@ -57,3 +57,15 @@ def seconds(text: str) -> float:
     from builder.resources.config_check.cli import seconds_arg
 
     return seconds_arg(text)
+
+
+def offline_options(p: argparse.ArgumentParser, with_trust: bool = True) -> None:
+    """--offline DIR, the same for every command that installs (build-wheel, smoke, check-config, prove),
+    and --trust, the key its offline.json must be signed by (prove's --trust serves both)."""
+    help = "an air-gapped host: install only from DIR, a folder `gather` made on a connected machine (its sdist, "
+    p.add_argument("--offline", type=Path, metavar="DIR", help=help + "wheels and build root; nothing else is reached; "
+                   "its offline.json must be signed by a key this host trusts)")  # fmt: skip
+    if with_trust:
+        p.add_argument("--trust", action="append", default=[], metavar="KEY_OR_FILE",
+                       help="with --offline: the gathering host's key (`python -m builder key show` there), as a line "
+                       "or an allowed-signers file (default: this host's allowed_signers)")  # fmt: skip

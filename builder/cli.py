@@ -14,23 +14,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from builder import DEFAULT_RECIPE, __version__, output
-from builder.arguments import VARIANTS_HELP, folder_arg, port_number, positive_int, seconds
+from builder.arguments import VARIANTS_HELP, folder_arg, offline_options, port_number, positive_int, seconds
 from builder.errors import BuilderError
 
 # Only the standard library is imported at the top: `install` runs on nodes that have nothing
 # else, so each command imports what it needs when it runs.
-
-
-def _offline_option(p: argparse.ArgumentParser, with_trust: bool = True) -> None:
-    """--offline DIR, the same for every command that installs (build-wheel, smoke, check-config, prove),
-    and --trust, the key its offline.json must be signed by (prove's --trust serves both)."""
-    help = "an air-gapped host: install only from DIR, a folder `gather` made on a connected machine (its sdist, "
-    p.add_argument("--offline", type=Path, metavar="DIR", help=help + "wheels and build root; nothing else is reached; "
-                   "its offline.json must be signed by a key this host trusts)")  # fmt: skip
-    if with_trust:
-        p.add_argument("--trust", action="append", default=[], metavar="KEY_OR_FILE",
-                       help="with --offline: the gathering host's key (`python -m builder key show` there), as a line "
-                       "or an allowed-signers file (default: this host's allowed_signers)")  # fmt: skip
 
 
 def parser() -> argparse.ArgumentParser:
@@ -117,7 +105,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--json", action="store_true", help="print each target's result (wheel, smoke, install command) as JSON"
     )
-    _offline_option(b)
+    offline_options(b)
 
     g = sub.add_parser(
         "gather",
@@ -204,7 +192,7 @@ def parser() -> argparse.ArgumentParser:
         "wheels", nargs="*", type=Path, metavar="WHEEL", help="wheels to test (default: the newest in WORK_DIR/dist)"
     )
     s.add_argument("--keep-env", action="store_true", help="keep the smoke venv for inspection")
-    _offline_option(s)
+    offline_options(s)
 
     pf = sub.add_parser(
         "prove",
@@ -226,7 +214,7 @@ def parser() -> argparse.ArgumentParser:
                     "is bound to the wheel's sha256 all the same)")  # fmt: skip
     pf.add_argument("--dest", type=Path, default=Path("."), help="where the proof goes (default: this folder)")
     pf.add_argument("--keep-env", action="store_true", help="keep the proof's venv for inspection")
-    _offline_option(pf, with_trust=False)
+    offline_options(pf, with_trust=False)
 
     cc = sub.add_parser(
         "check-config",
@@ -248,7 +236,7 @@ def parser() -> argparse.ArgumentParser:
     cc.add_argument("--timeout", type=seconds, default=180.0, metavar="SECONDS",
                     help="time limit per config (default 180)")  # fmt: skip
     cc.add_argument("--json", action="store_true", help="print the results as JSON")
-    _offline_option(cc)
+    offline_options(cc)
 
     u = sub.add_parser(
         "publish",
@@ -268,8 +256,14 @@ def parser() -> argparse.ArgumentParser:
     u.add_argument("--proof", dest="proofs", action="extend", nargs="+", type=Path, default=[], metavar="FILE",
                    help="take in GPU proofs (`prove` wrote them on GPU nodes): each must name the sha256 of a wheel "
                    "the wheelhouse holds, have checked every CUDA op of it on GPUs it has code for, and hold no "
-                   "failure of the wheel's; it is kept beside the wheel and signed into the manifest (exit 7 "
-                   "otherwise, nothing written)")  # fmt: skip
+                   "failure of the wheel's, and be signed (FILE.sig, written by `prove`) by a prover key this "
+                   "host trusts (`key trust --prover`); it is kept beside the wheel and signed into the manifest "
+                   "(exit 7 otherwise, nothing written)")  # fmt: skip
+    u.add_argument(
+        "--unsigned-proof",
+        action="store_true",
+        help="take in a proof with no signature beside it, on this host's word (the page says so)",
+    )
     d = sub.add_parser(
         "detect",
         parents=[common],
@@ -343,6 +337,9 @@ def parser() -> argparse.ArgumentParser:
     )
     ky.add_argument("action", choices=("show", "create", "rotate", "trust", "revoke"))
     ky.add_argument("value", nargs="?", help="trust: the key line; revoke: the key's fingerprint (SHA256:...)")
+    ky.add_argument("--prover", metavar="KEY_LINE",
+                    help="with trust: a GPU node's prover key (the line `prove` printed there) instead: proofs it "
+                    "signed are taken in by publish --proof; it never signs a wheelhouse")  # fmt: skip
     ky.add_argument("-q", "--quiet", action="store_true", help="print only the public key line")
     ky.add_argument("--debug", action="store_true", help="show a traceback on errors")
 

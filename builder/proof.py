@@ -109,7 +109,21 @@ def write_proof(dest: Path, proof: Proof) -> Path:
                          "report it, with the node's GPUs and driver (nvidia-smi)") from exc  # fmt: skip
     path = write_atomic(proof_path(dest, proof.wheel), text)
     output.step(f"GPU proof written: {path}")
+    sign_proof(path)
     return path
+
+
+def sign_proof(path: Path) -> Path:
+    """`path`.sig: the proof's bytes signed by this node's prover key (builder.prover), so the build host
+    takes it in for who made it; the key line to trust is printed."""
+    from builder import prover, signing
+
+    folder = signing.key_dir()
+    key = prover.ensure(folder)
+    sig = write_atomic(Path(f"{path}.sig"), prover.sign(path.read_bytes(), folder))
+    output.note(f"signed by this node's prover key {key.fingerprint()} ({sig.name}); the build host trusts it once "
+                f"with: python -m builder key trust --prover '{key.line()}'")  # fmt: skip
+    return sig
 
 
 def summary(proof: Proof) -> str:
@@ -182,17 +196,9 @@ def prove(wheelhouse: str, ws: Workspace, dest: Path, trust: Sequence[str] = (),
             output.note(f"kept the proof's environment at {tmp}")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-    proof = Proof(
-        entry.name,
-        entry.sha256,
-        facts,
-        checks,
-        started,
-        now(),
-        round(time.monotonic() - start, 1),
-        f"ds-wheel-builder {__version__}",
-        node.shown(wheelhouse, 280),
-    )  # fmt: skip (a tab in it: escaped)
+    source = node.shown(wheelhouse, 280)  # a tab in the path: escaped, never refused after every check ran
+    proof = Proof(entry.name, entry.sha256, facts, checks, started, now(), round(time.monotonic() - start, 1),
+                  f"ds-wheel-builder {__version__}", source)  # fmt: skip
     return finish(proof, dest, log)
 
 
@@ -206,7 +212,8 @@ def finish(proof: Proof, dest: Path, log: Path) -> Proof:
         raise SmokeError(f"{proof.wheel} failed on this node's GPUs: {failed} (the proof says so: {path})",
                          f"read {path} and the log {log}; the build host refuses this proof, so fix the build, "
                          "publish it and prove it again")  # fmt: skip
-    output.result(f"take it in on the build host: python -m builder publish --proof {path.name}")
+    output.result(f"take it in on the build host (with its .sig beside it): python -m builder publish --proof "
+                  f"{path.name}")  # fmt: skip
     return proof
 
 

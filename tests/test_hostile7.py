@@ -5,6 +5,7 @@ code, and touches nothing outside the toolkit's folders."""
 
 from __future__ import annotations
 
+import html
 import io
 import json
 import os
@@ -614,8 +615,11 @@ def test_proofs_are_one_entry_a_statement_every_flag_counts_and_a_wheel_keeps_at
     second = write_proof(tmp_path / "b", wheel, facts=dataclasses.replace(H200, host="gpu-node-2"))
     assert main(["publish", "--wheelhouse", str(house), "--proof", str(first), "--proof", str(second)]) == 0
     assert len(load_manifest(house).wheels[CUDA_NAME].proofs) == 2
-    assert main(["publish", "--wheelhouse", str(house), "--proof", str(again)]) == 0
-    assert len(load_manifest(house).wheels[CUDA_NAME].proofs) == 2
+    assert (
+        main(["publish", "--wheelhouse", str(house), "--proof", str(again)]) == 7
+    )  # laid out anew: not what was signed
+    assert main(["publish", "--wheelhouse", str(house), "--proof", str(again), "--unsigned-proof"]) == 0
+    assert len(load_manifest(house).wheels[CUDA_NAME].proofs) == 2  # the same statement: the same entry
     more = [write_proof(tmp_path / f"n{i}", wheel, facts=dataclasses.replace(H200, host=f"gpu-node-{i + 3}"))
             for i in range(15)]  # fmt: skip
     assert main(["publish", "--wheelhouse", str(house), "--proof", *map(str, more[:14])]) == 0
@@ -903,3 +907,75 @@ def test_a_wait_names_what_it_waits_for_and_who_holds_it(tmp_path: Path, capsys:
         holder.kill()
     assert waited > 1 and "waiting for the build root build-bullseye-x" in err
     assert f"held by PID {holder.pid} on " in err and not Path(f"{lock}.holder").exists()
+
+
+def test_a_proof_is_signed_by_the_node_that_made_it_and_taken_in_for_who_made_it(tmp_path: Path) -> None:
+    """Item 5: a proof's only protection was a plain sha256 anyone editing it could recompute: trust rested
+    on whoever carried the file. `prove` signs it with the node's prover key (FILE.sig); the build host
+    takes in a proof signed by a prover key it trusts (`key trust --prover`, or its own), refuses one
+    unsigned, re-sealed after an edit, or of an untrusted node, unless told (--unsigned-proof), which the
+    page then says."""
+    from test_proofs import CUDA_NAME, cuda_house, state, write_proof
+
+    from builder import prover, signing
+    from builder.cli import main
+    from builder.wheelhouse.layout import load_manifest
+    from builder.wheelhouse.page import PAGE
+
+    house, wheel = cuda_house(tmp_path)
+    path = write_proof(tmp_path, wheel)  # signed by this run's own prover key, as prove signs it
+    sig = Path(f"{path}.sig")
+    assert sig.is_file() and b"BEGIN SSH SIGNATURE" in sig.read_bytes()
+    # Another GPU node's key: refused until this host trusts it.
+    other = tmp_path / "gpu-node-keys"
+    other_key = prover.ensure(other)
+    sig.write_bytes(prover.sign(path.read_bytes(), other))
+    before = state(house)
+    assert main(["publish", "--wheelhouse", str(house), "--proof", str(path)]) == 7
+    assert state(house) == before
+    # Edited and re-sealed (content_sha256 recomputed, as anyone can), its signature no longer matches.
+    data = _statement(path)
+    data["predicate"]["host"] = "someone-elses-node"
+    edited = tmp_path / "edited.proof.json"
+    edited.write_text(_resealed(data))
+    Path(f"{edited}.sig").write_bytes(sig.read_bytes())
+    assert main(["key", "trust", "--prover", other_key.line()]) == 0  # the line prove printed on that node
+    assert main(["publish", "--wheelhouse", str(house), "--proof", str(edited)]) == 7
+    assert state(house) == before
+    # Unsigned: refused, or taken in on the host's word, which the page says.
+    unsigned = tmp_path / "unsigned.proof.json"
+    unsigned.write_bytes(path.read_bytes())
+    assert main(["publish", "--wheelhouse", str(house), "--proof", str(unsigned)]) == 7
+    assert main(["publish", "--wheelhouse", str(house), "--proof", str(path)]) == 0  # now trusted
+    (entry,) = load_manifest(house).wheels[CUDA_NAME].proofs
+    assert entry.signer == other_key.fingerprint() and html.escape(entry.vouched()) in (house / PAGE).read_text()
+    kept = (signing.key_dir() / prover.TRUST_FILE).read_text()
+    assert other_key.line() in kept
+
+
+@pytest.mark.spawns
+def test_a_node_without_ssh_keygen_signs_with_libcrypto_and_ssh_keygen_verifies_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 5: the GPU machine has no ssh-keygen. The prover key is made and used through libcrypto (ctypes)
+    there, in OpenSSH's own key format, and its SSHSIG signature is one `ssh-keygen -Y verify` accepts."""
+    from builder import prover
+
+    if shutil.which("ssh-keygen") is None:
+        pytest.skip("needs ssh-keygen to check the signature made without it")
+    keygen = shutil.which("ssh-keygen")
+    monkeypatch.setenv("PATH", str(tmp_path / "no-tools"))
+    key = prover.ensure(tmp_path / "keys")
+    sig = prover.sign(b"a proof's bytes", tmp_path / "keys")
+    monkeypatch.undo()
+    (tmp_path / "proof").write_bytes(b"a proof's bytes")
+    (tmp_path / "proof.sig").write_bytes(sig)
+    (tmp_path / "allowed").write_text(f"prover {key.line()}\n")
+    done = subprocess.run([str(keygen), "-Y", "verify", "-f", str(tmp_path / "allowed"), "-I", "prover", "-n",
+                           prover.NAMESPACE, "-s", str(tmp_path / "proof.sig")], input=b"a proof's bytes",
+                          capture_output=True)  # fmt: skip
+    assert done.returncode == 0 and b"Good" in done.stdout, done.stdout + done.stderr
+    assert stat.S_IMODE((tmp_path / "keys" / prover.KEY_FILE).stat().st_mode) == 0o600
+    again = subprocess.run([str(keygen), "-Y", "sign", "-f", str(tmp_path / "keys" / prover.KEY_FILE), "-n", "x",
+                            str(tmp_path / "proof")], capture_output=True, text=True)  # fmt: skip
+    assert again.returncode == 0, again.stderr  # the key file libcrypto's side wrote is OpenSSH's own format

@@ -28,7 +28,7 @@ from builder.cli import main
 from builder.contracts import PROOF_TYPE, Check, Gpu, GpuFacts, Proof
 from builder.errors import SmokeError
 from builder.files import sha256_of
-from builder.proof import facts_of, finish, proof_path
+from builder.proof import facts_of, finish, proof_path, sign_proof
 from builder.wheelhouse import publish, verify
 from builder.wheelhouse.layout import load_manifest
 from builder.wheelhouse.page import PAGE
@@ -337,11 +337,13 @@ def test_a_slurm_matrix_takes_in_the_proofs_its_gpu_smoke_jobs_wrote(tmp_path: P
     results_dir(run).mkdir(parents=True)
     assert _take_proofs(run, "cu130-py3.11", house) == ""  # no GPU smoke saw a GPU: nothing to take in
     (results_dir(run) / "cu130-py3.11.proof.h200.json").write_bytes(write_proof(tmp_path, wheel).read_bytes())
+    sign_proof(results_dir(run) / "cu130-py3.11.proof.h200.json")  # as the GPU smoke job signs it
     assert _take_proofs(run, "cu130-py3.11", house) == "proven on the GPUs of 1 smoke job(s)"
     assert len(load_manifest(house).wheels[CUDA_NAME].proofs) == 1
     a100 = dataclasses.replace(H200, gpus=(Gpu("NVIDIA A100-SXM4-80GB", "8.0", 81920),))
     (results_dir(run) / "cu130-py3.11.proof.a100.json").write_bytes(
         write_proof(tmp_path / "a100", wheel, facts=a100).read_bytes())  # fmt: skip
+    sign_proof(results_dir(run) / "cu130-py3.11.proof.a100.json")
     said = _take_proofs(run, "cu130-py3.11", house)  # the H200 one again (one file, one entry), the A100 one refused
     assert said.startswith("proven on the GPUs of 1 smoke job(s); GPU proof refused:") and "capability 8.0" in said
     assert len(load_manifest(house).wheels[CUDA_NAME].proofs) == 1

@@ -23,7 +23,7 @@ def publish(args: argparse.Namespace) -> int:
     if args.proofs:
         from builder.wheelhouse.publish import take_in_proofs
 
-        names = take_in_proofs(args.wheelhouse, args.proofs)
+        names = take_in_proofs(args.wheelhouse, args.proofs, args.unsigned_proof)
         output.step(f"{args.wheelhouse}: took in {len(names)} GPU proof(s), signed into its manifest")
     return 0
 
@@ -126,10 +126,21 @@ def key(args: argparse.Namespace) -> int:
             f"`python -m builder key revoke {old.fingerprint()}`; this host now signs with {new.fingerprint()}"
         )
     elif args.action == "trust":
+        if args.prover:
+            from builder import prover
+
+            signing.check_folder(k)
+            added = prover.trust_prover(k.folder, args.prover)
+            output.step(f"this host now takes in GPU proofs signed by {added.fingerprint()} "
+                        f"({k.folder / prover.TRUST_FILE})")  # fmt: skip
+            return 0
         if not args.value:
             raise UsageError("key trust needs the key line", "python -m builder key trust 'ssh-ed25519 AAAA...'")
         added = signing.trust_key(k, args.value)
         output.step(f"this host now trusts {added.fingerprint()} ({k.trust_file})")
+        if not k.exists():  # nothing more to show: this host signs nothing yet (key trust once exited 13 here)
+            output.note(f"this host has no signing key of its own yet in {k.folder}: its first publish makes one")
+            return 0
     elif args.action == "revoke":
         if not args.value:
             raise UsageError("key revoke needs the key's fingerprint", "python -m builder key revoke SHA256:...")

@@ -142,6 +142,7 @@ from builder.node.trust import (
     key_from_line,
     load_trust,
     parse_trust,
+    ssh_string,
 )
 from builder.node.verify import check_expiry, check_signature, check_signer
 
@@ -293,6 +294,7 @@ __all__ = [
     "shown",
     "split_variant_name",
     "squashfs_name",
+    "ssh_string",
     "stamp",
     "torch_variant",
     "tree_problem",

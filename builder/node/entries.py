@@ -43,11 +43,18 @@ class ProofEntry:
     nccl: str  # "" where torch has none
     finished_at: str
     host: str
+    signer: str = ""  # the fingerprint of the GPU node's prover key that signed it; "" taken in unsigned
 
     def describe(self) -> str:
         """For people: "proven on NVIDIA H200 (9.0), driver 580.65, CUDA 13.0, torch 2.11.0, on 2026-11-28"."""
         ran_on = describe_gpus(self.gpus, self.capabilities, self.driver, self.cuda, self.torch)
         return f"proven on {ran_on}" + (f", on {self.finished_at[:10]}" if self.finished_at else "")
+
+    def vouched(self) -> str:
+        """Who vouches for it, for people: the node's prover key, or the build host's word alone."""
+        if self.signer:
+            return f"signed by its node's prover key {self.signer}"
+        return "unsigned: taken in on the build host's word (publish --unsigned-proof)"
 
     def order(self) -> "tuple[str, str]":
         """Where it goes among a wheel's proofs: oldest first, then by name (as manifest.json is read back)."""
@@ -57,7 +64,7 @@ class ProofEntry:
         return {"sha256": self.sha256, "gpus": list(self.gpus), "capabilities": list(self.capabilities),
                 "driver": self.driver, "cuda": self.cuda, "torch": self.torch,
                 **({"nccl": self.nccl} if self.nccl else {}), "finished_at": self.finished_at,
-                "host": self.host}  # fmt: skip
+                "host": self.host, **({"signer": self.signer} if self.signer else {})}  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,7 @@ def parse_wheel_entry(name: str, data: object, where: str) -> "WheelEntry":
     return entry
 
 
+FINGERPRINT_RE = re.compile(r"^SHA256:[A-Za-z0-9+/]{43}$")  # as ssh-keygen -l prints a key's
 GPU_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._()/+-]{0,99}$")
 DRIVER_RE = re.compile(r"^\d{1,4}(\.\d{1,4}){0,3}$")
 HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
@@ -127,7 +128,8 @@ def parse_proofs(wheel: str, f: "Fields") -> "tuple[ProofEntry, ...]":
             raise p.fail("capabilities", "must give one compute capability per GPU, and at least one GPU")
         out.append(ProofEntry(name, sha256, gpus, caps, p.text("driver", DRIVER_RE), p.text("cuda", CUDA_RE),
                               p.text("torch", VERSION_RE), p.text("nccl", DRIVER_RE, optional=True) or "",
-                              p.text("finished_at", STAMP_RE), p.text("host", HOST_RE)))  # fmt: skip
+                              p.text("finished_at", STAMP_RE), p.text("host", HOST_RE),
+                              p.text("signer", FINGERPRINT_RE, optional=True) or ""))  # fmt: skip
     return tuple(sorted(out, key=ProofEntry.order))
 
 

@@ -168,7 +168,8 @@ def run_smoke(run: Path, name: str, partition: str) -> SmokeResult:
         if seen and done is not None:  # a GPU smoke is the GPU checks `prove` runs: it writes the same proof
             made = proof.proof_of_smoke(wheel, done.checks, seen[0], started, round(time.monotonic() - start, 1),
                                         f"slurm run {run}")  # fmt: skip
-            write_atomic(results_dir(run) / f"{name}.proof.{partition}.json", made.to_json())
+            written = write_atomic(results_dir(run) / f"{name}.proof.{partition}.json", made.to_json())
+            proof.sign_proof(written)  # the job's user's prover key: the collect job trusts its own
     saw = bool(details) and not saw_no_gpu(details)
     if status == "passed" and not saw:
         why = f"saw no GPU on {node} (CUDA_VISIBLE_DEVICES={gpus or 'unset'}): the GPU checks were skipped"

@@ -202,7 +202,8 @@ def _proof_cell(e: WheelEntry) -> str:
     if not e.proofs:
         return ('<span class="proof skipped">not proven on a GPU</span> (run <code>python -m builder prove</code> on a '
                 "GPU node, then <code>publish --proof</code>)")  # fmt: skip
-    return "<br>".join(f'<a class="proof" href="{_e(p.name)}">{_e(p.describe())}</a>' for p in e.proofs)
+    return "<br>".join(f'<a class="proof" href="{_e(p.name)}">{_e(p.describe())}</a> <span class="proof-signer'
+                       f'{"" if p.signer else " skipped"}">({_e(p.vouched())})</span>' for p in e.proofs)  # fmt: skip
 
 
 def _smoke_cell(e: WheelEntry) -> str:

@@ -80,9 +80,44 @@ class ProofFile:
     entry: ProofEntry
 
 
-def read_proof(path: Path) -> ProofFile:
-    """A proof file given to publish, validated; PublishError naming it otherwise."""
-    return load_proof(_read(path), path)
+def read_proof(path: Path, unsigned_ok: bool = False) -> ProofFile:
+    """A proof file given to publish, validated, and its signature (`path`.sig) checked against the prover
+    keys this host trusts (prover.trusted); PublishError naming it otherwise. `unsigned_ok` takes in a
+    proof with no signature, recorded so (the page says it rests on the build host's word)."""
+    data = _read(path)
+    found = load_proof(data, path)
+    signer = _signer(path, data, unsigned_ok)
+    return dataclasses.replace(found, entry=dataclasses.replace(found.entry, signer=signer))
+
+
+def _signer(path: Path, data: bytes, unsigned_ok: bool) -> str:
+    """The fingerprint of the trusted prover key that signed the proof's bytes ("" where unsigned and
+    allowed); PublishError otherwise, saying how to trust the GPU node's key."""
+    from builder import prover, signing
+
+    where = Path(f"{path}.sig")
+    how = ("if you trust the GPU node that made it: python -m builder key trust --prover '<the key line prove "
+           "printed there>', then take it in again; or pass --unsigned-proof to take it in on your own word (the "
+           "page then says so)")  # fmt: skip
+    try:
+        signature = read_bounded(where, "signature")
+    except FileNotFoundError:
+        if unsigned_ok:
+            output.warn(f"{node.shown(path.name)} is taken in unsigned (--unsigned-proof): on this host's word")
+            return ""
+        said = f"refused the proof {node.shown(str(path))}: it is not signed (no {where.name} beside it)"
+        raise PublishError(
+            f"{said}, so nothing says which GPU node made it", f"copy the .sig `prove` wrote beside it; {how}"
+        ) from None
+    except (OSError, TooLarge) as exc:
+        raise PublishError(f"cannot read the proof's signature {node.shown(str(where))}: {exc}", how) from exc
+    try:
+        checked = signing.check(data, signature, node.shown(str(where)), prover.trusted(signing.key_dir()),
+                                prover.NAMESPACE)  # fmt: skip
+    except ManifestError as exc:
+        raise PublishError(f"refused the proof {node.shown(str(path))}: its signature is not one of a prover key "
+                           f"this host trusts ({exc.message})", how) from exc  # fmt: skip
+    return checked.key.fingerprint()
 
 
 def _read(path: Path) -> bytes:
@@ -107,12 +142,13 @@ def load_proof(data: bytes, path: Path) -> ProofFile:
     return ProofFile(proof, canonical, proof.entry(hashlib.sha256(canonical).hexdigest()))
 
 
-def accepted(wheelhouse: Path, entries: dict[str, WheelEntry], files: Sequence[Path]) -> list[ProofFile]:
-    """Each proof read and checked against the wheel the wheelhouse holds (its bytes too); PublishError
-    for the first refused, before anything is written."""
+def accepted(wheelhouse: Path, entries: dict[str, WheelEntry], files: Sequence[Path],
+             unsigned_ok: bool = False) -> list[ProofFile]:  # fmt: skip
+    """Each proof read, its signature checked, and checked against the wheel the wheelhouse holds (its bytes
+    too); PublishError for the first refused, before anything is written."""
     out = []
     for path in files:
-        found = read_proof(path)
+        found = read_proof(path, unsigned_ok)
         proof = found.proof
         entry = entries.get(proof.wheel) or next((e for e in entries.values() if e.sha256 == proof.sha256), None)
         if entry is None:
@@ -176,7 +212,7 @@ def verify_proofs(wheelhouse: Path, entry: WheelEntry) -> list[str]:
         except PublishError as exc:
             problems.append(exc.message)
             continue
-        if found.entry != listed:
+        if dataclasses.replace(found.entry, signer=listed.signer) != listed:  # the signer: the manifest's word
             problems.append(f"{listed.name}: manifest.json says otherwise of the proof than the file does")
         problems += [f"{listed.name}: {why}" for why in refusals(found.proof, entry)]
     return problems

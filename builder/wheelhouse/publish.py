@@ -328,7 +328,7 @@ def _publish_files(
     return published
 
 
-def take_in_proofs(wheelhouse: Path, files: Sequence[Path]) -> list[str]:
+def take_in_proofs(wheelhouse: Path, files: Sequence[Path], unsigned_ok: bool = False) -> list[str]:
     """publish --proof: each GPU proof checked against the wheel the wheelhouse holds (all refused
     before anything is written), kept beside it, and recorded in the signed manifest; their names."""
     if not (wheelhouse / MANIFEST).is_file():
@@ -339,7 +339,7 @@ def take_in_proofs(wheelhouse: Path, files: Sequence[Path]) -> list[str]:
     with locked(wheelhouse):
         manifest = load_manifest(wheelhouse)
         _clean(wheelhouse, manifest)
-        taken = proofs.accepted(wheelhouse, dict(manifest.wheels), files)
+        taken = proofs.accepted(wheelhouse, dict(manifest.wheels), files, unsigned_ok)
         _journal(wheelhouse, {found.entry.name: found.entry.sha256 for found in taken})
         try:
             names = proofs.write_proofs(wheelhouse, taken)
