@@ -43,6 +43,22 @@ def which(program: str, env: Mapping[str, str] | None = None) -> str | None:
 COLOUR_FORCING = ("FORCE_COLOR", "CLICOLOR_FORCE", "PY_COLORS", "PY_COLOR", "UV_COLOR", "PIP_COLOR")
 
 
+def not_found(program: str, fix: str = "") -> ToolError:
+    """A program that cannot be run, said as what it is: a path names a file that is missing, not a file
+    (a folder, a FIFO) or not executable (`--python /etc/passwd` was "not found on PATH"); a bare name is
+    not on PATH."""
+    from builder.node import shown
+
+    if os.sep not in program:
+        return ToolError(
+            f"'{shown(program)}' was not found on PATH", fix or f"install {shown(program)} or put it on PATH"
+        )
+    path = Path(program)
+    why = ("does not exist" if not path.exists() else "is not a regular file (a folder, a FIFO or a device)"
+           if not path.is_file() else "is not an executable program")  # fmt: skip
+    return ToolError(f"{shown(program)} {why}", fix or "give the path of the program itself")
+
+
 def plain(env: Mapping[str, str] | None) -> dict[str, str]:
     """`env` (default: this process's) with colour off: what the toolkit parses is what it asked for
     (with FORCE_COLOR=1 uv coloured its dry-run plan and the plan read as empty)."""
@@ -78,7 +94,7 @@ def run(
         raise Stopped(f"not started, the run is stopping: {quote(argv)[:200]}", "")
     found = which(program, env)
     if found is None:
-        raise ToolError(f"'{program}' was not found on PATH", fix or f"install {program} or put it on PATH")
+        raise not_found(program, fix)
     if os.sep in program:  # a relative path must survive the change to `cwd`
         argv[0] = os.path.abspath(found)
     output.command(quote(argv))
@@ -290,7 +306,7 @@ def ask(
     silent, its exit status and both streams returned; ToolError when the program is missing,
     NoAnswer when it hangs."""
     if which(args[0], env) is None:
-        raise ToolError(f"'{args[0]}' was not found on PATH", f"install {args[0]} or put it on PATH")
+        raise not_found(args[0])
     try:
         return subprocess.run(
             list(args), capture_output=True, text=True, errors="replace", timeout=timeout, check=False,

@@ -34,7 +34,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from builder import cmd, envs, output, signing
+from builder import cmd, envs, node, output, signing
 from builder.buildroot import pack
 from builder.buildroot.pack import PackedRoot
 from builder.errors import FolderError, RootError, SourceError, UsageError
@@ -113,8 +113,9 @@ def parse_freeze(text: str, where: str) -> dict[str, str]:
             continue
         try:
             req = Requirement(line)
-        except InvalidRequirement as exc:
-            raise UsageError(f"{where}: line {number} {line[:80]!r} is not a `pip freeze` line ({exc})",
+        except InvalidRequirement as exc:  # its message quotes the whole line: cut, as every name printed
+            said = node.shown(str(exc).splitlines()[0], 160)
+            raise UsageError(f"{where}: line {number} {node.shown(line, 80)} is not a `pip freeze` line ({said})",
                              FREEZE_FIX) from exc  # fmt: skip
         pins = [s for s in req.specifier if s.operator == "=="]
         if req.url and not req.specifier and req.marker is None:
@@ -141,13 +142,22 @@ def read_freeze(path: Path) -> dict[str, str]:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO with no writer: no wait at open
     except OSError as exc:
         raise UsageError(f"cannot read --have {where}: {exc.strerror or exc}", FREEZE_FIX) from exc
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise UsageError(f"--have {where} is not a regular file (a pipe or a device)",
+    try:
+        kind = os.fstat(fd).st_mode
+        if not stat.S_ISREG(kind):  # checked before the descriptor is a file object: a folder once read "cannot use 3"
+            what = "a folder" if stat.S_ISDIR(kind) else "a pipe or a device"
+            raise UsageError(f"--have {where} is not a regular file ({what})",
                              "save the node's `python -m pip freeze` to a file and pass that")  # fmt: skip
-        data = f.read(FREEZE_LIMIT + 1)
+        with os.fdopen(fd, "rb") as f:
+            fd = -1
+            data = f.read(FREEZE_LIMIT + 1)
+    finally:
+        if fd >= 0:
+            os.close(fd)
     if len(data) > FREEZE_LIMIT:
         raise UsageError(f"--have {where} is larger than {FREEZE_LIMIT >> 20} MB: it is not a pip freeze", FREEZE_FIX)
+    if b"\0" in data:  # /proc/self/environ is a regular file: its lines, the environment, are never printed
+        raise UsageError(f"--have {where} is not text (it holds NUL bytes): it is not a pip freeze", FREEZE_FIX)
     return parse_freeze(data.decode("utf-8", errors="replace"), where)
 
 
@@ -159,7 +169,7 @@ def gather(recipe: Recipe, folder: Path, python: str, have: Mapping[str, str], l
     from builder.build import BUILD_TOOLS
     from builder.smoke import SMOKE_EXTRAS
 
-    if not re.match(r"^3\.\d{1,2}$", python):
+    if not re.fullmatch(r"3\.\d{1,2}", python):  # `$` let "3.11\n" through
         raise UsageError(f"--python {python[:20]!r} is not a CPython version", "give the node's version, e.g. 3.12")
     ours = check_dest(folder)
     output.step(f"gather: {recipe.name} for CPython {python} on x86_64 Linux into {_shown(folder)}")

@@ -235,7 +235,8 @@ def run_cases(cases: Sequence[configs.ConfigCase], ws: Workspace, wheel: Path | 
         else:
             python = Path(python or sys.executable)
             if not is_file_here(python):
-                raise UsageError(f"no such interpreter: {python}", "pass --python with the node environment's python")
+                why = "no such interpreter" if not python.exists() else "not an interpreter (not a regular file)"
+                raise UsageError(f"{why}: {python}", "pass --python with the node environment's python")
             has = cmd.ask([str(python), "-c", "import deepspeed; print('deepspeed ' + deepspeed.__version__)"],
                           timeout=600)  # fmt: skip
             printed = (has.stdout or "").strip().splitlines()[-1:] or ["nothing"]

@@ -979,3 +979,47 @@ def test_a_node_without_ssh_keygen_signs_with_libcrypto_and_ssh_keygen_verifies_
     again = subprocess.run([str(keygen), "-Y", "sign", "-f", str(tmp_path / "keys" / prover.KEY_FILE), "-n", "x",
                             str(tmp_path / "proof")], capture_output=True, text=True)  # fmt: skip
     assert again.returncode == 0, again.stderr  # the key file libcrypto's side wrote is OpenSSH's own format
+
+
+@pytest.mark.spawns
+def test_messages_say_what_a_bad_input_is(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Item 10: `--have` a folder said "cannot use 3"; a 3 MB `--have` line was echoed whole; `--have
+    /proc/self/environ` printed the environment; `--python $'3.11\\n'` was accepted; `--python /etc/passwd`
+    was "not found on PATH"; a nested serials.json (install) and manifest.json (verify) were tracebacks."""
+    from builder import offline
+    from builder.cli import main
+    from builder.errors import UsageError
+    from builder.node import InstallError, ManifestError, parse_manifest
+    from builder.node.state import read_serials
+
+    with pytest.raises(UsageError, match=r"is not a regular file \(a folder\)") as err:
+        offline.read_freeze(tmp_path)
+    assert err.value.exit_code == 2
+    long = tmp_path / "long.txt"
+    long.write_text("x" * 3_000_000 + " ===\n")
+    with pytest.raises(UsageError) as err:
+        offline.read_freeze(long)
+    assert len(err.value.message) < 800 and "characters" in err.value.message
+    os.environ["DS_SECRET_FOR_THE_TEST"] = "s3cr3t-value"
+    try:
+        with pytest.raises(UsageError, match="is not text") as err:
+            offline.read_freeze(Path("/proc/self/environ"))
+        assert "s3cr3t-value" not in err.value.message
+    finally:
+        del os.environ["DS_SECRET_FOR_THE_TEST"]
+    recipe = str(Path(__file__).resolve().parents[1] / "recipes" / "system-cpu.toml")
+    assert main(["gather", "--recipe", recipe, "--dest", str(tmp_path / "d"), "--python", "3.11\n", "--work-dir",
+                 str(tmp_path / "w")]) == 2  # fmt: skip
+    assert "is not a CPython version" in capsys.readouterr().err
+    with pytest.raises(ToolError, match="/etc/passwd is not an executable program"):
+        cmd.run(["/etc/passwd", "-c", "print(1)"])
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(ToolError, match="is not a regular file"):
+        cmd.run([str(tmp_path / "fifo")])
+    with pytest.raises(ManifestError, match="nested too deeply"):
+        parse_manifest("[" * 100_000 + "]" * 100_000)
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "serials.json").write_text("{" + '"a":{' * 50_000 + "}" * 50_001)
+    with pytest.raises(InstallError, match="nested too deeply"):
+        read_serials(state)

@@ -222,13 +222,17 @@ def install(
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+SHOWN_PROOFS = 3
+
+
 def gpu_proofs(base: str, entry: "WheelEntry", node: "Node", required: bool) -> "list[str]":
     """The GPU proofs of a CUDA wheel this node relies on, printed; with `required`, InstallError where
     one of the node's compute capabilities has none (a wheel compiled where no GPU is, never run on one)."""
     proven = proofs_for(entry, node)
-    for proof in proven:
-        say(f"==> GPU proof: {proof.describe()} ({proof.name}, sha256 {proof.sha256[:16]}..., signed with the "
-            "manifest)")  # fmt: skip
+    for proof in proven[:SHOWN_PROOFS]:  # the newest: an install printed a line for each of 1000 once
+        say(f"==> GPU proof: {proof.describe()}, {proof.vouched()} ({proof.name}, sha256 {proof.sha256[:16]}...)")
+    if len(proven) > SHOWN_PROOFS:
+        say(f"    and {len(proven) - SHOWN_PROOFS} older proofs of these GPUs (the wheelhouse's page lists them)")
     missing = unproven(entry, node)
     if missing and required:
         others = "; it has proofs for " + ", ".join(sorted({c for p in entry.proofs for c in p.capabilities})) if (

@@ -297,6 +297,8 @@ def parse_manifest(text: "str | bytes", where: str = MANIFEST_FILE) -> "Wheelhou
     """Validate a wheelhouse manifest; ManifestError naming the file and field of the first problem."""
     try:
         data = json.loads(text)
+    except RecursionError as exc:  # a nested one: a ManifestError, never a traceback (verify, install)
+        raise ManifestError(f"{where} is not a manifest (nested too deeply)", "re-publish the wheelhouse") from exc
     except (ValueError, UnicodeDecodeError) as exc:
         raise ManifestError(f"{where} is not valid JSON ({exc})", "re-publish the wheelhouse") from exc
     top = Fields(data, where)
@@ -368,7 +370,7 @@ def embedded_build_manifest(wheel: "zipfile.ZipFile", where: str) -> "dict[str, 
         raise ManifestError(f"{where} holds {len(names)} {BUILD_MANIFEST} files, not one", "rebuild the wheel")
     try:
         data = json.loads(read_member(wheel, names[0], f"{where}: {names[0]}"))
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise ManifestError(f"{where}: {BUILD_MANIFEST} is not valid JSON ({exc})", "rebuild the wheel") from exc
     if not isinstance(data, dict):
         raise ManifestError(f"{where}: {BUILD_MANIFEST} is not a JSON object", "rebuild the wheel")

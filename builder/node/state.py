@@ -63,9 +63,10 @@ def _read_state(folder: "Path", name: str, field: str, kind: type, what: str, af
             data = json.loads(read_limited(f, "report", str(path)))
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError, ManifestError) as exc:
+    except (OSError, ValueError, ManifestError, RecursionError) as exc:  # a nested one: refused, not a traceback
+        said = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         raise InstallError(
-            f"this node's record of {what} {path} cannot be read ({exc})", f"remove it: {after}"
+            f"this node's record of {what} {path} cannot be read ({said})", f"remove it: {after}"
         ) from exc
     if not isinstance(data, dict) or not all(isinstance(v, dict) and isinstance(v.get(field), kind)
                                              for v in data.values()):  # fmt: skip

@@ -19,6 +19,7 @@ from builder.files import is_temp_name, sha256_of
 from builder.node import (
     IMAGES,
     ManifestError,
+    TooLarge,
     Trust,
     WheelEntry,
     WheelhouseManifest,
@@ -193,7 +194,11 @@ def _verify_page(wheelhouse: Path, manifest: WheelhouseManifest) -> list[str]:
     path = wheelhouse / PAGE
     if path.is_symlink() or not path.is_file():
         return [f"{PAGE}: missing (run `python -m builder repair` to write it)"]
-    if read_bounded(path, "index page").decode("utf-8", errors="replace") != render(gather(wheelhouse, manifest)):
+    try:
+        text = read_bounded(path, "index page").decode("utf-8", errors="replace")
+    except (OSError, TooLarge) as exc:  # one over 8 MiB (or a FIFO in its place): a problem named, not a traceback
+        return [f"{PAGE}: {exc}; run `python -m builder repair` to write it anew"]
+    if text != render(gather(wheelhouse, manifest)):
         if (wheelhouse / JOURNAL).is_file():  # a publish was killed between the page and the manifest
             return [f"{PAGE}: out of step with {MANIFEST}, {INTERRUPTED}"]
         return [f"{PAGE}: not the page {MANIFEST} renders here (edited, or the wheelhouse was moved): "
