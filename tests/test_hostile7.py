@@ -184,8 +184,14 @@ def test_the_tree_check_refuses_what_others_could_change_inside(tmp_path: Path) 
     (tree / "pyvenv.cfg").write_text("home = /usr/bin\n")
     (tree / "lib64").symlink_to("lib")
     (site / "torch" / "__init__.py").write_text("")
+    (tree / ".lock").touch()
+    (tree / ".lock").chmod(0o666)  # uv makes it so whatever the umask: nothing reads it as code
     assert node.tree_problem(str(tree), stamp=True) is None
     assert (tree / node.STAMP).is_file()
+    (site / ".lock").touch()
+    (site / ".lock").chmod(0o666)
+    assert "site-packages/.lock is writable by every user" in (node.tree_problem(str(tree)) or "")
+    (site / ".lock").unlink()
     assert node.tree_problem(str(tree), stamp=True) is None  # stamped: folders unchanged
     (site / "torch").chmod(0o777)
     assert "torch is writable by every user" in (node.tree_problem(str(tree), stamp=True) or "")

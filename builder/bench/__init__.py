@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from builder import cmd, envs, output
+from builder import cmd, envs, node, output
 from builder.bench.all_ops import bench_all_ops, render_all_ops
 from builder.bench.common import EXTRA_OPS, _report, _timed
 from builder.build import build_wheel, prepare, toolchain_env
@@ -186,6 +186,10 @@ def env_creation(recipe: Recipe, out: Path, log: Path) -> dict[str, float]:
                     envs.create, venv, [recipe.torch.requirement], log, index=envs.torch_index(recipe.torch)
                 )
             )
+        if name == "uv":  # the trust boundary's tree check of an environment of torch's size: walked, then stamped
+            (venv / node.STAMP).unlink(missing_ok=True)
+            seconds["trust_full"], _ = _timed(functools.partial(node.tree_problem, str(venv), stamp=True))
+            seconds["trust_stamped"], _ = _timed(functools.partial(node.tree_problem, str(venv), stamp=True))
         shutil.rmtree(venv, ignore_errors=True)
     return seconds
 
@@ -311,6 +315,8 @@ def bench(recipe: Recipe, out: Path, runs: int, full_ops: Recipe | None = None) 
             "root_make",
             "cold_no_header",
             "header_make",
+            "trust_full",
+            "trust_stamped",
         )
     }
     sizes: dict[str, int] = {}
@@ -372,7 +378,7 @@ def bench(recipe: Recipe, out: Path, runs: int, full_ops: Recipe | None = None) 
             record("node_jit", node_jit)
             at["step"] = "environments" + n
             for name, seconds in env_creation(recipe, out, log).items():
-                record(f"env_{name}", seconds)
+                record(name if name.startswith("trust_") else f"env_{name}", seconds)
             at["step"] = "smoke" + n
             for name, seconds in smoke_times(cold.wheel, ws).items():
                 record(f"smoke_{name}", seconds)
@@ -451,6 +457,7 @@ def _result(name: str, runs: int, extra: str | None, samples: dict[str, list[flo
             "server_vs_spawn": ratio(med["configs_server"], med["configs_spawn_once"]),
             "root_vs_host": ratio(med["cold"], med["cold_host"]),
             "header_vs_none": ratio(med["cold"], med["cold_no_header"]),
+            "trust_stamped_vs_full": ratio(med["trust_stamped"], med["trust_full"]),
         },
     }
 
@@ -477,6 +484,10 @@ TARGETS = {
         None,
     ),
     "root_vs_host": ('cold build compiled in the Debian 11 root vs the same on the host (`platform = "host"`)', 1.1),
+    "trust_stamped_vs_full": (
+        "the trust boundary's tree check of an environment of torch's size: its stamp read vs every entry walked",
+        None,
+    ),
 }
 
 
@@ -484,7 +495,8 @@ TARGETS = {
 ABSOLUTE_TARGETS = {"unchanged_vs_cold": "< 2 s for the build step", "smoke_uv_vs_pip": "smoke <= 50 s",
                     "clone_uv_vs_pip": "<= 150 s", "env_uv_vs_pip": "-", "configs_vs_each": "-",
                     "header_vs_none": "-", "bytecode_once_vs_each": "-",
-                    "server_vs_spawn": "GPU matrix <= 60 s"}  # fmt: skip
+                    "server_vs_spawn": "GPU matrix <= 60 s",
+                    "trust_stamped_vs_full": "walk well under 1 s"}  # fmt: skip
 
 
 def render_table(result: dict[str, Any]) -> str:
@@ -508,6 +520,8 @@ def render_table(result: dict[str, Any]) -> str:
         "header_vs_none": f"{med['cold']:.0f} s vs {med.get('cold_no_header', float('nan')):.0f} s",
         "server_vs_spawn": f"{med.get('configs_server', float('nan')):.0f} s vs "
         f"{med.get('configs_spawn_once', float('nan')):.0f} s ({sizes.get('spawned', '?')} configs)",
+        "trust_stamped_vs_full": f"{med.get('trust_stamped', float('nan')):.3f} s vs "
+        f"{med.get('trust_full', float('nan')):.3f} s",
     }
     lines = [
         f"Recipe `{result['recipe']}`, {result['cores']} cores, median of {result['runs']} run(s):",

@@ -250,6 +250,9 @@ def tree_problem(
         return f"a folder in {shown(top)} cannot be read ({exc.strerror})"
     if stamp and _stamped(stamp_path, fingerprint):
         return None
+    # uv makes an environment's lock file 0666 whatever the umask, each time it is missing; nothing reads it
+    # as code, and its owner is checked like any entry's.
+    uv_lock = os.path.join(top, ".lock")
     for folder, st in folders:
         why = _owner_problem(folder, st, shared, "belongs to")
         why = why or _mode_problem(folder, st, shared)
@@ -269,7 +272,9 @@ def tree_problem(
             if not _inside(top, path, absolute_inside) and not _leads_into(path, links_out_to):
                 return f"{shown(path)} is a link leading out of {shown(top)} (to {shown(os.readlink(path))})"
             continue
-        why = _owner_problem(path, st, shared, "belongs to") or _mode_problem(path, st, shared)
+        why = _owner_problem(path, st, shared, "belongs to")
+        if not why and not (path == uv_lock and stat.S_ISREG(st.st_mode)):
+            why = _mode_problem(path, st, shared)
         if why:
             return why
         if not stat.S_ISREG(st.st_mode):
