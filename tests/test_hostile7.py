@@ -1029,3 +1029,43 @@ def test_messages_say_what_a_bad_input_is(tmp_path: Path, capsys: pytest.Capture
     (state / "serials.json").write_text("{" + '"a":{' * 50_000 + "}" * 50_001)
     with pytest.raises(InstallError, match="nested too deeply"):
         read_serials(state)
+
+
+def test_a_proof_replaced_by_a_fifo_is_named_so_and_a_redirect_out_of_http_is_refused(tmp_path: Path) -> None:
+    """Item 10: a proof file replaced by a FIFO was called "missing"; a served wheelhouse redirecting to
+    ftp:// was followed."""
+    import http.server
+    import threading
+
+    from test_proofs import CUDA_NAME, cuda_house, write_proof
+
+    from builder.cli import main
+    from builder.node import InstallError
+    from builder.node.fetch import _opened
+    from builder.wheelhouse import verify
+    from builder.wheelhouse.layout import load_manifest
+
+    house, wheel = cuda_house(tmp_path)
+    assert main(["publish", "--wheelhouse", str(house), "--proof", str(write_proof(tmp_path, wheel))]) == 0
+    (proof,) = load_manifest(house).wheels[CUDA_NAME].proofs
+    (house / proof.name).unlink()
+    os.mkfifo(house / proof.name)
+    assert f"{proof.name}: not a regular file (a FIFO, a folder or a device in its place)" in verify(house)
+
+    class Redirect(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(302)
+            self.send_header("Location", "ftp://example.invalid/manifest.json")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Redirect)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(InstallError, match="redirects to ftp://example.invalid/manifest.json, not an http"):
+            with _opened(f"http://127.0.0.1:{server.server_port}/", "manifest.json"):
+                pass
+    finally:
+        server.shutdown()

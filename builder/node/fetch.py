@@ -119,6 +119,21 @@ def _copy(source: "Any", what: str, where: str, write: "Any", expected: "int | N
         raise _unreadable(where, exc) from exc
 
 
+class _HttpOnly(urllib.request.HTTPRedirectHandler):
+    """Redirects followed within http and https only: urllib follows one to ftp:// or file:// by default,
+    and a wheelhouse served over HTTP never sends a node to read a local file or an FTP server."""
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> Any:
+        scheme = urllib.parse.urlsplit(newurl).scheme.lower()
+        if scheme not in ("http", "https"):
+            said = f"{req.full_url}: the server redirects to {printable(newurl)[:200]}, not an http(s) URL"
+            raise InstallError(said, "serve the wheelhouse over http or https only (check the server or proxy)")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+_OPENER = urllib.request.build_opener(_HttpOnly)
+
+
 class _opened:
     """A wheelhouse file open for reading, and where it is (for messages): an HTTP response, or a
     local file that must be a regular file. Every way of failing to open is one InstallError."""
@@ -131,7 +146,7 @@ class _opened:
         if self.base.startswith(("http://", "https://")):
             where = self.base + "/".join(urllib.parse.quote(part) for part in self.name.split("/"))
             try:
-                self.source = urllib.request.urlopen(where, timeout=fetch_timeout())
+                self.source = _OPENER.open(where, timeout=fetch_timeout())
             except urllib.error.HTTPError as exc:
                 exc.close()
                 raise InstallError(f"{where}: HTTP {exc.code} {exc.reason}",

@@ -200,7 +200,8 @@ def verify_proofs(wheelhouse: Path, entry: WheelEntry) -> list[str]:
     for listed in entry.proofs:
         path = wheelhouse / listed.name
         if path.is_symlink() or not path.is_file():
-            why = "a link, not the file publish wrote" if path.is_symlink() else "missing"
+            why = ("a link, not the file publish wrote" if path.is_symlink() else "missing" if not path.exists()
+                   else "not a regular file (a FIFO, a folder or a device in its place)")  # fmt: skip
             problems.append(f"{listed.name}: {why}")
             continue
         try:
