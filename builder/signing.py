@@ -414,12 +414,22 @@ def _unit_secret(k: Keys, make: bool) -> bytes | None:
     return path.read_bytes()
 
 
+def check_unit_secret_place(k: Keys) -> None:
+    """Where the unit secret goes is a file or nothing, checked before `key rotate` changes anything (a
+    folder there once let it rotate the key, then fail)."""
+    path = k.folder / UNIT_SECRET_FILE
+    if path.is_dir() and not path.is_symlink():
+        raise TrustError(f"the unit secret {path} is a folder, not the file the toolkit writes",
+                         f"move {path} away, then rotate again: nothing was changed")  # fmt: skip
+
+
 def new_unit_secret(k: Keys) -> Path | None:
     """On `key rotate`: a new unit secret in place of the old one, where there is one (the units the
     old one sealed are then built again, as with a new key)."""
     path = k.folder / UNIT_SECRET_FILE
     if not path.exists() and not path.is_symlink():
         return None
+    check_unit_secret_place(k)
     with _lock(k):
         path.unlink()
         write_atomic(path, secrets.token_bytes(SECRET_BYTES), mode=0o600)

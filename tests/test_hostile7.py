@@ -1069,3 +1069,20 @@ def test_a_proof_replaced_by_a_fifo_is_named_so_and_a_redirect_out_of_http_is_re
                 pass
     finally:
         server.shutdown()
+
+
+def test_key_rotate_with_a_folder_for_the_unit_secret_changes_nothing(tmp_path: Path) -> None:
+    """Item 10: `key rotate` with a folder where the unit secret goes rotated the key, then failed."""
+    from builder import signing
+    from builder.cli import main
+
+    k = signing.keys({signing.KEYS_ENV: str(tmp_path / "keys")})
+    signing.create(k)
+    before = k.key()
+    (k.folder / signing.UNIT_SECRET_FILE).mkdir()
+    os.environ[signing.KEYS_ENV], saved = str(k.folder), os.environ[signing.KEYS_ENV]
+    try:
+        assert main(["key", "rotate"]) == 13
+    finally:
+        os.environ[signing.KEYS_ENV] = saved
+    assert k.key() == before  # not rotated

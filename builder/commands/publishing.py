@@ -117,6 +117,7 @@ def key(args: argparse.Namespace) -> int:
             output.step(f"a new unit secret in {secret}: the op units the old one sealed are built again")
             return 0
         old = k.key()
+        signing.check_unit_secret_place(k)  # before anything rotates
         new = signing.create(k, rotate=True)
         if (secret := signing.new_unit_secret(k)) is not None:
             output.note(f"a new unit secret in {secret} too: the op units the old one sealed are built again")
