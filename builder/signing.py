@@ -157,9 +157,14 @@ def check_folder(k: Keys) -> None:
                          "~/.config/ds-wheel-builder")  # fmt: skip
     if resolved.exists() and not resolved.is_dir():
         raise TrustError(f"the key folder {k.folder} is not a folder", f"point {KEYS_ENV} at a folder (or unset it)")
+    if resolved.is_dir():
+        _check_owned(resolved, "key folder")
+    why = node.folder_problem(str(k.folder))  # the path as given, every hop: another user's link on the way
+    if why:
+        raise TrustError(f"the key folder {node.shown(str(k.folder))} cannot be trusted: {why}",
+                         f"point {KEYS_ENV} at a folder of your own that only you can write, or unset it")  # fmt: skip
     if not resolved.is_dir():
         return
-    _check_owned(resolved, "key folder")
     for path, what in ((k.trust_file, "allowed_signers file"), (k.public, "public key"), (k.private, "signing key")):
         if path.is_symlink() or (path.exists() and not path.is_file()):
             raise TrustError(f"the {what} {path} is not a regular file", f"move {path} away; the toolkit writes it")

@@ -1086,3 +1086,17 @@ def test_key_rotate_with_a_folder_for_the_unit_secret_changes_nothing(tmp_path: 
     finally:
         os.environ[signing.KEYS_ENV] = saved
     assert k.key() == before  # not rotated
+
+
+@needs_root
+def test_the_key_folder_through_another_users_link_is_refused(tmp_path: Path) -> None:
+    """Item 1: the key folder (DS_BUILDER_KEYS) is judged by the same boundary, every hop: this user's link
+    to another user's link to a folder of this user's is refused (exit 13), nothing made."""
+    from builder import signing
+    from builder.errors import TrustError
+
+    shapes = _links(tmp_path)
+    chain = shapes["three hops, another's link in the middle"][0]
+    with pytest.raises(TrustError, match="is a link made by another user") as err:
+        signing.check_folder(signing.keys({signing.KEYS_ENV: str(chain)}))
+    assert err.value.exit_code == 13 and not (tmp_path / "own" / "cache").exists()
