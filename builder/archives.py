@@ -44,6 +44,8 @@ def extract(tf: tarfile.TarFile, dest: Path, where: str, max_members: int) -> in
         for i, member in enumerate(tf):
             if i >= max_members:
                 raise Refused(f"{shown(where)} holds over {max_members} members: more than it can hold")
+            if member.isdir() and not [p for p in member.name.split("/") if p not in ("", ".")]:
+                continue  # "./", the top itself (tar -C root . lists it first): `dest`, made 0755 below
             parts = _member_parts(member.name)
             name = "/".join(parts)
             if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):

@@ -314,7 +314,8 @@ def test_a_root_pack_is_unpacked_owned_by_the_unpacker_with_no_special_bits(tmp_
     from builder import archives
 
     members = [
-        _member("usr", tarfile.DIRTYPE, mode=0o755), _member("usr/bin", tarfile.DIRTYPE, mode=0o755),
+        _member(".", tarfile.DIRTYPE, mode=0o755),  # tar -C root . lists the top itself first
+        _member("./usr", tarfile.DIRTYPE, mode=0o755), _member("usr/bin", tarfile.DIRTYPE, mode=0o755),
         _member("usr/bin/su", data=b"#!/bin/sh\n", mode=0o4777), _member("usr/bin/cc", data=b"x", mode=0o755),
         _member("usr/bin/c++", tarfile.LNKTYPE, link="./usr/bin/cc"), _member("bin", tarfile.SYMTYPE, link="/usr/bin"),
         _member("dev/null", tarfile.CHRTYPE), _member("tmp", tarfile.DIRTYPE, mode=0o1777),
