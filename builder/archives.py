@@ -10,6 +10,7 @@ import shutil
 import tarfile
 from pathlib import Path
 
+from builder.files import LinkOnTheWay, descend
 from builder.node import shown
 
 
@@ -54,8 +55,7 @@ def extract(tf: tarfile.TarFile, dest: Path, where: str, max_members: int) -> in
             try:
                 _make(tf, member, parent, parts[-1], name, files, top)
             finally:
-                if parent != top:
-                    os.close(parent)
+                os.close(parent)
             made += 1
     finally:
         os.close(top)
@@ -64,25 +64,12 @@ def extract(tf: tarfile.TarFile, dest: Path, where: str, max_members: int) -> in
 
 
 def _open_parents(top: int, folders: list[str], name: str) -> int:
-    """The folder a member goes into, opened hop by hop from the top with O_NOFOLLOW (made 0755 where
-    an archive lists a member before its folder)."""
-    fd = top
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-    for part in folders:
-        try:
-            os.mkdir(part, 0o755, dir_fd=fd)
-        except FileExistsError:
-            pass
-        try:
-            below = os.open(part, flags, dir_fd=fd)
-        except OSError as exc:
-            if fd != top:
-                os.close(fd)
-            raise Refused(f"member {shown(name)!r} goes through {shown(part)!r}, a link or a file") from exc
-        if fd != top:
-            os.close(fd)
-        fd = below
-    return fd
+    """The folder a member goes into, opened hop by hop from the top without following a link
+    (files.descend; made 0755 where an archive lists a member before its folder)."""
+    try:
+        return descend(top, folders, "the archive")
+    except LinkOnTheWay as exc:
+        raise Refused(f"member {shown(name)!r} goes through a link or a file ({exc})") from exc
 
 
 def _make(tf: tarfile.TarFile, member: tarfile.TarInfo, parent: int, leaf: str, name: str, files: set[str],

@@ -240,6 +240,32 @@ class LinkOnTheWay(Exception):
     """A path inside a tree another made passes through a link (write_inside refuses to follow it)."""
 
 
+NO_LINK_FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def descend(top: int, folders: list[str], where: str) -> int:
+    """A new descriptor of the folder `folders` below the open folder `top`, each opened from the one
+    above it with O_NOFOLLOW and made 0755 where missing: nothing is reached through a link (the one
+    way the toolkit writes into a tree it did not make: an image's layers, a root, an archive's members).
+    LinkOnTheWay names the part that is a link or not a folder; `top` stays open, the caller's."""
+    fd = os.dup(top)
+    for i, part in enumerate(folders):
+        try:
+            os.mkdir(part, 0o755, dir_fd=fd)
+        except FileExistsError:
+            pass
+        try:
+            below = os.open(part, NO_LINK_FOLDER, dir_fd=fd)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise LinkOnTheWay(f"{'/'.join(folders[: i + 1])} in {where} is a link or not a folder") from exc
+            raise
+        os.close(fd)
+        fd = below
+    return fd
+
+
 def write_inside(root: Path, rel: str, data: bytes, mode: int = FILE_MODE) -> None:
     """Write `root/rel` without following a link anywhere on the way: each folder is opened from the
     one above it with O_NOFOLLOW (made where missing) and the file is created fresh. For trees the
@@ -248,22 +274,12 @@ def write_inside(root: Path, rel: str, data: bytes, mode: int = FILE_MODE) -> No
     parts = [p for p in rel.split("/") if p]
     if not parts or any(p in (".", "..") for p in parts):
         raise LinkOnTheWay(f"{rel!r} is not a path inside {root}")
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(root, flags)
+    top = os.open(root, NO_LINK_FOLDER)
     try:
-        for i, part in enumerate(parts[:-1]):
-            try:
-                os.mkdir(part, 0o755, dir_fd=fd)
-            except FileExistsError:
-                pass
-            try:
-                below = os.open(part, flags, dir_fd=fd)
-            except OSError as exc:
-                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise LinkOnTheWay(f"{'/'.join(parts[: i + 1])} in {root} is a link or not a folder") from exc
-                raise
-            os.close(fd)
-            fd = below
+        fd = descend(top, parts[:-1], str(root))
+    finally:
+        os.close(top)
+    try:
         try:
             os.unlink(parts[-1], dir_fd=fd)  # a link or a file there: replaced, never followed
         except FileNotFoundError:
