@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import base64
 import ctypes
-import ctypes.util
 import hashlib
 import os
 import secrets
 import shutil
 import socket
 from pathlib import Path
+from typing import Any
 
 from builder import cmd, node
 from builder.errors import TrustError, UsageError
@@ -47,30 +47,21 @@ def _string(data: bytes) -> bytes:
     return len(data).to_bytes(4, "big") + data
 
 
-def _libcrypto() -> ctypes.CDLL | None:
-    for name in (ctypes.util.find_library("crypto"), "libcrypto.so.3", "libcrypto.so.1.1"):
-        if not name:
-            continue
-        try:
-            lib = ctypes.CDLL(name)
-            lib.EVP_DigestSign  # noqa: B018 (1.1.1 or newer)
-            lib.EVP_PKEY_new_raw_private_key  # noqa: B018
-        except (OSError, AttributeError):
-            continue
-        vp, sz = ctypes.c_void_p, ctypes.c_size_t
-        lib.EVP_PKEY_new_raw_private_key.restype = vp
-        lib.EVP_PKEY_new_raw_private_key.argtypes = [ctypes.c_int, vp, ctypes.c_char_p, sz]
-        lib.EVP_PKEY_get_raw_public_key.argtypes = [vp, ctypes.c_char_p, ctypes.POINTER(sz)]
-        lib.EVP_MD_CTX_new.restype = vp
-        lib.EVP_DigestSignInit.argtypes = [vp, vp, vp, vp, vp]
-        lib.EVP_DigestSign.argtypes = [vp, ctypes.c_char_p, ctypes.POINTER(sz), ctypes.c_char_p, sz]
-        lib.EVP_MD_CTX_free.argtypes = [vp]
-        lib.EVP_PKEY_free.argtypes = [vp]
-        return lib
-    return None
+def _libcrypto() -> Any:
+    """libcrypto with Ed25519 signing (node.libcrypto, which verifying uses too); None where there is none."""
+    lib = node.libcrypto("EVP_DigestSign")
+    if lib is None:
+        return None
+    vp, sz = ctypes.c_void_p, ctypes.c_size_t
+    lib.EVP_PKEY_new_raw_private_key.restype = vp
+    lib.EVP_PKEY_new_raw_private_key.argtypes = [ctypes.c_int, vp, ctypes.c_char_p, sz]
+    lib.EVP_PKEY_get_raw_public_key.argtypes = [vp, ctypes.c_char_p, ctypes.POINTER(sz)]
+    lib.EVP_DigestSignInit.argtypes = [vp, vp, vp, vp, vp]
+    lib.EVP_DigestSign.argtypes = [vp, ctypes.c_char_p, ctypes.POINTER(sz), ctypes.c_char_p, sz]
+    return lib
 
 
-def _ed25519(lib: ctypes.CDLL, seed: bytes, message: bytes | None) -> tuple[bytes, bytes]:
+def _ed25519(lib: Any, seed: bytes, message: bytes | None) -> tuple[bytes, bytes]:
     """The public key of `seed`, and the signature of `message` (b"" where None), by libcrypto."""
     pkey = lib.EVP_PKEY_new_raw_private_key(_NID_ED25519, None, seed, len(seed))
     if not pkey:

@@ -144,7 +144,7 @@ from builder.node.trust import (
     parse_trust,
     ssh_string,
 )
-from builder.node.verify import check_expiry, check_signature, check_signer
+from builder.node.verify import check_expiry, check_signature, check_signer, libcrypto
 
 # The modules in the order the shipped installer holds them: each imports only those before it.
 BUNDLE = (
@@ -261,6 +261,7 @@ __all__ = [
     "is_system_folder",
     "is_wheel_name",
     "key_from_line",
+    "libcrypto",
     "link_secret",
     "load_trust",
     "load_verified",

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Sequence
+from typing import Any
 
 from builder.node.contract import InstallError, ManifestError
 from builder.node.entries import WheelhouseManifest
@@ -87,37 +88,46 @@ def _verify_openssl(message: bytes, signature: "Signature", tmp: str) -> "bool |
 _NID_ED25519 = 1087  # OpenSSL's id of Ed25519, the same in 1.1.1 and 3.x
 
 
-def _verify_libcrypto(message: bytes, signature: "Signature") -> "bool | None":
-    """Ed25519 through libcrypto itself (ctypes, standard library), for nodes whose OpenSSH has no -Y
-    and whose openssl command predates -rawin (OpenSSL 1.1.1: RHEL 8, Debian 11), which verify
-    Ed25519 only through EVP_DigestVerify. None where no usable libcrypto is found."""
+def libcrypto(needs: str) -> "Any":
+    """OpenSSL's libcrypto through ctypes, one new enough to have `needs` (1.1.1 or newer for Ed25519),
+    its context functions typed; None where none is found. Verifying here and signing a proof
+    (builder.prover) both go through it."""
     import ctypes
     import ctypes.util
 
-    raw = _ed25519(signature)
-    if raw is None:
-        return None
-    raw_key, raw_sig = raw
-    lib = None
     for name in (ctypes.util.find_library("crypto"), "libcrypto.so.3", "libcrypto.so.1.1"):
         if not name:
             continue
         try:
             lib = ctypes.CDLL(name)
-            lib.EVP_DigestVerify  # noqa: B018 (1.1.1 or newer)
-            break
+            getattr(lib, needs)
         except (OSError, AttributeError):
-            lib = None
+            continue
+        lib.EVP_MD_CTX_new.restype = ctypes.c_void_p
+        lib.EVP_MD_CTX_free.argtypes = [ctypes.c_void_p]
+        lib.EVP_PKEY_free.argtypes = [ctypes.c_void_p]
+        return lib
+    return None
+
+
+def _verify_libcrypto(message: bytes, signature: "Signature") -> "bool | None":
+    """Ed25519 through libcrypto itself (ctypes, standard library), for nodes whose OpenSSH has no -Y
+    and whose openssl command predates -rawin (OpenSSL 1.1.1: RHEL 8, Debian 11), which verify
+    Ed25519 only through EVP_DigestVerify. None where no usable libcrypto is found."""
+    import ctypes
+
+    raw = _ed25519(signature)
+    if raw is None:
+        return None
+    raw_key, raw_sig = raw
+    lib = libcrypto("EVP_DigestVerify")
     if lib is None:
         return None
     vp, sz = ctypes.c_void_p, ctypes.c_size_t
     lib.EVP_PKEY_new_raw_public_key.restype = vp
     lib.EVP_PKEY_new_raw_public_key.argtypes = [ctypes.c_int, vp, ctypes.c_char_p, sz]
-    lib.EVP_MD_CTX_new.restype = vp
     lib.EVP_DigestVerifyInit.argtypes = [vp, vp, vp, vp, vp]
     lib.EVP_DigestVerify.argtypes = [vp, ctypes.c_char_p, sz, ctypes.c_char_p, sz]
-    lib.EVP_MD_CTX_free.argtypes = [vp]
-    lib.EVP_PKEY_free.argtypes = [vp]
     data = signature.signed_data(message)
     pkey = lib.EVP_PKEY_new_raw_public_key(_NID_ED25519, None, raw_key, len(raw_key))
     if not pkey:
