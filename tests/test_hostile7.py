@@ -1101,3 +1101,51 @@ def test_the_key_folder_through_another_users_link_is_refused(tmp_path: Path) ->
     with pytest.raises(TrustError, match="is a link made by another user") as err:
         signing.check_folder(signing.keys({signing.KEYS_ENV: str(chain)}))
     assert err.value.exit_code == 13 and not (tmp_path / "own" / "cache").exists()
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(os.geteuid() != 0 or not all(shutil.which(t) for t in ("runuser", "useradd", "debootstrap"))
+                    or not Path("/usr/bin/python3").is_file(),
+                    reason="needs root (the administrator), useradd, runuser, debootstrap and /usr/bin/python3")  # fmt: skip
+def test_a_plain_user_builds_with_the_root_an_administrator_made(tmp_path: Path) -> None:
+    """Item 3, as HPC sites run it: an administrator made the machine's build root once; a plain user,
+    with Debian 12's own Python (3.11.2) and no root rights, builds the default recipe's first op with it.
+    The root's lock file is root's 0644, and the user never needs it: a made root is read without it."""
+    from builder.buildroot import make
+    from builder.buildroot.spec import default_spec
+    from builder.debian import host_mirror
+    from builder.envs import TOOLS, pip_sources, uv_binary
+
+    make.ensure_debian(default_spec(host_mirror()), make.MACHINE_ROOTS)  # the administrator's (once per machine)
+    before = {p.name for p in make.MACHINE_ROOTS.iterdir()}
+    user = f"dsbu{os.getpid() % 100000}"
+    base = Path("/tmp") / f"ds-plain-user-{os.getpid()}"
+    base.mkdir(mode=0o755)
+    try:
+        subprocess.run(["useradd", "-M", "-N", "-d", str(base / "home"), user], check=True)
+        (base / "home").mkdir()
+        shutil.chown(base / "home", user)
+        uv = uv_binary(TOOLS)
+        subprocess.run([uv, "venv", "-q", "--python", "/usr/bin/python3", str(base / "venv")], check=True)
+        root = Path(__file__).resolve().parents[1]
+        shutil.copytree(root, base / "code", ignore=shutil.ignore_patterns(".git", ".nox", "build", "wheelhouse"))
+        subprocess.run([uv, "pip", "install", "-q", "--python", str(base / "venv" / "bin" / "python"),
+                        *pip_sources().uv_args(), str(base / "code")], check=True)  # fmt: skip
+        text = (root / "recipes" / "cpu.toml").read_text()
+        start = text.index("ops = [")
+        recipe = base / "one-op.toml"
+        recipe.write_text(text[:start] + 'ops = ["cpu_adam"]' + text[text.index("]", start) + 1 :])
+        env = {"HOME": str(base / "home"), "PATH": f"{base / 'venv' / 'bin'}:/usr/bin:/bin", "LANG": "C.UTF-8"}
+        done = subprocess.run([str(shutil.which("runuser")), "-u", user, "--", str(base / "venv" / "bin" / "python"),
+                               "-m", "builder", "build-wheel", "--recipe", str(recipe), "--work-dir",
+                               str(base / "home" / "work"), "--no-smoke", "--no-publish"],
+                              capture_output=True, text=True, env=env, cwd=base / "home")  # fmt: skip
+        assert done.returncode == 0, done.stderr[-5000:]
+        assert "Python 3.11.2" in subprocess.run([str(base / "venv" / "bin" / "python"), "--version"],
+                                                 capture_output=True, text=True).stdout  # fmt: skip
+        wheels = list((base / "home" / "work" / "dist").glob("deepspeed-*.whl"))
+        assert len(wheels) == 1 and wheels[0].stat().st_uid != 0
+        assert {p.name for p in make.MACHINE_ROOTS.iterdir()} == before  # nothing of the user's in root's folder
+    finally:
+        subprocess.run(["userdel", user], capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)
