@@ -31,6 +31,7 @@ ZOO_SHAPES = (
     "tree-link-out", "a-file", "a-fifo", "newline-name", "esc-name", "long-path", "system-folder", "missing-under-own",
     "missing-under-other-link",
 )  # fmt: skip
+SYSTEM_PY = Path("/usr/bin/python3")  # Debian 12's own: 3.11.2
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="making files of another user needs root")
 
 
@@ -1103,10 +1104,14 @@ def test_the_key_folder_through_another_users_link_is_refused(tmp_path: Path) ->
     assert err.value.exit_code == 13 and not (tmp_path / "own" / "cache").exists()
 
 
+PLAIN_USER_NEEDS = ("runuser", "useradd", "debootstrap")
+
+
 @pytest.mark.integration
-@pytest.mark.skipif(os.geteuid() != 0 or not all(shutil.which(t) for t in ("runuser", "useradd", "debootstrap"))
-                    or not Path("/usr/bin/python3").is_file(),
-                    reason="needs root (the administrator), useradd, runuser, debootstrap and /usr/bin/python3")  # fmt: skip
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not all(map(shutil.which, PLAIN_USER_NEEDS)) or not SYSTEM_PY.is_file(),
+    reason="needs root (the administrator), useradd, runuser, debootstrap and /usr/bin/python3",
+)
 def test_a_plain_user_builds_with_the_root_an_administrator_made(tmp_path: Path) -> None:
     """Item 3, as HPC sites run it: an administrator made the machine's build root once; a plain user,
     with Debian 12's own Python (3.11.2) and no root rights, builds the default recipe's first op with it.
