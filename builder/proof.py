@@ -63,7 +63,10 @@ def facts_of(torch_version: str | None, cuda: str | None, nccl: str | None, gpus
 
 def no_gpu(torch_version: str | None, cuda: str | None) -> ToolError:
     """Why there is nothing to prove on here: torch sees no GPU."""
-    return ToolError(f"torch {torch_version or '(none)'} here sees no GPU{'' if cuda else ' (a CPU build of torch)'}: "
+    if torch_version is None:  # not "a CPU build of torch" where there is no torch at all
+        return ToolError("torch is not installed in this Python: prove runs the CUDA checks with the node's own torch",
+                         "run prove with the Python of the node's torch environment (its CUDA build)")  # fmt: skip
+    return ToolError(f"torch {torch_version} here sees no GPU{'' if cuda else ' (a CPU build of torch)'}: "
                      "prove runs the CUDA checks on a GPU node",
                      "run it on a node with the GPUs the wheel is built for, its driver loaded (nvidia-smi lists "
                      "them) and CUDA_VISIBLE_DEVICES not hiding them")  # fmt: skip

@@ -1154,3 +1154,18 @@ def test_a_plain_user_builds_with_the_root_an_administrator_made(tmp_path: Path)
     finally:
         subprocess.run(["userdel", user], capture_output=True)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_short_download_is_a_dropped_connection_and_no_torch_is_no_torch() -> None:
+    """Item 10: a download cut short was called tampering; prove on a Python with no torch at all said
+    "a CPU build of torch"."""
+    from builder.node import InstallError
+    from builder.node.fetch import _copy
+    from builder.proof import no_gpu
+
+    with pytest.raises(InstallError, match="stopped after 3 of its 10 bytes") as err:
+        _copy(io.BytesIO(b"abc"), "wheel", "http://house/x.whl", lambda chunk: None, 10)
+    assert "tamper" not in err.value.message + err.value.fix
+    said = no_gpu(None, None)
+    assert "torch is not installed" in said.message and "CPU build" not in said.message
+    assert "(a CPU build of torch)" in no_gpu("2.13.0+cpu", None).message
