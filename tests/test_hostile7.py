@@ -1169,3 +1169,23 @@ def test_a_short_download_is_a_dropped_connection_and_no_torch_is_no_torch() -> 
     said = no_gpu(None, None)
     assert "torch is not installed" in said.message and "CPU build" not in said.message
     assert "(a CPU build of torch)" in no_gpu("2.13.0+cpu", None).message
+
+
+def test_repair_says_so_when_a_listed_proof_is_gone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Item 10: repair was silent about a deleted proof (verify kept reporting it). Its listing is removed
+    and said; verify is then clean; the wheel counts as unproven on those GPUs."""
+    from test_proofs import CUDA_NAME, cuda_house, write_proof
+
+    from builder.cli import main
+    from builder.wheelhouse import verify
+    from builder.wheelhouse.layout import load_manifest
+
+    house, wheel = cuda_house(tmp_path)
+    assert main(["publish", "--wheelhouse", str(house), "--proof", str(write_proof(tmp_path, wheel))]) == 0
+    (proof,) = load_manifest(house).wheels[CUDA_NAME].proofs
+    (house / proof.name).unlink()
+    assert f"{proof.name}: missing" in verify(house)
+    capsys.readouterr()
+    assert main(["repair", "--wheelhouse", str(house)]) == 0
+    assert f"{proof.name}: listed in manifest.json, but its file is gone" in capsys.readouterr().err
+    assert load_manifest(house).wheels[CUDA_NAME].proofs == () and verify(house) == []

@@ -100,8 +100,10 @@ def _copy(source: "Any", what: str, where: str, write: "Any", expected: "int | N
             if not chunk:
                 if expected is not None and size < expected:  # a dropped connection, not a forgery
                     said = f"{where}: the download stopped after {size} of its {expected} bytes"
-                    raise InstallError(f"{said} (the connection or the server ended it early)",
-                                       "check the network and the wheelhouse's server, then run the install again")
+                    raise InstallError(
+                        f"{said} (the connection or the server ended it early)",
+                        "check the network and the wheelhouse's server, then run the install again",
+                    )
                 return digest.hexdigest()
             size += len(chunk)
             if expected is not None and size > expected:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from builder import output
 from builder.errors import WheelhouseError
+from builder.files import sha256_of
 from builder.node import (
     WheelhouseManifest,
 )
@@ -47,6 +48,8 @@ def repair(wheelhouse: Path) -> list[str]:
             if not has_manifest and tool.is_file() and not tool.is_symlink() and tool.read_bytes() == ours:
                 tool.unlink()  # a tool the killed first publish wrote (these exact bytes): ours
                 removed.append(name)
+        manifest, unlisted = _unlist_lost_proofs(wheelhouse, manifest)
+        removed += unlisted
         stale: list[Path] = []
         if manifest.variants:  # derived files: made again from the wheels, whatever a kill left
             manifest, stale = sync_variants(wheelhouse, manifest)
@@ -56,6 +59,31 @@ def repair(wheelhouse: Path) -> list[str]:
         _remove(stale)
         removed += [p.name for p in stale]
     return removed
+
+
+def _unlist_lost_proofs(wheelhouse: Path, manifest: WheelhouseManifest) -> tuple[WheelhouseManifest, list[str]]:
+    """A GPU proof the manifest lists whose file is gone, or is no longer the file it lists (repair was
+    silent about it): its listing is removed and said, the wheel no longer counted as proven by it. The
+    file itself, where something is in its place, is never touched."""
+    wheels = dict(manifest.wheels)
+    lost: list[str] = []
+    for name, entry in manifest.wheels.items():
+        kept = []
+        for proof in entry.proofs:
+            path = wheelhouse / proof.name
+            intact = path.is_file() and not path.is_symlink() and sha256_of(path) == proof.sha256
+            if intact:
+                kept.append(proof)
+                continue
+            lost.append(f"{proof.name} (listing)")
+            output.warn(f"{proof.name}: listed in {MANIFEST}, but its file is gone or changed: the listing is removed, "
+                        f"and {name} is no longer proven on {', '.join(proof.capabilities)} by it (prove it again "
+                        "and take the proof in)")  # fmt: skip
+        if len(kept) != len(entry.proofs):
+            wheels[name] = dataclasses.replace(entry, proofs=tuple(kept))
+    if not lost:
+        return manifest, []
+    return commit(wheelhouse, dataclasses.replace(manifest, wheels=wheels)), lost
 
 
 def resign(wheelhouse: Path, days: int | None = None, adopt: bool = False, new_id: bool = False) -> WheelhouseManifest:
