@@ -1133,7 +1133,9 @@ def test_a_plain_user_builds_with_the_root_an_administrator_made(tmp_path: Path)
         uv = uv_binary(TOOLS)
         subprocess.run([uv, "venv", "-q", "--python", "/usr/bin/python3", str(base / "venv")], check=True)
         root = Path(__file__).resolve().parents[1]
-        shutil.copytree(root, base / "code", ignore=shutil.ignore_patterns(".git", ".nox", "build", "wheelhouse"))
+        top_only = {".git", ".nox", "build", "wheelhouse"}  # the checkout's own outputs, not builder/wheelhouse
+        shutil.copytree(root, base / "code", ignore=lambda where, names: top_only & set(names) if Path(where) == root
+                        else set())  # fmt: skip
         subprocess.run([uv, "pip", "install", "-q", "--python", str(base / "venv" / "bin" / "python"),
                         *pip_sources().uv_args(), str(base / "code")], check=True)  # fmt: skip
         text = (root / "recipes" / "cpu.toml").read_text()

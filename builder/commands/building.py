@@ -17,6 +17,7 @@ from typing import Any
 from builder import DEFAULT_RECIPE, output
 from builder.commands.common import _publish_coverage, _report_run, _trust_arg, _workspace
 from builder.errors import ToolError
+from builder.node import shown
 
 
 def build_wheel(args: argparse.Namespace) -> int:
@@ -147,7 +148,7 @@ def slurm_smoke(args: argparse.Namespace) -> int:
 
     result = slurm.run_smoke(args.run.resolve(), args.target, args.partition)
     said = f"smoke on {result.partition} ({result.node}): {result.status}"
-    output.step(said + (f": {result.reason}" if result.reason else ""))
+    output.step(said + (f": {shown(result.reason, 400)}" if result.reason else ""))
     return 0 if result.status == "passed" else 1
 
 
@@ -158,7 +159,7 @@ def slurm_status(args: argparse.Namespace) -> int:
     record = slurm.load_run(run)
     active = slurm.queue(slurm.jobs_of(record))
     lines = slurm.states(run, record, active)
-    output.result("\n".join(f"{name}: {line}" for name, line in lines.items()))
+    output.result("\n".join(f"{shown(name)}: {shown(line, 400)}" for name, line in lines.items()))
     queued = ", ".join(f"{job} {state.lower()}" for job, state in sorted(active.items()))
     output.step(f"jobs queued or running: {queued}" if queued else "no job of this run is queued or running")
     return 0

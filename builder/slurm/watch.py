@@ -10,7 +10,7 @@ from typing import Any
 from builder import cmd, output
 from builder.coverage import load as load_coverage
 from builder.errors import ToolError
-from builder.node import ManifestError
+from builder.node import ManifestError, shown
 from builder.slurm.results import read_build, read_smoke
 from builder.slurm.submit import jobs_of
 
@@ -93,7 +93,7 @@ def wait(run: Path, record: Mapping[str, Any], poll: float = 3.0) -> None:
         active = queue(jobs)
         for name, line in states(run, record, active).items():
             if seen.get(name) != line:
-                output.note(f"{name}: {line}")
+                output.note(f"{shown(name)}: {shown(line, 400)}")  # read back from files jobs wrote
                 seen[name] = line
         if not active:
             return
