@@ -140,7 +140,11 @@ def enter_root(recipe: Recipe, python: Path, ws: Workspace, env: Mapping[str, st
     check_cxx20(facts, python)
     # The Python's headers and where torch is (torch = "system": another environment's site-packages),
     # found without importing it (1.5 s of the serial start of every build).
-    said = query([str(python), "-c", "import os, sysconfig, importlib.util as u; print(sysconfig.get_path('include')); "
+    # A distribution's Python (Debian's /usr/bin/python3) splits its headers: pyconfig.h includes
+    # <x86_64-linux-gnu/python3.11/pyconfig.h> from the multiarch folder, bound in too.
+    said = query([str(python), "-c", "import os, sysconfig, importlib.util as u; i = sysconfig.get_path('include'); "
+                  "m = os.path.join(os.path.dirname(i), sysconfig.get_config_var('MULTIARCH') or '', "
+                  "os.path.basename(i)); print(i); print(m if os.path.isdir(m) else i); "
                   "print(os.path.dirname(u.find_spec('torch').origin))"]).split("\n")  # fmt: skip
     include = [line.strip() for line in said if line.strip()]
     kit = report.chosen_toolkit if recipe.accelerator == "cuda" else None

@@ -317,6 +317,8 @@ def _index_args(python: Path, sources: PackageSources, index: IndexFor | None) -
         if found.returncode == 0:
             output.note(f"{index.requirement}: found in pip's sources, {index.url} not asked")
             return []
+        said = [line.strip() for line in (found.stderr or "").splitlines() if line.strip()]
+        output.note(f"{index.requirement}: not in pip's sources ({shown(said[-1] if said else 'no answer', 200)})")
     output.note(f"{index.requirement}: from {index.url}")
     return ["--extra-index-url", index.url]
 

@@ -1140,9 +1140,18 @@ def test_a_plain_user_builds_with_the_root_an_administrator_made(tmp_path: Path)
                         *pip_sources().uv_args(), str(base / "code")], check=True)  # fmt: skip
         text = (root / "recipes" / "cpu.toml").read_text()
         start = text.index("ops = [")
-        recipe = base / "one-op.toml"
+        recipe = base / "code" / "recipes" / "one-op.toml"  # beside the recipe's configs
         recipe.write_text(text[:start] + 'ops = ["cpu_adam"]' + text[text.index("]", start) + 1 :])
-        env = {"HOME": str(base / "home"), "PATH": f"{base / 'venv' / 'bin'}:/usr/bin:/bin", "LANG": "C.UTF-8"}
+        sources = pip_sources()  # this machine's package sources (root's pip configuration), handed to the user
+        # The machine's environment as a login gives every user (proxy, TLS bundle, pip's settings), not
+        # this test run's own (its keys, caches, Python, virtual environment).
+        private = ("DS_BUILDER_", "DS_NODE_", "XDG_", "PYTHON", "VIRTUAL_ENV", "UV_", "NOX")
+        machine = {k: v for k, v in os.environ.items() if not k.startswith(private)
+                   and k not in ("HOME", "USER", "LOGNAME", "PATH", "PWD")}  # fmt: skip
+        env = {**machine, "HOME": str(base / "home"), "PATH": f"{base / 'venv' / 'bin'}:/usr/bin:/bin",
+               **({"PIP_INDEX_URL": sources.index_url} if sources.index_url else {}),
+               **({"PIP_EXTRA_INDEX_URL": " ".join(sources.extra_index_urls)} if sources.extra_index_urls else {}),
+               **({"PIP_FIND_LINKS": " ".join(sources.find_links)} if sources.find_links else {})}  # fmt: skip
         done = subprocess.run([str(shutil.which("runuser")), "-u", user, "--", str(base / "venv" / "bin" / "python"),
                                "-m", "builder", "build-wheel", "--recipe", str(recipe), "--work-dir",
                                str(base / "home" / "work"), "--no-smoke", "--no-publish"],

@@ -192,13 +192,21 @@ INSIDE = r"""#!/bin/sh
 # ds-builder: in a private mount namespace, the build root overlaid read-only, the build's folders
 # bound in at the same paths, the tool run in it (see builder/buildroot).
 set -eu
+PATH=$PATH:/usr/sbin:/sbin  # chroot is there, and a plain user's PATH on Debian has no sbin
 here=$1 cwd=$2 tool=$3
 shift 3
 root=$(cat "$here/root")
 mnt=$here/mnt
 mount -t tmpfs -o mode=0755 ds-build-root "$mnt"
-mkdir "$mnt/upper" "$mnt/work" "$mnt/root"
-mount -t overlay -o "lowerdir=$root,upperdir=$mnt/upper,workdir=$mnt/work" ds-build-root "$mnt/root"
+mkdir "$mnt/upper" "$mnt/work" "$mnt/root" "$mnt/skel"
+# The mount points the build needs, in a layer of their own above the root: a root another user owns (an
+# administrator's) cannot be written in this user's namespace, not even through the overlay.
+mkdir -p "$mnt/skel/.ds-builder" "$mnt/skel/dev" "$mnt/skel/proc"
+while IFS= read -r path; do
+  [ -d "$path" ] || continue
+  mkdir -p "$mnt/skel$path"
+done < "$here/binds"
+mount -t overlay -o "lowerdir=$mnt/skel:$root,upperdir=$mnt/upper,workdir=$mnt/work" ds-build-root "$mnt/root"
 while read -r mode path; do
   [ -d "$mnt/root$path" ] || continue
   mount -t tmpfs -o "mode=$mode" ds-build-scratch "$mnt/root$path"
