@@ -244,21 +244,36 @@ def check_dest(folder: Path) -> dict[str, str]:
 
 def _listed_root(folder: Path) -> set[str]:
     """The names an earlier gather put in root/ (the packed root and its record), or none."""
+    entry = (_earlier_record(folder) or {}).get("root")
     try:
-        entry = read_record(folder).get("root")
         return {str(entry["file"]), f"{entry['name']}.pack.json"} if isinstance(entry, dict) else set()
-    except (SourceError, KeyError, TypeError):
-        return set()
+    except (KeyError, TypeError) as exc:
+        raise _damaged(folder, f"its root entry cannot be read ({exc})") from exc
 
 
 def _listed_wheels(folder: Path) -> dict[str, str]:
-    """The wheels an earlier gather's offline.json lists, name -> sha256 ({} where there is none or it
-    cannot be read)."""
+    """The wheels an earlier gather's offline.json lists, name -> sha256 ({} where there is none);
+    one that cannot be read is named (FolderError, exit 10): gather cannot tell its files from others."""
+    data = _earlier_record(folder)
     try:
-        data = read_record(folder)
-        return {str(w["file"]): str(w["sha256"]) for w in data["wheels"]}
-    except (SourceError, KeyError, TypeError):
-        return {}
+        return {str(w["file"]): str(w["sha256"]) for w in data["wheels"]} if data else {}
+    except (KeyError, TypeError) as exc:
+        raise _damaged(folder, f"its wheels cannot be read ({exc})") from exc
+
+
+def _earlier_record(folder: Path) -> dict[str, Any] | None:
+    if not (folder / RECORD).exists():
+        return None
+    try:
+        return read_record(folder)
+    except SourceError as exc:
+        raise _damaged(folder, exc.message) from exc
+
+
+def _damaged(folder: Path, why: str) -> FolderError:
+    return FolderError(f"{_shown(folder / RECORD)} of an earlier gather cannot be read ({why}): gather cannot tell "
+                       "which files there are its own", "empty wheels/ and root/ and remove offline.json yourself, or "
+                       "give another --dest")  # fmt: skip
 
 
 def _fetch(folder: Path, wheels: Sequence[str], ours: Mapping[str, str], python: str, log: Path,

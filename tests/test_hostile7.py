@@ -1200,3 +1200,16 @@ def test_repair_says_so_when_a_listed_proof_is_gone(tmp_path: Path, capsys: pyte
     assert main(["repair", "--wheelhouse", str(house)]) == 0
     assert f"{proof.name}: listed in manifest.json, but its file is gone" in capsys.readouterr().err
     assert load_manifest(house).wheels[CUDA_NAME].proofs == () and verify(house) == []
+
+
+def test_gather_names_a_damaged_offline_json_in_its_folder(tmp_path: Path) -> None:
+    """Item 10: a damaged offline.json in --dest was not named: gather called the wheels beside it strays."""
+    from builder import offline
+
+    folder = tmp_path / "dest"
+    (folder / "wheels").mkdir(parents=True)
+    (folder / "wheels" / "hjson-3.1.0-py3-none-any.whl").write_bytes(b"x")
+    (folder / offline.RECORD).write_text('{"schema": 1, "wheels": [')
+    with pytest.raises(FolderError, match="offline.json of an earlier gather cannot be read") as err:
+        offline.check_dest(folder)
+    assert err.value.exit_code == 10 and "remove offline.json" in err.value.fix
