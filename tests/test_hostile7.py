@@ -1213,3 +1213,20 @@ def test_gather_names_a_damaged_offline_json_in_its_folder(tmp_path: Path) -> No
     with pytest.raises(FolderError, match="offline.json of an earlier gather cannot be read") as err:
         offline.check_dest(folder)
     assert err.value.exit_code == 10 and "remove offline.json" in err.value.fix
+
+
+def test_a_private_link_in_a_nodes_state_folder_is_named_as_a_link(tmp_path: Path) -> None:
+    """Item 10: a link of the user's own in the node's state folder was called "can be written by others
+    (mode 777)" (a link's own mode). It is named for what it is: a link leading out of the folder."""
+    from builder.node import InstallError
+    from builder.node.state import STATE_ENV, state_dir
+
+    state = tmp_path / "state"
+    state.mkdir()
+    private = tmp_path / "elsewhere.json"
+    private.write_text("{}")
+    private.chmod(0o600)
+    (state / "serials.json").symlink_to(private)
+    with pytest.raises(InstallError, match="serials.json is a link leading out of") as err:
+        state_dir({STATE_ENV: str(state)})
+    assert "mode 777" not in err.value.message
