@@ -1230,3 +1230,21 @@ def test_a_private_link_in_a_nodes_state_folder_is_named_as_a_link(tmp_path: Pat
     with pytest.raises(InstallError, match="serials.json is a link leading out of") as err:
         state_dir({STATE_ENV: str(state)})
     assert "mode 777" not in err.value.message
+
+
+def test_verify_on_the_host_that_signed_says_what_that_host_can_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Item 10: verify's fix on the host that signed a wheelhouse whose manifest was edited since sent it to
+    "re-sign it there with `python -m builder sign`": this host, and sign refuses a failing signature."""
+    from test_proofs import cuda_house
+
+    from builder.cli import main
+
+    house, _ = cuda_house(tmp_path)
+    manifest = house / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"serial"', ' "serial"', 1))
+    capsys.readouterr()
+    assert main(["verify", "--wheelhouse", str(house)]) == 8
+    err = capsys.readouterr().err
+    assert "this host signed it, with its own key" in err and "re-sign it there" not in err

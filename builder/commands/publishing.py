@@ -32,7 +32,7 @@ def verify(args: argparse.Namespace) -> int:
     from builder import signing
     from builder.node import fingerprint_of, printable
     from builder.wheelhouse import verify as verify_wheelhouse
-    from builder.wheelhouse.layout import read_manifest
+    from builder.wheelhouse.layout import changed_since_signed, read_manifest, signed_by
     from builder.wheelhouse.verify import signature_problems
 
     house: Path = args.wheelhouse
@@ -45,6 +45,7 @@ def verify(args: argparse.Namespace) -> int:
         signature = found is not None and any("interrupted publish" not in p for p in
                                               signature_problems(house, *found, trust))  # fmt: skip
         placed = house / "manifest.json"
+        own = signing.keys().key() if signing.keys().exists() else None
         if house.is_dir() and (placed.is_symlink() or (placed.exists() and not placed.is_file())):
             fix = "restore the wheelhouse from the build host, or move it away and re-publish into a new one"
         elif any("interrupted publish" in p for p in problems) and not (house / "manifest.json").exists():
@@ -58,6 +59,8 @@ def verify(args: argparse.Namespace) -> int:
                 "do not install from it until it verifies: restore the wheelhouse from the build host; if it is "
                 "what an older toolkit published there, check what it lists, then `python -m builder sign --adopt`"
             )
+        elif signature and own is not None and signed_by(house / "manifest.json.sig", own):
+            fix = changed_since_signed(own)  # this host is the one that signed it: not "re-sign it there"
         elif signature:  # the signature is checked first: nothing else about the wheelhouse is known then
             fix = (
                 "do not install from it: its signature is what vouches for every file. Restore the wheelhouse "

@@ -141,6 +141,7 @@ from builder.node.trust import (
     fingerprint_of,
     key_from_line,
     load_trust,
+    parse_signature,
     parse_trust,
     ssh_string,
 )
@@ -277,6 +278,7 @@ __all__ = [
     "parse_lock",
     "parse_manifest",
     "parse_node_probe",
+    "parse_signature",
     "parse_stamp",
     "parse_trust",
     "parse_wheel_entry",

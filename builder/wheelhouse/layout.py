@@ -95,6 +95,24 @@ def load_manifest(wheelhouse: Path, trust: Trust | None = None) -> WheelhouseMan
     return found[1]
 
 
+def changed_since_signed(own: node.PublicKey) -> str:
+    """The fix where this host's own signature fails: the manifest changed after this host signed it
+    (verify's fix once sent the host that signed to itself)."""
+    return (
+        f"this host signed it, with its own key ({own.fingerprint()}), and {MANIFEST} was changed since: put "
+        f"back the {MANIFEST} this host wrote (a backup or another copy of the wheelhouse), or publish the wheels "
+        "into a new wheelhouse; nothing re-signs a manifest whose signature fails"
+    )
+
+
+def signed_by(path: Path, key: node.PublicKey) -> bool:
+    """Whether the signature file at `path` names `key` as its signer (read only to choose a fix)."""
+    try:
+        return node.parse_signature(node.read_bounded(path, "signature"), str(path)).key == key
+    except (OSError, ManifestError, node.TooLarge):
+        return False
+
+
 def check_signed(
     wheelhouse: Path, data: bytes, manifest: WheelhouseManifest, trust: Trust | None = None, rollback: bool = False
 ) -> Signature:
@@ -128,6 +146,8 @@ def check_signed(
         sig = signing.check(data, node.read_bounded(path, "signature"), str(path), trust)
         node.check_signer(manifest, sig, str(wheelhouse / MANIFEST))
     except ManifestError as exc:
+        if own is not None and signed_by(path, own) and "does not match" in exc.message:
+            raise WheelhouseError(exc.message, changed_since_signed(own)) from exc
         if restore:
             raise WheelhouseError(
                 exc.message.replace("this node", "this host"),
