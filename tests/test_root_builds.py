@@ -91,7 +91,8 @@ def test_bad_root_folders_are_refused_before_anything_is_built(own_workspace: Pa
     (no_gxx / "usr" / "bin" / "g++").unlink()
     cases = {
         empty: "is not the top folder of an OS's files",
-        open_root: "is writable by everyone (mode 777), who could change the compiler every build runs",
+        open_root: "open is writable by every user (mode 777): anyone could replace what is in it; whoever "
+        "could change it could change the compiler every build runs",
         no_gxx: "has no compiler /usr/bin/g++",
         tmp_path / "absent": "does not exist or is not a folder",
     }

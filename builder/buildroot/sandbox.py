@@ -29,8 +29,9 @@ def check_trusted(root: Path, spec: RootSpec) -> None:
     """RootError unless the root may be trusted (see the module) and is a root with the compilers."""
     why = node.folder_problem(str(root), system_ok=True)
     real = Path(os.path.realpath(root))
-    if why is None and real.is_dir():  # the whole tree, as the trust boundary judges what runs (stamped)
-        why = node.tree_problem(str(real), absolute_inside=True, stamp=True)
+    if why is None and real.is_dir():  # what its compilers run and read, entry by entry (node.ROOT_CODE)
+        # stamped only in a root the toolkit made: a site's folder (or the host's /) is never written to
+        why = node.tree_problem(str(real), absolute_inside=True, stamp=spec.kind != "folder")
     if why:
         raise RootError(f"the build root {node.shown(str(root))} is not trusted: {why}; whoever could change it "
                         "could change the compiler every build runs",

@@ -27,9 +27,12 @@ SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/p
 SCRATCH_TREES = ("/dev/shm",)  # inside a system tree, but a tmpfs every user may make folders in, as /tmp
 MAX_HOPS = 40  # the kernel's own limit of links on one path (ELOOP)
 STAMP = ".ds-builder-trusted"  # tree_problem's record of the tree it last found sound
-# A root's folders no compile reads: the host's /dev, /proc and /sys are bound over them, and the rest
-# hold state (Debian makes /var/local 2775 root:staff, /var/mail 2775 root:mail, /tmp 1777).
-ROOT_STATE = ("dev", "proc", "sys", "tmp", "var", "run", "home", "root", "mnt", "media", "srv", "boot")
+# What of a root its compilers run and read: its programs, libraries and headers, and /etc's links that
+# choose among them (alternatives) and the loader's configuration. The rest holds state or data, owned by
+# its services (Debian makes /var/local 2775 root:staff, a host's /etc/munge is munge's), or is the host's,
+# bound in (/dev, /proc, /usr/local).
+ROOT_CODE = ("usr/bin", "usr/sbin", "usr/lib", "usr/lib32", "usr/lib64", "usr/libexec", "usr/include", "bin", "sbin",
+             "lib", "lib32", "lib64", "etc/alternatives", "etc/ld.so.conf.d")  # fmt: skip
 
 
 def is_system_folder(resolved: str, home: str = "") -> bool:
@@ -194,7 +197,7 @@ def _leads_into(link: str, folders: "tuple[str, ...]") -> bool:
 
 
 def _fingerprint(
-    top: str, skip: "tuple[str, ...]" = ()
+    top: str, parts: "tuple[str, ...]" = ()
 ) -> "tuple[str, list[tuple[str, os.stat_result]], list[tuple[str, os.DirEntry[str]]]]":
     """The folders of a tree (path, inode, owner, group, mode, change time): what any change of an
     entry's name, or of a folder's owner or mode, changes; and every entry that is not a folder."""
@@ -202,6 +205,8 @@ def _fingerprint(
     entries = []  # type: list[tuple[str, os.DirEntry[str]]]
     folders = []  # type: list[tuple[str, os.stat_result]]
     stack = [top]
+    if parts:  # only these subtrees (each a folder, not a link: merged-usr's bin -> usr/bin is walked as usr/bin)
+        stack = [p for p in (os.path.join(top, part) for part in parts) if os.path.isdir(p) and not os.path.islink(p)]
     while stack:
         folder = stack.pop()
         st = os.lstat(folder)
@@ -213,8 +218,6 @@ def _fingerprint(
         )
         with os.scandir(folder) as it:
             for entry in it:
-                if folder == top and entry.name in skip:
-                    continue
                 if entry.is_dir(follow_symlinks=False):
                     stack.append(entry.path)
                 else:
@@ -228,7 +231,7 @@ def tree_problem(
     """What makes the tree at `top` unsafe to run or compile from (None: nothing): an entry inside
     (folder, file, link) of a user other than this one or root (in a group-shared tree, a member),
     one others can write, or a link leading out of the tree (`absolute_inside`: a root, whose
-    absolute links are read inside it and whose state folders, ROOT_STATE, no compile reads). With
+    absolute links are read inside it, and of which what its compilers run and read, ROOT_CODE, is walked). With
     `stamp`, a sound tree is recorded in `top/STAMP` by its folders' fingerprint, and a tree whose
     folders are unchanged since (no entry added, removed or renamed, no folder's owner or mode
     changed) is not walked file by file again. `links_out_to`:
@@ -245,7 +248,7 @@ def tree_problem(
     if stamp:
         _make_stamp(stamp_path)  # before the fingerprint: making it changes the top folder's ctime
     try:
-        fingerprint, folders, entries = _fingerprint(top, ROOT_STATE if absolute_inside else ())
+        fingerprint, folders, entries = _fingerprint(top, ROOT_CODE if absolute_inside else ())
     except OSError as exc:
         return f"a folder in {shown(top)} cannot be read ({exc.strerror})"
     if stamp and _stamped(stamp_path, fingerprint):
