@@ -1248,3 +1248,60 @@ def test_verify_on_the_host_that_signed_says_what_that_host_can_do(
     assert main(["verify", "--wheelhouse", str(house)]) == 8
     err = capsys.readouterr().err
     assert "this host signed it, with its own key" in err and "re-sign it there" not in err
+
+
+def test_key_trust_into_an_empty_key_folder_and_a_proof_with_a_tab_or_a_dev_python(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Item 10: `key trust` into an empty key folder said "now trusts" then exited 13; prove's writer refused,
+    after every check ran, a wheelhouse path with a tab and Python "3.14.0a1+"."""
+    import dataclasses
+
+    from test_proofs import CHECKS, H200, cuda_house
+
+    from builder import signing
+    from builder.cli import main
+    from builder.contracts import Proof
+    from builder.files import sha256_of
+    from builder.proof import write_proof
+
+    other = signing.keys({signing.KEYS_ENV: str(tmp_path / "other")})
+    signing.create(other)
+    saved = os.environ[signing.KEYS_ENV]
+    os.environ[signing.KEYS_ENV] = str(tmp_path / "empty-keys")
+    try:
+        assert main(["key", "trust", other.key().line()]) == 0
+    finally:
+        os.environ[signing.KEYS_ENV] = saved
+    assert "has no signing key of its own yet" in capsys.readouterr().err
+    _, wheel = cuda_house(tmp_path)
+    proof = Proof(wheel.name, sha256_of(wheel), dataclasses.replace(H200, python="3.14.0a1+"), CHECKS,
+                  "2026-11-28T03:00:00Z", "2026-11-28T03:01:50Z", 110.0, "ds-wheel-builder 0.2.0",
+                  node.shown("/srv/house\twith a tab", 280))  # fmt: skip
+    path = write_proof(tmp_path / "node", proof)
+    assert Proof.from_json(path.read_bytes(), str(path)).facts.python == "3.14.0a1+"
+
+
+def test_an_install_prints_the_newest_three_proofs_and_how_many_more(tmp_path: Path) -> None:
+    """Item 10: 1000 proof lines were printed at each install. The newest three, then how many more."""
+    import contextlib
+    import dataclasses
+
+    from test_proofs import CUDA_NAME, cuda_house
+
+    from builder.node import ProofEntry
+    from builder.node.choosing import Node
+    from builder.node.install import gpu_proofs
+    from builder.wheelhouse.layout import load_manifest
+
+    house, _ = cuda_house(tmp_path)
+    proofs = tuple(ProofEntry(f"{CUDA_NAME}.proof.{i:016x}.json", "0" * 64, ("NVIDIA H200",), ("9.0",), "580.95.05",
+                              "13.0", "2.11.0", "", f"2026-11-{i + 1:02d}T00:00:00Z", f"node-{i}")
+                   for i in range(9))  # fmt: skip
+    entry = dataclasses.replace(load_manifest(house).wheels[CUDA_NAME], proofs=proofs)
+    here = Node("cp311", "2.11.0+cu130", "13.0", ("9.0",))  # FAKE node: an H200's compute capability
+    said = io.StringIO()
+    with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
+        assert len(gpu_proofs(str(house), entry, here, False)) == 9
+    lines = [line for line in said.getvalue().splitlines() if "GPU proof" in line or "older proofs" in line]
+    assert len(lines) == 4 and "2026-11-09" in lines[0] and "and 6 older proofs" in lines[-1], lines
