@@ -357,10 +357,11 @@ class Proof:
         seconds = p.get("seconds", (int, float))
         if not math.isfinite(seconds) or seconds < 0:
             raise p.fail("seconds", f"is {seconds!r}, not a finite number of seconds from 0 up")
-        for key in ("started_at", "finished_at"):
-            if parse_stamp(p.text(key, STAMP_RE)) is None:
+        started, finished = (parse_stamp(p.text(key, STAMP_RE)) for key in ("started_at", "finished_at"))
+        for key, when in (("started_at", started), ("finished_at", finished)):
+            if when is None:
                 raise p.fail(key, f"is {p.data[key][:40]!r}, not a time as prove writes it (2026-11-28T15:00:00Z)")
-        if parse_stamp(p.data["finished_at"]) < parse_stamp(p.data["started_at"]):  # type: ignore[operator]
+        if started is not None and finished is not None and finished < started:
             raise p.fail("finished_at", "is before started_at")
         facts = GpuFacts(tuple(gpus), p.text("driver", DRIVER_RE), p.text("cuda", CUDA_RE), p.text("torch", VERSION_RE),
                          p.text("nccl", DRIVER_RE, optional=True) or "", p.text("python", _PY),

@@ -392,12 +392,11 @@ def _bounded(path: Path, limit: int) -> bytes:
     return text
 
 
-def verified_text(folder: Path, trust: Trust | None = None, signed: bool = True) -> bytes:
+def verified_text(folder: Path, trust: Trust | None = None) -> bytes:
     """offline.json's bytes, read within RECORD_LIMIT, after its signature (offline.json.sig) is checked
     against `trust` (default: this host's allowed_signers), before anything in it is read: nothing in a
     folder carried across an air gap is believed unless the gathering host signed it. SourceError
-    (exit 4) names the problem and how to trust the gathering host. `signed` False reads a record of
-    this host's own gather (its listed wheels, to replace them) without the check."""
+    (exit 4) names the problem and how to trust the gathering host."""
     path = folder / RECORD
     fix = "gather the folder again on a connected machine"
     try:
@@ -406,8 +405,6 @@ def verified_text(folder: Path, trust: Trust | None = None, signed: bool = True)
         raise SourceError(f"{_shown(path)} cannot be read as gather writes it ({exc.strerror or exc})", fix) from exc
     except ValueError as exc:
         raise SourceError(f"{_shown(path)} cannot be read as gather writes it ({exc})", fix) from exc
-    if not signed:
-        return text
     where = folder / SIGNATURE
     try:
         signature = _bounded(where, 64 << 10)
@@ -430,13 +427,13 @@ def verified_text(folder: Path, trust: Trust | None = None, signed: bool = True)
     return text
 
 
-def read_record(folder: Path, recipe: Recipe | None = None, python: str | None = None, trust: Trust | None = None,
-                signed: bool = True) -> dict[str, Any]:  # fmt: skip
+def read_record(folder: Path, recipe: Recipe | None = None, python: str | None = None,
+                trust: Trust | None = None) -> dict[str, Any]:  # fmt: skip
     """offline.json, its signature checked first (verified_text), then checked for its schema, and where
     given for the recipe and the Python it was gathered for: SourceError (exit 4) in one line otherwise."""
     path = folder / RECORD
     fix = "gather the folder again on a connected machine"
-    text = verified_text(folder, trust, signed)
+    text = verified_text(folder, trust)
     try:
         data = json.loads(text)
     except RecursionError as exc:

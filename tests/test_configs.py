@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes import raiser
 
 import builder.resources.config_check.jit as runner_jit
 import builder.resources.config_check.outcome as runner_outcome
@@ -214,19 +215,17 @@ def test_the_runner_sorts_deepspeeds_errors() -> None:
     except ValueError as exc:
         assert runner_outcome.classify(exc)[0] == "unsupported"
     # Raised inside torch's compile path (a frame of torch/_inductor), as torch raises it.
-    inductor: dict[str, Any] = {}
-    exec(compile("def _compile(message):\n    raise RuntimeError(message)\n",
-                 os.path.join("site-packages", "torch", "_inductor", "codecache.py"), "exec"), inductor)  # fmt: skip
+    inductor = raiser("torch/_inductor/codecache.py", RuntimeError)
     try:
-        inductor["_compile"]("InductorError: InvalidCxxCompiler: No working C++ compiler found")
+        inductor("InductorError: InvalidCxxCompiler: No working C++ compiler found")
     except RuntimeError as exc:
         status, detail = runner_outcome.classify(exc)
         assert status == "needs-compiler" and "no prebuilt wheel can carry it" in detail
     # Issue 56: Muon on a GPU node with the compilers hidden: Triton's launcher needs a C compiler. It is
     # torch's need, not the wheel's (skipped, never sent to the reference, which has a compiler).
     try:
-        inductor["_compile"]("InductorError: RuntimeError: Failed to find C compiler. Please specify via CC "
-                             "environment variable or set triton.knobs.build.impl.")  # fmt: skip
+        inductor("InductorError: RuntimeError: Failed to find C compiler. Please specify via CC "
+                 "environment variable or set triton.knobs.build.impl.")  # fmt: skip
     except RuntimeError as exc:
         status, detail = runner_outcome.classify(exc)
         assert status == "needs-compiler" and "Triton's GPU launcher" in detail and "not the wheel's" in detail

@@ -873,11 +873,12 @@ def test_blame_is_by_where_a_failure_came_from_not_by_its_words() -> None:
 
     runner_jit.jit_asked.clear()
     runner_jit.refused_loads.clear()
-    deepspeed_config: dict[str, Any] = {}
-    source = "def _check(name):\n    raise AssertionError(f'{name} is not a supported DeepSpeed Optimizer')\n"
-    exec(compile(source, os.path.join("site-packages", "deepspeed", "runtime", "config.py"), "exec"), deepspeed_config)
-    try:
-        deepspeed_config["_check"]("Failed to find C compiler")
+    from fakes import raiser
+
+    try:  # DeepSpeed's config module refusing an optimizer of that name
+        raiser("deepspeed/runtime/config.py", AssertionError)(
+            "Failed to find C compiler is not a supported DeepSpeed Optimizer"
+        )
     except AssertionError as exc:
         status, detail = runner_outcome.classify(exc)
     assert status == "invalid" and "Failed to find C compiler" in detail

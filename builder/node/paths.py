@@ -142,11 +142,6 @@ def folder_problem(path: str, system_ok: bool = False, written_into_files: bool 
     return None
 
 
-def real_folder(path: str) -> str:
-    """Where `path` leads (after folder_problem found nothing wrong on the way)."""
-    return os.path.realpath(path)
-
-
 def _inside(top: str, link: str, absolute_inside: bool) -> bool:
     """Whether the link `link` inside `top` leads inside it, resolved hop by hop within it (an
     absolute target read under `top` where `absolute_inside`: a root's /usr/lib is its own)."""
