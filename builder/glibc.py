@@ -20,8 +20,32 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-LINUX = f"linux_{platform.machine()}"
+from builder.machines import HOST
+
+HOST_MACHINE = HOST
+LINUX = f"linux_{HOST_MACHINE}"
 _KINDS = ("GLIBC", "GLIBCXX", "CXXABI")
+
+
+def elf_machine(path: Path) -> str | None:
+    """e_machine of an ELF file as pyelftools names it (EM_AARCH64, EM_X86_64), None if not ELF."""
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+
+    try:
+        with path.open("rb") as f:
+            if f.read(4) != b"\x7fELF":
+                return None
+            f.seek(0)
+            return str(ELFFile(f).header["e_machine"])
+    except (OSError, ELFError):
+        return None
+
+
+def foreign_objects(tree: Path, want: str) -> list[str]:
+    """The shared objects under `tree` (relative paths) that are not ELF files for `want` (EM_AARCH64)."""
+    return [str(so.relative_to(tree)) for so in sorted(tree.rglob("*.so*"))
+            if so.is_file() and not so.is_symlink() and elf_machine(so) != want]  # fmt: skip
 
 
 def needed_versions(tree: Path) -> dict[str, set[str]]:
@@ -32,17 +56,12 @@ def needed_versions(tree: Path) -> dict[str, set[str]]:
     return dict(found)
 
 
-def platform_tags(versions: Mapping[str, set[str]]) -> tuple[str, ...]:
+def platform_tags(versions: Mapping[str, set[str]], machine: str = HOST_MACHINE) -> tuple[str, ...]:
     """The manylinux tags (the policy's name and its aliases) these symbol versions allow, or the
     plain linux tag where no manylinux policy covers them."""
-    from auditwheel.architecture import Architecture
-    from auditwheel.libc import Libc
-    from auditwheel.policy import WheelPolicies
-
-    policies = WheelPolicies(libc=Libc.GLIBC, arch=Architecture(platform.machine()))
-    policy = policies.versioned_symbols_policy({lib: set(v) for lib, v in versions.items()})
+    policy = _policies(machine).versioned_symbols_policy({lib: set(v) for lib, v in versions.items()})
     if policy.name.startswith("linux"):
-        return (LINUX,)
+        return (f"linux_{machine}",)
     return tuple(sorted({policy.name, *policy.aliases}))
 
 
@@ -80,9 +99,9 @@ def retag(tree: Path, tags: Sequence[str]) -> None:
 HOST = "host"  # platform = "host": whatever the build machine's own glibc and libstdc++ give (no check)
 
 
-def known_floors() -> tuple[str, ...]:
-    """The manylinux_2_N floors auditwheel has a policy for on this architecture, oldest first."""
-    names = [p.name.removesuffix(f"_{platform.machine()}") for p in _policies()._policies]
+def known_floors(machine: str = HOST_MACHINE) -> tuple[str, ...]:
+    """The manylinux_2_N floors auditwheel has a policy for on `machine`, oldest first."""
+    names = [p.name.removesuffix(f"_{machine}") for p in _policies(machine)._policies]
     found = [n for n in names if _GLIBC_OF.match(n)]
     return tuple(sorted(found, key=floor_glibc))
 
@@ -98,12 +117,13 @@ def floor_glibc(floor: str) -> tuple[int, int]:
     return int(m[1]), int(m[2])
 
 
-def _policies() -> Any:
+def _policies(machine: str = HOST_MACHINE) -> Any:
+    """auditwheel's manylinux policies for `machine` (its aarch64 policy for a wheel cross-built for GH200)."""
     from auditwheel.architecture import Architecture
     from auditwheel.libc import Libc
     from auditwheel.policy import WheelPolicies
 
-    return WheelPolicies(libc=Libc.GLIBC, arch=Architecture(platform.machine()))
+    return WheelPolicies(libc=Libc.GLIBC, arch=Architecture(machine))
 
 
 @dataclass(frozen=True)
@@ -155,11 +175,11 @@ def needed_symbols(tree: Path) -> list[Needed]:
     return out
 
 
-def above_floor(needed: Sequence[Needed], floor: str) -> list[Needed]:
+def above_floor(needed: Sequence[Needed], floor: str, machine: str = HOST_MACHINE) -> list[Needed]:
     """The symbols a floor's policy does not allow (GLIBC_, GLIBCXX_, CXXABI_, GCC_ versions newer
     than manylinux_2_N's; libraries outside the policy, such as libgomp or CUDA's, are not its
     business), sorted by file and version."""
-    policy = _policies().get_policy_by_name(f"{floor}_{platform.machine()}")
+    policy = _policies(machine).get_policy_by_name(f"{floor}_{machine}")
     allowed: Mapping[str, set[str]] = policy.symbol_versions
     bad = []
     for n in needed:
@@ -177,18 +197,18 @@ def describe_above(bad: Sequence[Needed], limit: int = 12) -> str:
     return "\n".join(lines)
 
 
-def tag_for(ops_floor: str | None, torch_floor: str | None) -> str:
+def tag_for(ops_floor: str | None, torch_floor: str | None, machine: str = HOST_MACHINE) -> str:
     """The wheel's platform tag: the newest of its ops' floor and torch's own wheel's floor (a wheel
     never claims to run where the torch it needs cannot)."""
     floors = [f for f in (ops_floor, torch_floor) if f]
     if not floors:
-        return LINUX
-    return f"{max(floors, key=floor_glibc)}_{platform.machine()}"
+        return f"linux_{machine}"
+    return f"{max(floors, key=floor_glibc)}_{machine}"
 
 
-def ops_floor(versions: Mapping[str, set[str]]) -> str | None:
+def ops_floor(versions: Mapping[str, set[str]], machine: str = HOST_MACHINE) -> str | None:
     """The oldest manylinux_2_N floor whose policy allows every symbol version (None: none does)."""
-    tags = [t.removesuffix(f"_{platform.machine()}") for t in platform_tags(versions)]
+    tags = [t.removesuffix(f"_{machine}") for t in platform_tags(versions, machine)]
     return next((t for t in tags if _GLIBC_OF.match(t)), None)
 
 

@@ -25,11 +25,11 @@ from packaging.version import InvalidVersion, Version
 from builder.archs import normalize_all
 from builder.buildroot.spec import DEFAULT_FLOOR, RootSpec
 from builder.errors import RecipeError
+from builder.machines import BUILDABLE, HOST, MACHINES
 from builder.node import INDEX_URL_RE, TORCH_VARIANT_RE, link_secret, url_secret
 
 ACCELERATORS = ("cpu", "cuda")
 SYSTEM = "system"
-CPU_TARGETS = ("x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4", "native")
 _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
     "": {
         "name": str,
@@ -53,6 +53,7 @@ _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
         "label": str,
         "platform": str,
         "root": dict,
+        "machine": str,
     },
     "deepspeed": {"version": str, "sha256": str},
     "root": {"folder": str, "image": str, "cc": str, "cxx": str},
@@ -163,6 +164,7 @@ class Recipe:
     auto_arch: bool = False  # arch = "auto": the archs of this machine's GPUs, from detect
     cpu_target: str = "x86-64-v3"
     strip: bool = True
+    machine: str = HOST  # what the wheel's nodes are (platform.machine()): another than this one is cross-built
     narrow_ops: tuple[str, ...] = ()  # ops allowed to build for fewer archs than `archs` (their builder filters)
     compress_device_code: bool = True  # nvcc -Xfatbin -compress-all, as PyTorch's own wheels
     cuda_toolkit: str = "auto"  # auto | system | pip: where nvcc comes from (see build.cudakit)
@@ -354,11 +356,15 @@ def parse_recipe(data: Mapping[str, Any], path: Path | None = None) -> Recipe:
             f"{where}: deepspeed.sha256 is not a sha256 hex digest", "copy the 64-hex-digit sha256 of the sdist"
         )
     archs, auto_arch = _archs(data.get("arch"), accelerator, where)
-    cpu_target = data.get("cpu_target", "x86-64-v3")
-    if cpu_target not in CPU_TARGETS:
+    machine = _machine(data, where)
+    targets = MACHINES[machine].cpu_targets
+    cpu_target = data.get("cpu_target", targets[0])
+    if cpu_target not in targets:
         raise RecipeError(
-            f'{where}: unknown cpu_target "{cpu_target}"{did_you_mean(cpu_target, CPU_TARGETS)}',
-            f"use one of: {', '.join(CPU_TARGETS)} (x86-64-v3 = AVX2, v4 = AVX-512; native ties the wheel to this CPU)",
+            f'{where}: cpu_target "{cpu_target}" is not one for machine {machine}{did_you_mean(cpu_target, targets)}',
+            f"use one of: {', '.join(targets)}"
+            + (" (x86-64-v3 = AVX2, v4 = AVX-512; native ties the wheel to this CPU)" if machine == "x86_64" else
+               " (armv8-a: every 64-bit Arm server CPU, NEON)"),
         )
     narrow = data.get("narrow_ops", [])
     if not all(isinstance(op, str) for op in narrow):
@@ -393,8 +399,16 @@ def parse_recipe(data: Mapping[str, Any], path: Path | None = None) -> Recipe:
     if label and not _LABEL.match(label):
         raise RecipeError(f'{where}: label "{label}" is not usable in a version',
                           'use 1-16 lowercase letters and digits, e.g. label = "all"')  # fmt: skip
-    platform, root = _platform(data, where)
+    platform, root = _platform(data, where, machine)
+    if machine != HOST and platform == "host":
+        raise RecipeError(f'{where}: platform = "host" is this machine\'s own OS, and the wheel is for {machine}',
+                          f'set platform = "{DEFAULT_FLOOR}" (the floor of torch\'s {machine} wheels)')  # fmt: skip
+    if machine != HOST and accelerator == "cuda":
+        raise RecipeError(f"{where}: CUDA ops cross-built for {machine} are not built by this toolkit yet",
+                          f'build the CPU ops for {machine} (accelerator = "cpu"), or build the CUDA ops on a '
+                          f"{machine} node with its own torch (recipes/system.toml)")  # fmt: skip
     return Recipe(
+        machine=machine,
         platform=platform,
         root=root,
         label=label,
@@ -422,15 +436,28 @@ def parse_recipe(data: Mapping[str, Any], path: Path | None = None) -> Recipe:
     )
 
 
+def _machine(data: Mapping[str, Any], where: str) -> str:
+    """machine: what the wheel's nodes are, as platform.machine() says it there (default: this machine)."""
+    machine = data.get("machine", HOST)
+    if machine not in BUILDABLE or (machine != HOST and HOST != "x86_64"):
+        can = BUILDABLE if HOST == "x86_64" else (HOST,)
+        raise RecipeError(
+            f'{where}: machine = "{machine[:40]}" is not one this toolkit builds for here'
+            f"{did_you_mean(machine, list(can))}",
+            f"use one of: {', '.join(can)} (aarch64: GH200/GB200 and other Arm nodes, cross-built on x86_64)",
+        )
+    return str(machine)
+
+
 IMAGE_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}$")  # registry/name:tag or @sha256:..., no spaces
 
 
-def _platform(data: Mapping[str, Any], where: str) -> tuple[str, RootSpec | None]:
+def _platform(data: Mapping[str, Any], where: str, machine: str = HOST) -> tuple[str, RootSpec | None]:
     """platform (a manylinux_2_N floor auditwheel knows, or "host") and [root] (folder or image)."""
     from builder.glibc import HOST, known_floors
 
     platform = data.get("platform", DEFAULT_FLOOR)
-    floors = known_floors()
+    floors = known_floors(machine)
     if platform != HOST and platform not in floors:
         raise RecipeError(
             f'{where}: platform = "{platform[:60]}" is not a floor this toolkit knows{did_you_mean(platform, floors)}',

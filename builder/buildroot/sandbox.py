@@ -18,9 +18,19 @@ from pathlib import Path
 
 from builder import node, output
 from builder.buildroot import make
-from builder.buildroot.spec import RootFacts, RootSpec, bind_paths, default_spec, outermost, wrapper_files
+from builder.buildroot.spec import (
+    MACHINE_PINS,
+    RootFacts,
+    RootSpec,
+    bind_paths,
+    default_spec,
+    outermost,
+    pins_header,
+    wrapper_files,
+)
 from builder.errors import RootError
 from builder.files import make_dirs, write_atomic
+from builder.machines import HOST, machine_of
 
 FIX_HOST = 'or build for this machine\'s own OS only with platform = "host"'
 
@@ -58,12 +68,27 @@ def check_trusted(root: Path, spec: RootSpec) -> None:
 _RESOLVED: dict[tuple[RootSpec, Path], RootFacts] = {}
 
 
-def resolve(spec: RootSpec | None, env: Mapping[str, str]) -> RootFacts:
-    """The root a build compiles in, made or exported if needed, checked, its facts known (once a
-    process: the build key and the toolchain both ask)."""
+def for_machine(spec: RootSpec, machine: str) -> RootSpec:
+    """The root that compiles for `machine`: the same, or for another machine its cross compilers (the
+    toolkit's own root gets Debian's cross packages; a site's root must hold them, at the same paths
+    unless [root] cc/cxx name them)."""
+    if machine == HOST:
+        return spec
+    target = machine_of(machine)
+    plain = RootSpec(spec.kind)
+    named = {k: getattr(spec, k) for k in ("cc", "cxx") if getattr(spec, k) != getattr(plain, k)}
+    tools = {"cc": named.get("cc", target.tool("gcc")), "cxx": named.get("cxx", target.tool("g++"))}
+    if spec.kind == "debian":
+        return dataclasses.replace(spec, packages=(*spec.packages, *target.cross_packages), **tools)
+    return dataclasses.replace(spec, **tools)
+
+
+def resolve(spec: RootSpec | None, env: Mapping[str, str], machine: str = HOST) -> RootFacts:
+    """The root a build for `machine` compiles in, made or exported if needed, checked, its facts known
+    (once a process: the build key and the toolchain both ask)."""
     from builder.debian import host_mirror
 
-    spec = spec if spec is not None else default_spec(host_mirror())
+    spec = for_machine(spec if spec is not None else default_spec(host_mirror()), machine)
     roots = make.roots_folder(env)
     asked = (spec, roots)
     if asked in _RESOLVED:
@@ -75,10 +100,11 @@ def resolve(spec: RootSpec | None, env: Mapping[str, str]) -> RootFacts:
         if spec.kind == "image":
             path = make.export_image(spec, roots)
             path_env = make.image_path(spec.image or "")
-            named = {k for k in ("cc", "cxx") if getattr(spec, k) != getattr(RootSpec("image"), k)}
+            named = {k for k in ("cc", "cxx") if getattr(spec, k) != getattr(for_machine(RootSpec("image"), machine), k)}
             cc = spec.cc if "cc" in named else make.first_on_path(path, path_env, "gcc") or spec.cc
             cxx = spec.cxx if "cxx" in named else make.first_on_path(path, path_env, "g++") or spec.cxx
-            spec = dataclasses.replace(spec, cc=cc, cxx=cxx)
+            if machine == HOST:
+                spec = dataclasses.replace(spec, cc=cc, cxx=cxx)
         else:
             assert spec.folder is not None
             path = spec.folder
@@ -86,16 +112,35 @@ def resolve(spec: RootSpec | None, env: Mapping[str, str]) -> RootFacts:
                 raise RootError(f"the recipe's root folder {path} does not exist or is not a folder",
                                 f"name an OS root's top folder in [root] folder, {FIX_HOST}")  # fmt: skip
         check_trusted(path, spec)
+        if machine != HOST:
+            check_cross_compiler(path, spec, machine)
         gcc = probe(path, spec.cxx, ["-dumpfullversion"]).strip()
         facts = make.folder_facts(spec, path, gcc)
     _RESOLVED[asked] = facts
     return facts
 
 
-def _write(folder: Path, facts: RootFacts, binds: Iterable[str], covers: Iterable[str] = ()) -> None:
+def check_cross_compiler(path: Path, spec: RootSpec, machine: str) -> None:
+    """RootError, in one line, where a site's root lacks the compiler for `machine` or has one for another."""
+    target = machine_of(machine)
+    package = " ".join(target.cross_packages) or "its compilers"
+    fix = (f"install {package} in the root (Debian/Ubuntu; on RHEL-like roots gcc-{target.triplet}), or name the "
+           f"root's cross compilers with [root] cc and cxx; without [root] the toolkit's own root has them")
+    for tool in (spec.cc, spec.cxx):
+        if not os.path.lexists(str(path) + tool):
+            raise RootError(f"the build root {node.shown(str(path))} has no {tool}: a wheel for {machine} is "
+                            "compiled by a cross compiler in the root", fix)  # fmt: skip
+    said = probe(path, spec.cxx, ["-dumpmachine"]).strip()
+    if not said.startswith(f"{machine}-"):
+        raise RootError(f"{spec.cxx} in the build root {node.shown(str(path))} compiles for {said or 'an unknown machine'}, "
+                        f"not {machine}", fix)  # fmt: skip
+
+
+def _write(folder: Path, facts: RootFacts, binds: Iterable[str], covers: Iterable[str] = (), machine: str = HOST) -> None:
     make_dirs(folder)
     make_dirs(folder / "mnt")
-    for name, (text, mode) in wrapper_files(facts, tuple(binds), covers=tuple(covers)).items():
+    pins = pins_header(*MACHINE_PINS[machine])
+    for name, (text, mode) in wrapper_files(facts, tuple(binds), pins, covers=tuple(covers)).items():
         path = folder / name
         try:
             same = path.read_text(encoding="utf-8") == text and stat.S_IMODE(path.stat().st_mode) == mode
@@ -165,11 +210,12 @@ def mount_points(root: Path, paths: Iterable[str]) -> tuple[tuple[str, ...], tup
     return tuple(f"{_SCRATCH[c]} {c}" for c in sorted(covers)), outermost(binds)
 
 
-def enter(facts: RootFacts, folder: Path, binds: Iterable[str]) -> dict[str, str]:
-    """Write the wrappers into the build's toolchain folder and check that they work (the root's
-    compiler answers with its version); the variables that make the build use them."""
+def enter(facts: RootFacts, folder: Path, binds: Iterable[str], machine: str = HOST) -> dict[str, str]:
+    """Write the wrappers into the build's toolchain folder (the glibc pins of the machine compiled for)
+    and check that they work (the root's compiler answers with its version); the variables that make
+    the build use them."""
     covers, points = mount_points(facts.path, list(binds))
-    _write(folder, facts, points, covers)
+    _write(folder, facts, points, covers, machine)
     said = _run(folder / "enter", facts.cxx, ["-dumpfullversion"], facts.path).strip()
     if said != facts.gcc:
         raise RootError(f"the build root {facts.path} answers gcc {said!r}, not the {facts.gcc} it was recorded with",

@@ -24,15 +24,17 @@ DEFAULT_FLOOR = "manylinux_2_28"
 # (glibc.above_floor); nothing else is pinned. pow: GLIBC_2.29 is the same function without the
 # SVID error handling (glibc commit 1e5f2ae, "Remove the error handling wrapper from pow").
 PINS = (("pow", "GLIBC_2.2.5"),)
+# The same symbols for the other machines a root compiles for (aarch64's first glibc, 2.17, has pow).
+MACHINE_PINS = {"x86_64": (PINS, "__x86_64__"), "aarch64": ((("pow", "GLIBC_2.17"),), "__aarch64__")}
 PINS_PATH = "/.ds-builder/pins.h"  # where the wrappers bind the toolchain folder inside the root
 
 
-def pins_header(pins: Sequence[tuple[str, str]] = PINS) -> str:
+def pins_header(pins: Sequence[tuple[str, str]] = PINS, machine_macro: str = "__x86_64__") -> str:
     """The header the wrappers force-include into every C and C++ translation unit (nvcc's host pass
-    too): one .symver per pinned symbol, for x86-64 host code only (not device code, not assembly)."""
+    too): one .symver per pinned symbol, for the machine's host code only (not device code, not assembly)."""
     lines = [
         "/* ds-builder: glibc symbols pinned to an older version node (builder/buildroot/spec.py PINS). */",
-        "#if defined(__x86_64__) && defined(__GNUC__) && !defined(__CUDA_ARCH__) && !defined(__ASSEMBLER__)",
+        f"#if defined({machine_macro}) && defined(__GNUC__) && !defined(__CUDA_ARCH__) && !defined(__ASSEMBLER__)",
         *(f'__asm__(".symver {name},{name}@{version}");' for name, version in pins),
         "#endif",
     ]
@@ -256,4 +258,8 @@ def wrapper_files(facts: RootFacts, binds: Sequence[str], pins: str | None = Non
     }
     for name, tool in (("gcc", facts.cc), ("cc", facts.cc), ("g++", facts.cxx), ("c++", facts.cxx)):
         files[name] = (tool_wrapper(tool, facts, pins), 0o755)
+    # binutils' strip beside the C compiler (aarch64-linux-gnu-strip for a cross root): the host's knows only
+    # the host's objects
+    files["strip"] = (tool_wrapper(facts.cc[: facts.cc.rindex("gcc")] + "strip" if "gcc" in facts.cc
+                                   else "/usr/bin/strip", facts, pins), 0o755)  # fmt: skip
     return files

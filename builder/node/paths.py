@@ -32,7 +32,8 @@ STAMP = ".ds-builder-trusted"  # tree_problem's record of the tree it last found
 # its services (Debian makes /var/local 2775 root:staff, a host's /etc/munge is munge's), or is the host's,
 # bound in (/dev, /proc, /usr/local).
 ROOT_CODE = ("usr/bin", "usr/sbin", "usr/lib", "usr/lib32", "usr/lib64", "usr/libexec", "usr/include", "bin", "sbin",
-             "lib", "lib32", "lib64", "etc/alternatives", "etc/ld.so.conf.d")  # fmt: skip
+             "lib", "lib32", "lib64", "etc/alternatives", "etc/ld.so.conf.d",
+             "usr/aarch64-linux-gnu")  # the cross compiler's headers and libraries (a wheel for aarch64)  # fmt: skip
 
 
 def is_system_folder(resolved: str, home: str = "") -> bool:

@@ -22,6 +22,11 @@ variables every hook returns what DeepSpeed would have used.
   CPUOpBuilder.builder() drops extra_ldflags(), so its prebuilt async_io_op.so was linked without
   -laio and fails to load ("undefined symbol: io_submit", found by this toolkit's smoke; ds_report
   still says installed), and deepspeed_ccl_comm without oneCCL's -lccl.
+- DS_BUILDER_TORCH_TREE and DS_BUILDER_PYTHON_INCLUDE: a wheel for another machine (aarch64) is
+  compiled against that machine's torch (its wheel's headers and libraries, unpacked, never run) and
+  Python headers, while this machine's torch of the same version runs the build; set once, when this
+  module is first imported (before any op's extension is made). SETUPTOOLS_EXT_SUFFIX (setuptools'
+  own) names the .so for the target's interpreter.
 - DS_BUILDER_ARCH_LIST is the recipe's full arch list. An op builder that filters archs
   (fp_quantizer keeps 8.0+) writes its narrowed list back to TORCH_CUDA_ARCH_LIST, and every op
   built after it gets the narrowed list too (DeepSpeed issues 7972/7974); the list is put back
@@ -34,6 +39,28 @@ import hashlib
 import os
 import threading
 from typing import Any
+
+
+def _cross_build() -> None:
+    """Point torch's cpp_extension and setuptools' build_ext at the target machine's files."""
+    tree = os.environ.get("DS_BUILDER_TORCH_TREE")
+    if tree:
+        import torch.utils.cpp_extension as extension
+
+        extension._TORCH_PATH = tree
+        extension.TORCH_LIB_PATH = os.path.join(tree, "lib")
+    include = os.environ.get("DS_BUILDER_PYTHON_INCLUDE")
+    if include:
+        import setuptools  # noqa: F401  # its distutils, the one build_ext reads
+        from distutils import sysconfig
+
+        def get_python_inc(plat_specific: bool = False, prefix: str | None = None) -> str:
+            return include
+
+        sysconfig.get_python_inc = get_python_inc  # type: ignore[assignment]
+
+
+_cross_build()
 
 
 def cpu_arch() -> str | None:

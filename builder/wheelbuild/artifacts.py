@@ -199,15 +199,15 @@ def so_sizes(tree: Path) -> dict[str, dict[str, int]]:
     return {str(p.relative_to(tree)): {"bytes": p.stat().st_size} for p in sorted(tree.rglob("*.so"))}
 
 
-def strip_debug(tree: Path, log: Path) -> dict[str, dict[str, int]]:
-    """Strip what debug info is left in every .so (-g is dropped already); sizes before and after.
-
-    The build-id is then recomputed over what is left, so stripped wheels are reproducible.
+def strip_debug(tree: Path, log: Path, program: str = "strip") -> dict[str, dict[str, int]]:
+    """Strip what debug info is left in every .so (-g is dropped already) with `program` (the build
+    root's cross strip for a wheel for another machine: this machine's knows only its own); sizes
+    before and after. The build-id is then recomputed over what is left, so stripped wheels are reproducible.
     """
     before = so_sizes(tree)
     files = sorted(tree.rglob("*.so"))
     if files:
-        cmd.run(["strip", "--strip-debug", *files], log=log, fix="install binutils (strip), or set strip = false")
+        cmd.run([program, "--strip-debug", *files], log=log, fix="install binutils (strip), or set strip = false")
     for so in files:
         buildid.rehash(so)
     after = so_sizes(tree)

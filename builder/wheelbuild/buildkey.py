@@ -73,9 +73,18 @@ def key_inputs(recipe: Recipe, machine: MachineFacts, env: Mapping[str, str]) ->
         "toolkits": list(machine.toolkits),
         "compilers": list(machine.compilers),
         "platform": recipe.platform,
+        # x86_64 keys as before machines were named; another machine's with the glibc pins its compiles get
+        **({"machine": {"name": recipe.machine, "pins": pins_sha(recipe.machine)}} if recipe.machine != "x86_64" else {}),
         **({"root": machine.root} if machine.root else {}),
         "env": {k: env[k] for k in RELEVANT_ENV if env.get(k)},
     }
+
+
+def pins_sha(machine: str) -> str:
+    """The glibc pins header the build root's wrappers force-include for `machine`, hashed."""
+    from builder.buildroot.spec import MACHINE_PINS, pins_header
+
+    return hashlib.sha256(pins_header(*MACHINE_PINS[machine]).encode()).hexdigest()[:16]
 
 
 def build_key(inputs: Mapping[str, Any]) -> str:
@@ -94,7 +103,7 @@ def gather(recipe: Recipe, env: Mapping[str, str], python_version: str | None = 
     gpu_archs = arch_list(probe_gpus(query)[0]) if recipe.auto_arch else []
     root = None
     if recipe.platform != HOST:  # made now where this machine has none: the build needs it anyway
-        root = sandbox.resolve(recipe.root, env).identity
+        root = sandbox.resolve(recipe.root, env, recipe.machine).identity
     return MachineFacts(
         root=root,
         python=python_version or sys.version.split()[0],

