@@ -29,9 +29,9 @@ from builder.contracts import BuildManifest
 from builder.detect import Report, available_memory_gb, detect
 from builder.errors import BuildError, RecipeError, RootError
 from builder.files import scratch_folder, sweep_dead, write_atomic
-from builder.node import cpu_flags, describe_floor
 from builder.machines import is_cross, machine_of
-from builder.recipe import Recipe, TorchSpec
+from builder.node import cpu_flags
+from builder.recipe import Recipe
 from builder.targets import Interpreter, Target, this_interpreter
 from builder.units import pch
 from builder.units.assemble import assemble
@@ -39,7 +39,7 @@ from builder.units.cache import cache_folder as unit_cache
 from builder.units.plan import Unit, plan_units
 from builder.units.plan import describe as describe_units
 from builder.units.runner import DEFAULT_SOURCE_DATE_EPOCH, UnitJob, UnitResult, run_units
-from builder.wheelbuild import artifacts, buildkey, ccache, cross, cudakit, graft, needs, ops, source
+from builder.wheelbuild import artifacts, buildkey, ccache, cross, cudakit, floor, graft, needs, ops, source
 from builder.wheelbuild.artifacts import verify
 from builder.wheelbuild.plan import BuildPlan, check_torch_build, cpu_target_env, job_memory, plan_build, resolve_archs
 from builder.wheelbuild.toolchain import ToolchainPlan, apply, compose_env, plan_toolchain
@@ -64,18 +64,9 @@ def build_requirements(recipe: Recipe, src: Path) -> list[str]:
     """What the build environment needs: the recipe's torch, build tools, DeepSpeed's requirements."""
     reqs_file = src / "requirements" / "requirements.txt"
     ds_reqs = [r.strip() for r in reqs_file.read_text().splitlines() if r.strip() and not r.startswith("#")]
-    torch = [] if recipe.torch.system else [host_torch(recipe).requirement]
+    torch = [] if recipe.torch.system else [cross.host_torch(recipe).requirement]
     wanted = [*torch, *BUILD_TOOLS, *(r for r in ds_reqs if not r.startswith("torch"))]
     return list(dict.fromkeys(wanted))
-
-
-def host_torch(recipe: Recipe) -> TorchSpec:
-    """The torch the build environment runs: the recipe's, or for a wheel for another machine the same
-    version's CPU build for this one (it only runs DeepSpeed's setup.py; the ops compile against the
-    target machine's torch, wheelbuild/cross.py)."""
-    if not is_cross(recipe.machine) or recipe.torch.system:
-        return recipe.torch
-    return dataclasses.replace(recipe.torch, variant="cpu", index=None)
 
 
 def prepare(
@@ -99,7 +90,7 @@ def prepare(
     base = None if target.python.own else target.python.path
     venv = envs.cached(envs.build_envs_folder(ws.cache, os.environ), reqs, log, verbose,
                        system_site_packages=recipe.torch.system, base=base,
-                       index=envs.torch_index(host_torch(recipe)))  # fmt: skip
+                       index=envs.torch_index(cross.host_torch(recipe)))  # fmt: skip
     return src, envs.python_in(venv)
 
 
@@ -151,20 +142,22 @@ def enter_root(recipe: Recipe, python: Path, ws: Workspace, env: Mapping[str, st
     # found without importing it (1.5 s of the serial start of every build).
     # A distribution's Python (Debian's /usr/bin/python3) splits its headers: pyconfig.h includes
     # <x86_64-linux-gnu/python3.11/pyconfig.h> from the multiarch folder, bound in too.
-    said = query([str(python), "-c", "import os, sys, sysconfig, importlib.util as u; i = sysconfig.get_path('include'); "
+    said = query([str(python), "-c", "import os, sys, sysconfig, importlib.util as u; "
+                  "i = sysconfig.get_path('include'); "
                   "m = os.path.join(os.path.dirname(i), sysconfig.get_config_var('MULTIARCH') or '', "
                   "os.path.basename(i)); print(i); print(m if os.path.isdir(m) else i); "
-                  "print(os.path.dirname(u.find_spec('torch').origin)); print('%d.%d' % sys.version_info[:2])"]).split("\n")  # fmt: skip
+                  "print(os.path.dirname(u.find_spec('torch').origin)); "
+                  "print('%d.%d' % sys.version_info[:2])"]).split("\n")  # fmt: skip
     include = [line.strip() for line in said if line.strip()]
     version = include.pop()
     extra: dict[str, str] = {}
     if is_cross(recipe.machine):  # the target's torch and Python headers instead of this machine's
-        inputs = cross_inputs(recipe, version, Path(include[-1]), ws)
+        inputs = cross.inputs(recipe, version, Path(include[-1]), ws.logs)
         extra = inputs.env(machine_of(recipe.machine), version)
         include = [*map(str, inputs.python_include), str(inputs.torch)]
-        check_floor_fits_torch(recipe, python, cross.torch_wheel_text(inputs.torch))
+        floor.check_fits_torch(recipe, python, cross.torch_wheel_text(inputs.torch))
     else:
-        check_floor_fits_torch(recipe, python)
+        floor.check_fits_torch(recipe, python)
     kit = report.chosen_toolkit if recipe.accelerator == "cuda" else None
     # The build's temporary files (setup.py's, DeepSpeed's compile checks', the compilers') go to a folder
     # of the work folder's own, bound in with it: the host's temporary folder is not bound, so a root's
@@ -189,24 +182,6 @@ def enter_root(recipe: Recipe, python: Path, ws: Workspace, env: Mapping[str, st
 _CXX20_GUARD = "__cplusplus < 202002L"
 
 
-def cross_inputs(recipe: Recipe, version: str, host_torch_dir: Path, ws: Workspace) -> cross.CrossInputs:
-    """torch's wheel and Python's headers for the recipe's machine (fetched once per machine, into the
-    roots folder beside the root that compiles against them), checked against this machine's torch."""
-    from builder.buildroot.make import roots_folder
-    from builder.debian import host_mirror
-
-    machine = machine_of(recipe.machine)
-    shelf = roots_folder(os.environ) / f"for-{machine.name}"
-    log = ws.logs / f"{recipe.name}-cross.log"
-    torch_requirement = recipe.torch.requirement
-    index = ["--extra-index-url", recipe.torch.index_url] if recipe.torch.index_url else []
-    tree = cross.torch_tree(torch_requirement, machine, version, recipe.platform,
-                            shelf / f"torch-{torch_requirement.removeprefix('torch==')}-py{version}", index, log)  # fmt: skip
-    cross.check_same_abi(host_torch_dir, tree, machine.name)
-    headers = cross.python_headers(machine, version, host_mirror(), shelf / f"python{version}-headers", os.environ, log)
-    return cross.CrossInputs(tree, headers)
-
-
 def check_cxx20(facts: RootFacts, python: Path) -> None:
     """RootError, before anything compiles, where torch's headers need a newer C++ compiler than the
     root's (torch >= 2.14 and gcc 10, Debian 11's)."""
@@ -225,26 +200,6 @@ def check_cxx20(facts: RootFacts, python: Path) -> None:
             '"quay.io/pypa/manylinux_2_28_x86_64": AlmaLinux 8, gcc-toolset 14, glibc 2.28), or build for this '
             'machine\'s own OS only with platform = "host"',
         )
-
-
-def torch_floor(python: Path) -> str | None:
-    """The manylinux floor torch's own wheel claims in the build environment (its WHEEL file)."""
-    return glibc.wheel_floor(
-        query([str(python), "-c", "import importlib.metadata as m; print(m.distribution('torch').read_text('WHEEL'))"])
-    )
-
-
-def check_floor_fits_torch(recipe: Recipe, python: Path, wheel_text: str | None = None) -> str | None:
-    """torch's floor (from `wheel_text`, the target's torch's WHEEL, for a wheel for another machine);
-    RecipeError where the recipe's floor is below it (a node that old cannot run torch)."""
-    theirs = torch_floor(python) if wheel_text is None else glibc.wheel_floor(wheel_text)
-    if theirs and glibc.floor_glibc(recipe.platform) < glibc.floor_glibc(theirs):
-        raise RecipeError(
-            f'recipe {recipe.name}: platform = "{recipe.platform}" is below the floor of the torch it builds '
-            f"against ({theirs}, from torch's own wheel): a node with a glibc that old cannot run that torch",
-            f'set platform = "{theirs}" (or newer) in the recipe',
-        )
-    return theirs
 
 
 @dataclass(frozen=True)
@@ -376,14 +331,14 @@ def build_wheel(
         tree = artifacts.unpack(raw, env_python, Path(tmp) / "tree", log)
         op_archs = artifacts.verify_archs(tree, plan)
         compressed = artifacts.device_code_compressed(tree, plan)
-        check_machine(tree, recipe.machine)
+        cross.check_machine(tree, recipe.machine)
         strip = shutil.which("strip", path=env.get("PATH")) if is_cross(recipe.machine) else None
         sizes = artifacts.strip_debug(tree, log, strip or "strip") if recipe.strip else artifacts.so_sizes(tree)
         grafted = graft.graft(tree, recipe.machine)  # libaio for async_io: nodes need none of their own
         for soname, name in grafted.items():
             output.note(f"carried {soname} inside the wheel as {graft.LIBS_FOLDER}/{name}")
         versions = glibc.needed_versions(tree)
-        platform_record = floor_tags(recipe, tree, versions, env_python, env.get("DS_BUILDER_TORCH_TREE"))
+        platform_record = floor.tags(recipe, tree, versions, env_python, env.get("DS_BUILDER_TORCH_TREE"))
         glibc.retag(tree, platform_record["tags"])  # manylinux_2_N: pip on a node with an older glibc refuses it
         data = build_manifest(plan, sizes, op_archs, machine, toolchain)
         data.update({"build_key": key, "build_key_inputs": inputs, "device_code_compressed": compressed,
@@ -407,47 +362,6 @@ def build_wheel(
     write_atomic(wheel.with_name(wheel.name + ".build.json"), json.dumps(record, indent=2) + "\n")
     _summary(wheel, plan, seconds, log, sizes, job.cache)
     return BuildResult(wheel=wheel, seconds=seconds, log=log, key=key)
-
-
-def check_machine(tree: Path, machine: str) -> None:
-    """BuildError unless every shared object of the wheel is an ELF file for the recipe's machine."""
-    foreign = glibc.foreign_objects(tree, machine_of(machine).elf_machine)
-    if foreign:
-        raise BuildError(
-            f"the wheel for {machine} holds shared objects that are not {machine} ELF files: "
-            + ", ".join(f"{f} ({glibc.elf_machine(tree / f) or 'not ELF'})" for f in foreign[:6]),
-            "a compiler for another machine ran: read the build log for the compiler each op used "
-            f"(a cross build compiles with the root's {machine} compiler only)",
-        )
-
-
-def floor_tags(
-    recipe: Recipe, tree: Path, versions: Mapping[str, set[str]], python: Path, cross_torch: str | None = None
-) -> dict[str, Any]:
-    """The wheel's platform tags and what the build manifest says of them. For a floor: every symbol
-    checked against it (BuildError naming each symbol above it and the .so that needs it), the tag the
-    newest of the ops' floor and torch's own (the target machine's torch for a cross build). For
-    "host": whatever the symbols allow, as before."""
-    needs = glibc.newest(versions)
-    machine = recipe.machine
-    if recipe.platform == glibc.HOST:
-        return {"tags": list(glibc.platform_tags(versions)), "needs": needs, "floor": glibc.HOST}
-    above = glibc.above_floor(glibc.needed_symbols(tree), recipe.platform, machine)
-    if above:
-        raise BuildError(
-            f'the wheel\'s ops need symbols newer than platform = "{recipe.platform}" allows '
-            f"({describe_floor(glibc.tag_for(recipe.platform, None, machine))}):\n{glibc.describe_above(above)}",
-            "compile in a root with an older glibc and libstdc++ (the default [root] is Debian 11; a site's root "
-            f'must be as old as the floor), raise the floor (platform = "{glibc.ops_floor(versions, machine) or "host"}"), '
-            'or build for this machine\'s own OS only with platform = "host"',
-        )
-    ops = glibc.ops_floor(versions, machine)
-    theirs = glibc.wheel_floor(cross.torch_wheel_text(Path(cross_torch))) if cross_torch else torch_floor(python)
-    tag = glibc.tag_for(ops, theirs, machine)
-    root = sandbox.resolve(recipe.root, os.environ, machine)
-    return {"tags": [tag], "needs": needs, "floor": recipe.platform, "ops_floor": ops, "torch_floor": theirs,
-            "root": {"describe": root.describe, "identity": root.identity, "gcc": root.gcc,
-                     "glibc": root.glibc}}  # fmt: skip
 
 
 def dropped_reason(failure: str, limit: int = 600) -> str:

@@ -10,7 +10,6 @@ refuses the wheel, and the node installer checks it too.
 
 from __future__ import annotations
 
-import platform
 import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -20,9 +19,8 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from builder.machines import HOST
+from builder.machines import HOST as HOST_MACHINE
 
-HOST_MACHINE = HOST
 LINUX = f"linux_{HOST_MACHINE}"
 _KINDS = ("GLIBC", "GLIBCXX", "CXXABI")
 

@@ -9,6 +9,7 @@ Python's own headers. Everything that differs between machines is named here onc
 from __future__ import annotations
 
 import platform
+from collections.abc import Callable
 from dataclasses import dataclass
 
 HOST = platform.machine()
@@ -70,5 +71,26 @@ def is_cross(name: str) -> bool:
     return name != HOST
 
 
-def all_cpu_targets() -> tuple[str, ...]:
-    return tuple(dict.fromkeys(t for m in MACHINES.values() for t in m.cpu_targets))
+def machine_problem(
+    machine: object, cpu_target: object, near: Callable[[str, list[str]], str]
+) -> tuple[str, str] | None:
+    """What is wrong with a recipe's machine and cpu_target (message, fix), or None; `near` says a near miss."""
+    can = list(BUILDABLE) if HOST == "x86_64" else [HOST]
+    if not isinstance(machine, str) or machine not in can:
+        shown = str(machine)[:40]
+        return (
+            f'machine = "{shown}" is not one this toolkit builds for here{near(shown, can)}',
+            f"use one of: {', '.join(can)} (aarch64: GH200/GB200 and other Arm nodes, cross-built on x86_64)",
+        )
+    targets = list(MACHINES[machine].cpu_targets)
+    if cpu_target not in targets:
+        return (
+            f'unknown cpu_target "{cpu_target}"{near(str(cpu_target), targets)} for machine {machine}',
+            f"use one of: {', '.join(targets)}"
+            + (
+                " (x86-64-v3 = AVX2, v4 = AVX-512; native ties the wheel to this CPU)"
+                if machine == "x86_64"
+                else " (armv8-a: every 64-bit Arm server CPU, NEON)"
+            ),
+        )
+    return None

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from builder import cmd, configs, output
-from builder.errors import BuilderError, BuildError, PublishError
+from builder.errors import BuilderError, BuildError, PublishError, SmokeError
+from builder.machines import is_cross
 from builder.results import StageResult, TargetResult
 from builder.targets import Target
 from builder.workspace import Workspace, check_writable
@@ -153,6 +154,14 @@ def _run_one(
     else:
         started = time.monotonic()
         try:
+            if is_cross(target.recipe.machine):
+                raise SmokeError(
+                    f"{wheel.name} is for {target.recipe.machine} nodes, and its smoke (the node installer, every op "
+                    f"loaded and computing, under qemu-user in an {target.recipe.machine} node root) is not in this "
+                    "toolkit yet: it is not published unproven",
+                    f"keep the wheel with --no-smoke (it stays in {wheel.parent}) and prove it on an "
+                    f"{target.recipe.machine} node; docs/aarch64.md says what is proven today",
+                )
             if results["build"].status == "reused" and smoke_passed(wheel):
                 output.note(f"{wheel.name} already passed its smoke tests")
                 results["smoke"] = StageResult("reused", "already passed for these bytes")
@@ -216,7 +225,7 @@ def build_for_configs(target: Target, ws: Workspace, stages: Stages, cores: int 
             fix = exc.fix or "take the config out of the recipe's configs"
             raise BuildError(f"the configs of {recipe.name} load {added}; the build with them failed: {exc.message}",
                              fix) from exc  # fmt: skip
-        if not cases:
+        if not cases or is_cross(recipe.machine):  # a wheel for another machine runs its configs in its smoke
             return built
         output.step(f"{recipe.name}: running its {len(cases)} configs from the wheel to find the ops they load")
         outcomes = run_cases(cases, ws, built.wheel, verbose=stages.verbose)

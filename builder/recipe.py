@@ -25,7 +25,7 @@ from packaging.version import InvalidVersion, Version
 from builder.archs import normalize_all
 from builder.buildroot.spec import DEFAULT_FLOOR, RootSpec
 from builder.errors import RecipeError
-from builder.machines import BUILDABLE, HOST, MACHINES
+from builder.machines import HOST, MACHINES, machine_problem
 from builder.node import INDEX_URL_RE, TORCH_VARIANT_RE, link_secret, url_secret
 
 ACCELERATORS = ("cpu", "cuda")
@@ -356,16 +356,10 @@ def parse_recipe(data: Mapping[str, Any], path: Path | None = None) -> Recipe:
             f"{where}: deepspeed.sha256 is not a sha256 hex digest", "copy the 64-hex-digit sha256 of the sdist"
         )
     archs, auto_arch = _archs(data.get("arch"), accelerator, where)
-    machine = _machine(data, where)
-    targets = MACHINES[machine].cpu_targets
-    cpu_target = data.get("cpu_target", targets[0])
-    if cpu_target not in targets:
-        raise RecipeError(
-            f'{where}: cpu_target "{cpu_target}" is not one for machine {machine}{did_you_mean(cpu_target, targets)}',
-            f"use one of: {', '.join(targets)}"
-            + (" (x86-64-v3 = AVX2, v4 = AVX-512; native ties the wheel to this CPU)" if machine == "x86_64" else
-               " (armv8-a: every 64-bit Arm server CPU, NEON)"),
-        )
+    machine = data.get("machine", HOST)
+    cpu_target = data.get("cpu_target", MACHINES[machine].default_cpu_target if machine in MACHINES else "")
+    if said := machine_problem(machine, cpu_target, did_you_mean):
+        raise RecipeError(f"{where}: {said[0]}", said[1])
     narrow = data.get("narrow_ops", [])
     if not all(isinstance(op, str) for op in narrow):
         raise RecipeError(f"{where}: narrow_ops must be a list of op names", 'e.g. narrow_ops = ["fp_quantizer"]')
@@ -434,19 +428,6 @@ def parse_recipe(data: Mapping[str, Any], path: Path | None = None) -> Recipe:
         description=data.get("description", ""),
         path=path,
     )
-
-
-def _machine(data: Mapping[str, Any], where: str) -> str:
-    """machine: what the wheel's nodes are, as platform.machine() says it there (default: this machine)."""
-    machine = data.get("machine", HOST)
-    if machine not in BUILDABLE or (machine != HOST and HOST != "x86_64"):
-        can = BUILDABLE if HOST == "x86_64" else (HOST,)
-        raise RecipeError(
-            f'{where}: machine = "{machine[:40]}" is not one this toolkit builds for here'
-            f"{did_you_mean(machine, list(can))}",
-            f"use one of: {', '.join(can)} (aarch64: GH200/GB200 and other Arm nodes, cross-built on x86_64)",
-        )
-    return str(machine)
 
 
 IMAGE_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}$")  # registry/name:tag or @sha256:..., no spaces

@@ -128,7 +128,11 @@ def test_a_floor_is_told_in_the_names_of_the_systems_it_reaches() -> None:
 def test_the_wrappers_carry_the_roots_identity_and_the_pins() -> None:
     files = wrapper_files(FACTS, ["/work", "/tmp/w"], covers=["1777 /tmp"])
     assert set(files) == {"enter", "inside", "root", "binds", "covers", "pins.h", "root.json", "gcc", "cc", "g++",
-                          "c++"}  # fmt: skip
+                          "c++", "strip"}  # fmt: skip
+    assert "/usr/bin/strip" in files["strip"][0]  # binutils beside the root's gcc
+    cross = wrapper_files(RootFacts(Path("/r"), "x", "2.31", "10.2.1", "x", "/usr/bin/aarch64-linux-gnu-gcc",
+                                    "/usr/bin/aarch64-linux-gnu-g++"), ["/work"])  # fmt: skip
+    assert "/usr/bin/aarch64-linux-gnu-strip" in cross["strip"][0]  # the host's strip knows only x86 objects
     assert files["binds"][0] == "/work\n/tmp/w\n" and files["root"][0] == "/var/tmp/r\n"
     assert files["covers"][0] == "1777 /tmp\n"
     gxx = files["g++"][0]

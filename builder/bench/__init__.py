@@ -42,10 +42,13 @@ from builder.build import build_wheel, prepare, toolchain_env
 from builder.errors import ToolError
 from builder.files import write_atomic
 from builder.glibc import HOST
+from builder.machines import machine_of
 from builder.recipe import Recipe
 from builder.units import pch
+from builder.units.cache import UNIT_CACHE_ENV
 from builder.units.cache import cache_folder as unit_cache
 from builder.wheelbuild import ops, source
+from builder.wheelbuild.ccache import CACHE_DIR_ENV
 from builder.wheelbuild.plan import plan_build
 from builder.workspace import Workspace
 
@@ -90,6 +93,24 @@ def plain_build(recipe: Recipe, ws: Workspace, out: Path, log: Path) -> tuple[fl
 def on_the_host(recipe: Recipe) -> Recipe:
     """The recipe compiled with the build host's own compilers (platform = "host"), as a user would."""
     return dataclasses.replace(recipe, platform=HOST, root=None)
+
+
+def cross_costs(recipe: Recipe, out: Path, op: str = "cpu_adam") -> dict[str, float]:
+    """Seconds to build one op cold (empty unit cache and ccache, the roots and torch's aarch64 files
+    already made) for this machine and for aarch64, one after the other: cross-compiling is the same
+    compiler work, so the ratio should be near 1 (goal <= 1.2)."""
+    spent = {}
+    for machine in ("x86_64", "aarch64"):
+        one = dataclasses.replace(recipe, name=f"bench-{machine.replace('_', '-')}", machine=machine, ops=(op,),
+                                  cpu_target=machine_of(machine).default_cpu_target, configs=(), config_files=(),
+                                  known_failures=(), torch=dataclasses.replace(recipe.torch, variant=None)
+                                  if machine != "x86_64" else recipe.torch)  # fmt: skip
+        folder = out / "cross" / machine
+        shutil.rmtree(folder, ignore_errors=True)
+        with _env_var(UNIT_CACHE_ENV, str(folder / "units")), _env_var(CACHE_DIR_ENV, str(folder / "ccache")):
+            spent[machine] = build_wheel(one, Workspace(folder / "work")).seconds
+        shutil.rmtree(folder, ignore_errors=True)
+    return spent
 
 
 def root_making(out: Path) -> float:
@@ -317,6 +338,8 @@ def bench(recipe: Recipe, out: Path, runs: int, full_ops: Recipe | None = None) 
             "header_make",
             "trust_full",
             "trust_stamped",
+            "cross_native",
+            "cross_aarch64",
         )
     }
     sizes: dict[str, int] = {}
@@ -392,6 +415,10 @@ def bench(recipe: Recipe, out: Path, runs: int, full_ops: Recipe | None = None) 
             record("configs_server", costs["server"])
             sizes["spawned"] = int(costs["spawn_count"])
             if run == 0:
+                at["step"] = "one op built for x86_64 and for aarch64"
+                crossed = cross_costs(recipe, out)
+                record("cross_native", crossed["x86_64"])
+                record("cross_aarch64", crossed["aarch64"])
                 at["step"] = "fresh clone"
                 for name, seconds in fresh_clone(out, log).items():
                     record(f"clone_{name}", seconds)
@@ -458,6 +485,7 @@ def _result(name: str, runs: int, extra: str | None, samples: dict[str, list[flo
             "root_vs_host": ratio(med["cold"], med["cold_host"]),
             "header_vs_none": ratio(med["cold"], med["cold_no_header"]),
             "trust_stamped_vs_full": ratio(med["trust_stamped"], med["trust_full"]),
+            "cross_vs_native": ratio(med["cross_aarch64"], med["cross_native"]),
         },
     }
 
@@ -488,6 +516,7 @@ TARGETS = {
         "the trust boundary's tree check of an environment of torch's size: its stamp read vs every entry walked",
         None,
     ),
+    "cross_vs_native": ("one op (cpu_adam) built cold for aarch64 (cross compiler in the root) vs for x86_64", 1.2),
 }
 
 
@@ -522,6 +551,8 @@ def render_table(result: dict[str, Any]) -> str:
         f"{med.get('configs_spawn_once', float('nan')):.0f} s ({sizes.get('spawned', '?')} configs)",
         "trust_stamped_vs_full": f"{med.get('trust_stamped', float('nan')):.3f} s vs "
         f"{med.get('trust_full', float('nan')):.3f} s",
+        "cross_vs_native": f"{med.get('cross_aarch64', float('nan')):.0f} s vs "
+        f"{med.get('cross_native', float('nan')):.0f} s",
     }
     lines = [
         f"Recipe `{result['recipe']}`, {result['cores']} cores, median of {result['runs']} run(s):",

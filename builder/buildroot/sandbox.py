@@ -100,7 +100,9 @@ def resolve(spec: RootSpec | None, env: Mapping[str, str], machine: str = HOST) 
         if spec.kind == "image":
             path = make.export_image(spec, roots)
             path_env = make.image_path(spec.image or "")
-            named = {k for k in ("cc", "cxx") if getattr(spec, k) != getattr(for_machine(RootSpec("image"), machine), k)}
+            named = {
+                k for k in ("cc", "cxx") if getattr(spec, k) != getattr(for_machine(RootSpec("image"), machine), k)
+            }
             cc = spec.cc if "cc" in named else make.first_on_path(path, path_env, "gcc") or spec.cc
             cxx = spec.cxx if "cxx" in named else make.first_on_path(path, path_env, "g++") or spec.cxx
             if machine == HOST:
@@ -124,19 +126,24 @@ def check_cross_compiler(path: Path, spec: RootSpec, machine: str) -> None:
     """RootError, in one line, where a site's root lacks the compiler for `machine` or has one for another."""
     target = machine_of(machine)
     package = " ".join(target.cross_packages) or "its compilers"
-    fix = (f"install {package} in the root (Debian/Ubuntu; on RHEL-like roots gcc-{target.triplet}), or name the "
-           f"root's cross compilers with [root] cc and cxx; without [root] the toolkit's own root has them")
+    fix = (
+        f"install {package} in the root (Debian/Ubuntu; on RHEL-like roots gcc-{target.triplet}), or name the "
+        f"root's cross compilers with [root] cc and cxx; without [root] the toolkit's own root has them"
+    )
     for tool in (spec.cc, spec.cxx):
         if not os.path.lexists(str(path) + tool):
             raise RootError(f"the build root {node.shown(str(path))} has no {tool}: a wheel for {machine} is "
                             "compiled by a cross compiler in the root", fix)  # fmt: skip
     said = probe(path, spec.cxx, ["-dumpmachine"]).strip()
     if not said.startswith(f"{machine}-"):
-        raise RootError(f"{spec.cxx} in the build root {node.shown(str(path))} compiles for {said or 'an unknown machine'}, "
+        raise RootError(f"{spec.cxx} in the build root {node.shown(str(path))} compiles for "
+                        f"{said or 'an unknown machine'}, "
                         f"not {machine}", fix)  # fmt: skip
 
 
-def _write(folder: Path, facts: RootFacts, binds: Iterable[str], covers: Iterable[str] = (), machine: str = HOST) -> None:
+def _write(
+    folder: Path, facts: RootFacts, binds: Iterable[str], covers: Iterable[str] = (), machine: str = HOST
+) -> None:
     make_dirs(folder)
     make_dirs(folder / "mnt")
     pins = pins_header(*MACHINE_PINS[machine])

@@ -51,8 +51,9 @@ def _cross_build() -> None:
         extension.TORCH_LIB_PATH = os.path.join(tree, "lib")
     include = os.environ.get("DS_BUILDER_PYTHON_INCLUDE")
     if include:
-        import setuptools  # noqa: F401  # its distutils, the one build_ext reads
         from distutils import sysconfig
+
+        import setuptools  # type: ignore[import-untyped]  # noqa: F401  # its distutils, the one build_ext reads
 
         def get_python_inc(plat_specific: bool = False, prefix: str | None = None) -> str:
             return include

