@@ -249,6 +249,8 @@ def plan_target(
     # so its flags are theirs (and no op builder asks py-cpuinfo, 2 s a call, twice an op).
     report = ops.probe(env_python, src, {**env, **cpu_target_env(recipe.cpu_target)}, log, archs)
     plan = plan_build(recipe, report, archs, kit.version if kit else None, os.environ)
+    if is_cross(recipe.machine):  # the wheel is for the target's torch (2.13.0+cu130 on aarch64), not this one's
+        plan = dataclasses.replace(plan, torch_version=cross.torch_version(Path(env["DS_BUILDER_TORCH_TREE"])))
     for op, why in plan.missing.items():
         output.warn(f"op {op} is left out: {why}")
     refuse_name_clash(recipe, plan.version, plan.python_tag, ws.dist, force)

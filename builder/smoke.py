@@ -24,7 +24,16 @@ from builder import bundle, cmd, configs, envs, output, reference
 from builder.contracts import BuildManifest, Check, SmokeReport, summarize, verdict, wheel_failures
 from builder.errors import SmokeError, UsageError
 from builder.files import is_file_here, scratch_folder, sha256_of, sweep_dead, write_atomic
-from builder.node import CHECK_STATUSES, Fields, ManifestError, TooLarge, format_configs, read_bounded
+from builder.machines import HOST, is_cross, machine_of
+from builder.node import (
+    CHECK_STATUSES,
+    Fields,
+    ManifestError,
+    TooLarge,
+    format_configs,
+    read_bounded,
+    tag_machine,
+)
 from builder.recipe import TorchSpec
 from builder.resources import RESOURCES, report_after, resource
 from builder.resources.smoke.common import MARKER  # what the checks print before their report
@@ -135,6 +144,69 @@ def wheel_env(wheel: Path, manifest: BuildManifest, tmp: Path, log: Path, verbos
     return venv, check_env(venv, manifest, wheel.name, tmp)
 
 
+def wheel_machine(name: str) -> str:
+    """The machine a wheel's file name is for (its platform tag's end: ..._aarch64.whl), else this one's."""
+    return tag_machine(name.removesuffix(".whl").rsplit("-", 1)[-1]) or HOST
+
+
+def node_requirements(wheel: Path, manifest: BuildManifest, machine: str) -> tuple[str, ...]:
+    """What a node root of `machine` holds for the smoke: the torch the wheel pins, the wheel's own
+    requirements for such a node (from its METADATA, markers evaluated for it) and the smoke's extras."""
+    import zipfile
+    from email.parser import Parser
+
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    with zipfile.ZipFile(wheel) as zf:
+        (meta,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1]
+        text = zf.read(meta).decode("utf-8", errors="replace")
+    where = {"platform_machine": machine, "sys_platform": "linux", "platform_system": "Linux", "extra": "",
+             "python_version": f"{manifest.python_tag[2]}.{manifest.python_tag[3:]}", "os_name": "posix"}  # fmt: skip
+    wanted = []
+    for line in Parser().parsestr(text).get_all("Requires-Dist") or []:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
+            continue
+        if req.marker is None or req.marker.evaluate(where):
+            wanted.append(str(req))
+    return tuple(sorted({*wanted, *SMOKE_EXTRAS}))
+
+
+def node_env(wheel: Path, manifest: BuildManifest, machine: str, tmp: Path, log: Path) -> tuple[Path, dict[str, str]]:
+    """A node of `machine` for the smoke: its Debian root (made once per machine) entered under qemu, a
+    fresh venv on the node's own Python holding the wheel, installed by the node's pip from the wheel
+    alone (its dependencies must be the node's already: nothing is fetched), and the environment to run
+    in it. Returns the venv's python (a wrapper that enters the node) and that environment."""
+    from builder.buildroot import emulated, make
+    from builder.debian import host_mirror
+
+    target = machine_of(machine)
+    spec = emulated.NodeSpec(target, host_mirror(), node_requirements(wheel, manifest, machine))
+    root = emulated.ensure_node_root(spec, make.roots_folder(os.environ), envs.uv_binary(envs.TOOLS),
+                                     envs.pip_sources().uv_args())  # fmt: skip
+    venv = tmp / "venv"
+    wrappers = emulated.enter_folder(root, target, tmp / "node", [tmp, wheel.parent, RESOURCES],
+                                     {"python3": "/usr/bin/python3", "python": str(envs.python_in(venv))})  # fmt: skip
+    output.step(f"smoke: an {machine} node ({spec.describe()}) under qemu; its pip installs the wheel")
+    env = {"HOME": str(tmp), "LANG": "C.UTF-8", "PATH": "/usr/bin:/bin", **run_folders(tmp),
+           "DS_ACCELERATOR": manifest.accelerator, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}  # fmt: skip
+    # --without-pip: the node's own pip (Debian's, in the system site) installs; ensurepip would put an older
+    # setuptools in the venv, before the node's own, which torch's requirement refuses.
+    cmd.run([wrappers["python3"], "-m", "venv", "--system-site-packages", "--without-pip", venv], env=env, log=log,
+            fix=f"the {machine} node's Python could not make a venv: read the log")  # fmt: skip
+    cmd.run([wrappers["python"], "-m", "pip", "install", "--no-index", "--no-cache-dir", wheel], env=env, log=log,
+            fix="the node's pip could not install the wheel from it and what the node holds: read the log")  # fmt: skip
+    holds_the_wheel(venv, manifest.version, wheel.name, wrappers["python"])
+    return wrappers["python"], env
+
+
+def site_cases(manifest: BuildManifest) -> list[configs.ConfigCase]:
+    """Under emulation (torch's import alone takes 19 s), the recipe's own configs only: the full matrix
+    (91 configs) would take most of an hour."""
+    return [c for c in config_cases(manifest) if c.source == "site"]
+
+
 def check_env(venv: Path, manifest: BuildManifest, wheel: str, tmp: Path) -> dict[str, str]:
     """The environment the checks run in, once the venv is shown to hold the wheel: its own folders
     in `tmp`, the wheel's accelerator, and on CUDA no toolkit (as on a GPU node)."""
@@ -143,12 +215,12 @@ def check_env(venv: Path, manifest: BuildManifest, wheel: str, tmp: Path) -> dic
     return without_toolkit(env) if manifest.accelerator == "cuda" else env
 
 
-def holds_the_wheel(venv: Path, version: str, wheel: str) -> None:
+def holds_the_wheel(venv: Path, version: str, wheel: str, python: Path | None = None) -> None:
     """Refuse a venv whose DeepSpeed is not the wheel under test, before any check runs: every check
     after this would prove something about another DeepSpeed, or fail for want of one (uv once printed
     the wheel in a form the installer's reader did not know, and it was left out). Read from the
     package metadata: no import of torch."""
-    said = cmd.ask([str(envs.python_in(venv)), "-c", "import importlib.metadata as m\ntry:\n print(m.version("
+    said = cmd.ask([str(python or envs.python_in(venv)), "-c", "import importlib.metadata as m\ntry:\n print(m.version("
                     "'deepspeed'))\nexcept m.PackageNotFoundError:\n print('none')"], timeout=120)  # fmt: skip
     found = (said.stdout or "").strip().splitlines()[-1:] or ["none"]
     if said.returncode != 0 or not _same_version(found[0], version):
@@ -274,13 +346,15 @@ def wheel_record(wheel: Path, tmp: Path) -> Path:
 
 
 def run_checks(manifest: BuildManifest, python: Path, env: dict[str, str], tmp: Path, log: Path, verbose: bool,
-               ws: Workspace, wheel: Path | None = None) -> tuple[Check, ...]:  # fmt: skip
+               ws: Workspace, wheel: Path | None = None,
+               cases: Sequence[configs.ConfigCase] | None = None) -> tuple[Check, ...]:  # fmt: skip
     """Every check of a wheel in its venv: the smoke checks (one file, run by the venv's `python`; the
-    installed DeepSpeed compared with `wheel`'s RECORD), then the config matrix with its blame rules."""
+    installed DeepSpeed compared with `wheel`'s RECORD), then the config matrix (or `cases`) with its
+    blame rules."""
     record = wheel_record(wheel, tmp) if wheel is not None else None
     said = cmd.run([python, write_checks(tmp), json.dumps(smoke_spec(manifest, record))], env=env, cwd=tmp, log=log,
                    verbose=verbose)  # fmt: skip
-    return parse_checks(said) + config_checks(manifest, python, env, tmp, log, verbose, ws)
+    return parse_checks(said) + config_checks(manifest, python, env, tmp, log, verbose, ws, cases)
 
 
 def smoke(wheel: Path, ws: Workspace, verbose: bool = False, keep_env: bool = False,
@@ -297,8 +371,12 @@ def smoke(wheel: Path, ws: Workspace, verbose: bool = False, keep_env: bool = Fa
     sweep_dead(ws.scratch, "smoke-")
     tmp = scratch_folder(ws.scratch, "smoke-")
     try:
-        venv, env = wheel_env(wheel, manifest, tmp, log, verbose, SMOKE_EXTRAS)
-        checks = run_checks(manifest, envs.python_in(venv), env, tmp, log, verbose, ws, wheel)
+        if is_cross(machine := wheel_machine(wheel.name)):  # a node of that machine, under qemu
+            python, env = node_env(wheel, manifest, machine, tmp, log)
+            checks = run_checks(manifest, python, env, tmp, log, verbose, ws, wheel, site_cases(manifest))
+        else:
+            venv, env = wheel_env(wheel, manifest, tmp, log, verbose, SMOKE_EXTRAS)
+            checks = run_checks(manifest, envs.python_in(venv), env, tmp, log, verbose, ws, wheel)
         if on_venv is not None:
             on_venv(envs.python_in(venv), env)
     finally:

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -237,3 +238,125 @@ def test_the_cpu_aarch64_recipe_cross_builds_an_aarch64_wheel(workspace: Path, t
     assert again.returncode == 6, again.stderr[-3000:]
     assert "is for aarch64 nodes" in again.stderr and "not published unproven" in again.stderr
     assert not (tmp_path / "house").exists() or not list((tmp_path / "house").rglob("*.whl"))
+
+
+# ---------------------------------------------------------------- the node side: one machine per wheel
+
+
+def _node_entry(machine: str) -> Any:
+    from builder.node.manifest import parse_wheel_entry
+
+    name = f"deepspeed-0.19.8+cpu.torch2.13-cp311-cp311-manylinux_2_28_{machine}.whl"
+    data = {
+        "python_tag": "cp311", "torch": "2.13.0", "accelerator": "cpu", "cuda": None, "archs": [],
+        "cpu_target": "armv8-a" if machine == "aarch64" else "x86-64-v3", "cpu_flags": [], "ops": ["cpu_adam"],
+        "recipe": "cpu", "published_at": "2026-11-01", "sha256": "0" * 64, "version": "0.19.8+cpu.torch2.13",
+        "smoke": {"passed": True, "finished_at": "", "checks": {"import": {"status": "passed", "detail": ""}}},
+    }  # fmt: skip
+    return parse_wheel_entry(name, data, "test")
+
+
+@pytest.mark.parametrize(
+    ("tag", "machine"),
+    [("manylinux_2_28_aarch64", "aarch64"), ("linux_x86_64", "x86_64"), ("manylinux2014_aarch64", "aarch64"),
+     ("manylinux_2_17_x86_64.manylinux2014_x86_64", "x86_64"), ("any", None),
+     ("manylinux_2_28_aarch64.manylinux_2_28_x86_64", None)],
+)  # fmt: skip
+def test_the_machine_of_a_platform_tag(tag: str, machine: str | None) -> None:
+    from builder.node import tag_machine
+
+    assert tag_machine(tag) == machine
+
+
+def test_a_wheel_for_another_machine_is_refused_in_one_line_both_ways() -> None:
+    """An x86_64 wheel offered to an aarch64 node and the reverse: one reason, the machines named (its
+    CPU flags, glibc and the rest cannot be judged on a node it cannot run on)."""
+    from builder.node import Node, mismatches
+
+    arm, x86 = _node_entry("aarch64"), _node_entry("x86_64")
+    grace = Node("cp311", "2.13.0+cu130", None, (), frozenset({"fp", "asimd"}), "2.36", "aarch64")
+    epyc = Node("cp311", "2.13.0", None, (), frozenset({"avx2", "fma", "bmi2"}), "2.36", "x86_64")
+    assert mismatches(x86, grace) == ["built for x86_64 nodes, this node is aarch64"]
+    assert mismatches(arm, epyc) == ["built for aarch64 nodes, this node is x86_64"]
+    assert mismatches(arm, grace) == [] and mismatches(x86, epyc) == []
+    lacking = Node("cp311", "2.13.0", None, (), frozenset({"fp"}), "2.36", "aarch64")
+    assert mismatches(arm, lacking) == ["CPU ops built for armv8-a, node CPU lacks asimd"]
+
+
+def test_an_arm_node_reads_its_cpu_features_and_its_machine() -> None:
+    from builder.node.probe import parse_cpu_flags, parse_node_probe
+
+    grace = "processor\t: 0\nFeatures\t: fp asimd sve2 bf16\nCPU implementer\t: 0x41\n"
+    assert parse_cpu_flags(grace, "aarch64") == frozenset({"fp", "asimd", "sve2", "bf16"})
+    assert parse_cpu_flags("flags\t\t: fpu avx2\n", "aarch64") == frozenset()  # qemu-user shows the host's list
+    assert parse_cpu_flags("flags\t\t: fpu avx2\n", "x86_64") == frozenset({"fpu", "avx2"})
+    said = json.dumps({"python_tag": "cp311", "torch": "2.13.0+cu130", "cuda": "13.0", "gpus": [],
+                       "glibc": "2.36", "machine": "aarch64"})  # fmt: skip
+    node = parse_node_probe(said, frozenset())
+    assert node.machine == "aarch64" and "aarch64" in node.describe()
+    from builder.node import InstallError
+
+    with pytest.raises(InstallError, match="machine"):
+        parse_node_probe(said.replace('"aarch64"', '"aarch64; rm -rf /"'), frozenset())
+
+
+# ---------------------------------------------------------------- the emulated node
+
+
+def test_qemu_missing_is_one_line_saying_how_to_get_it() -> None:
+    import dataclasses
+
+    from builder.buildroot import emulated
+    from builder.errors import SmokeError
+
+    nowhere = dataclasses.replace(machine_of("aarch64"), qemu="qemu-aarch64-static-not-here")
+    with pytest.raises(SmokeError) as err:
+        emulated.qemu_for(nowhere)
+    assert "runs under emulation, and this machine has no qemu-aarch64-static-not-here" in err.value.message
+    assert "apt-get install qemu-user-static" in err.value.fix and "--no-smoke" in err.value.fix
+    assert err.value.exit_code == 6
+
+
+def test_the_node_is_entered_with_a_private_binfmt_and_an_arm_cpu_description() -> None:
+    from builder.buildroot import emulated
+
+    line = emulated.binfmt_line(machine_of("aarch64"), "/usr/bin/qemu-aarch64-static")
+    assert line.startswith(":ds-builder-aarch64:M::\\x7f\\x45\\x4c\\x46\\x02") and line.endswith(
+        ":/usr/bin/qemu-aarch64-static:F")  # fmt: skip
+    inside = emulated.NODE_INSIDE
+    assert inside.index("mount -t binfmt_misc") < inside.index("exec chroot")  # in the namespace, before the root
+    assert 'mount --bind "$here/cpuinfo" "$mnt/root/proc/cpuinfo"' in inside
+    assert "--map-root-user" in emulated.NODE_ENTER  # always a user namespace: its own binfmt_misc
+    cpuinfo, files = emulated.cpu_description(4)
+    assert cpuinfo.count("processor\t:") == 4 and "Features\t: fp asimd" in cpuinfo
+    assert files["possible"] == "0-3\n" and files["cpu3/regs/identification/midr_el1"].strip() == "0x00000000413fd0c1"
+    assert emulated.cpu_description(1)[1]["online"] == "0\n"
+
+
+def test_the_node_roots_name_follows_what_it_holds() -> None:
+    from builder.buildroot import emulated
+
+    one = emulated.NodeSpec(machine_of("aarch64"), "http://m", ("torch==2.13.0", "numpy"))
+    assert one.name.startswith("node-bookworm-arm64-") and one.name == emulated.NodeSpec(
+        machine_of("aarch64"), "http://m", ("numpy", "torch==2.13.0")).name  # fmt: skip
+    assert one.name != emulated.NodeSpec(machine_of("aarch64"), "http://m", ("torch==2.14.1", "numpy")).name
+    assert one.describe() == "Debian bookworm arm64, torch==2.13.0 and 1 more"
+
+
+def test_the_smoke_knows_the_machine_of_a_wheel_and_what_its_node_needs(tmp_path: Path) -> None:
+    from builder import smoke
+
+    assert smoke.wheel_machine("deepspeed-0.19.8+cpu.torch2.13-cp311-cp311-manylinux_2_28_aarch64.whl") == "aarch64"
+    assert smoke.wheel_machine("deepspeed-0.19.8+cpu.torch2.13-cp311-cp311-linux_x86_64.whl") == "x86_64"
+    meta = ("Metadata-Version: 2.1\nName: deepspeed\nVersion: 0.19.8\nRequires-Dist: torch==2.13.0\n"
+            "Requires-Dist: numpy\nRequires-Dist: pywin32; sys_platform == 'win32'\n"
+            "Requires-Dist: sve-only; platform_machine == 'aarch64'\nRequires-Dist: docs; extra == 'dev'\n\n")  # fmt: skip
+    wheel = _zip(tmp_path / "d.whl", {"deepspeed-0.19.8.dist-info/METADATA": meta.encode()})
+
+    class Manifest:  # only what node_requirements reads
+        python_tag = "cp311"
+
+    wanted = smoke.node_requirements(wheel, Manifest(), "aarch64")  # type: ignore[arg-type]
+    assert "torch==2.13.0" in wanted and "numpy" in wanted
+    assert 'sve-only; platform_machine == "aarch64"' in wanted
+    assert not any(w.startswith(("pywin32", "docs")) for w in wanted) and "safetensors>=0.4" in wanted

@@ -23,20 +23,44 @@ class Node:
     gpus: "tuple[str, ...]" = ()
     cpu_flags: "frozenset[str]" = field(default_factory=frozenset)
     glibc: "str | None" = None  # "2.36"; None where the C library is not glibc or unknown
+    machine: str = ""  # platform.machine() of the interpreter that installs (x86_64, aarch64); "" unknown
 
     def describe(self) -> str:
         gpus = ", ".join(self.gpus) or "none"
-        simd = " ".join(sorted(f for f in self.cpu_flags if f.startswith(("avx", "fma", "sse4")))) or "-"
-        return (f"python {self.python_tag}, torch {self.torch or 'not installed'}, CUDA {self.cuda or 'none'}, "
-                f"GPU compute capabilities {gpus}, CPU {simd}, glibc {self.glibc or 'unknown'}")  # fmt: skip
+        simd = (
+            " ".join(sorted(f for f in self.cpu_flags if f.startswith(("avx", "fma", "sse4", "asimd", "sve")))) or "-"
+        )
+        return (f"{self.machine or 'machine unknown'}, python {self.python_tag}, "
+                f"torch {self.torch or 'not installed'}, CUDA {self.cuda or 'none'}, "
+                f"GPU compute capabilities {gpus}, CPU {simd}, "
+                f"glibc {self.glibc or 'unknown'}")  # fmt: skip
 
     def to_json(self) -> "dict[str, Any]":
         return {"python_tag": self.python_tag, "torch": self.torch, "cuda": self.cuda, "gpus": list(self.gpus),
-                "cpu_flags": sorted(self.cpu_flags), "glibc": self.glibc}  # fmt: skip
+                "cpu_flags": sorted(self.cpu_flags), "glibc": self.glibc, "machine": self.machine}  # fmt: skip
 
 
 _MANYLINUX = re.compile(r"^manylinux_(\d+)_(\d+)_")
 _LEGACY_MANYLINUX = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
+
+
+_TAG_MACHINE = re.compile(
+    r"^(?:manylinux_\d+_\d+|manylinux1|manylinux2010|manylinux2014|musllinux_\d+_\d+|linux)_(\w+)$"
+)
+
+
+def tag_machine(platform_tag: str) -> "str | None":
+    """The machine a wheel's platform tag is for (manylinux_2_28_aarch64: aarch64); None for none."""
+    found = {m[1] for m in (_TAG_MACHINE.match(tag) for tag in platform_tag.split(".")) if m}
+    return found.pop() if len(found) == 1 else None
+
+
+def machine_mismatch(entry_name: str, node: "Node") -> "str | None":
+    """Why a wheel for another machine rules this node out (None: the same, or either is unknown)."""
+    want = tag_machine(check_wheel_name(entry_name).platform)
+    if want and node.machine and want != node.machine:
+        return f"built for {want} nodes, this node is {node.machine}"
+    return None
 
 
 def glibc_floor(platform_tag: str) -> "tuple[int, int] | None":
@@ -136,6 +160,9 @@ def cpu_mismatch(entry: "WheelEntry", node: "Node") -> "str | None":
 
 def mismatches(entry: "WheelEntry", node: "Node") -> "list[str]":
     """Why a wheelhouse entry does not fit the node (empty: it fits)."""
+    machine = machine_mismatch(entry.name, node)
+    if machine:
+        return [machine]  # nothing else of it can be judged on this node
     why = []
     if entry.python_tag != node.python_tag:
         why.append(f"built for {entry.python_tag}, node has {node.python_tag}")

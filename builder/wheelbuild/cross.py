@@ -168,6 +168,15 @@ def torch_wheel_text(torch: Path) -> str:
     return found[0].read_text(encoding="utf-8") if found else ""
 
 
+def torch_version(torch: Path) -> str:
+    """The target torch's __version__, read from its version.py (never imported)."""
+    found = re.search(r"^__version__ = '([^']+)'$", (torch / "version.py").read_text(encoding="utf-8"), re.MULTILINE)
+    if found is None:
+        raise BuildError(f"{torch / 'version.py'} names no __version__",
+                         "delete the folder; the next build fetches it again")  # fmt: skip
+    return found[1]
+
+
 def pybind_abi(libtorch_python: Path) -> str | None:
     """The pybind11 internals id a torch was built with (its compiler, C++ library and ABI)."""
     try:
