@@ -350,7 +350,8 @@ def test_the_smoke_knows_the_machine_of_a_wheel_and_what_its_node_needs(tmp_path
     assert smoke.wheel_machine("deepspeed-0.19.8+cpu.torch2.13-cp311-cp311-linux_x86_64.whl") == "x86_64"
     meta = ("Metadata-Version: 2.1\nName: deepspeed\nVersion: 0.19.8\nRequires-Dist: torch==2.13.0\n"
             "Requires-Dist: numpy\nRequires-Dist: pywin32; sys_platform == 'win32'\n"
-            "Requires-Dist: sve-only; platform_machine == 'aarch64'\nRequires-Dist: docs; extra == 'dev'\n\n")  # fmt: skip
+            "Requires-Dist: sve-only; platform_machine == 'aarch64'\n"
+            "Requires-Dist: docs; extra == 'dev'\n\n")  # fmt: skip
     wheel = _zip(tmp_path / "d.whl", {"deepspeed-0.19.8.dist-info/METADATA": meta.encode()})
 
     class Manifest:  # only what node_requirements reads
