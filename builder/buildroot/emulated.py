@@ -246,7 +246,7 @@ def enter_folder(root: Path, machine: Machine, folder: Path, binds: Sequence[str
         files[f"sys-cpu/{rel}"] = (text, 0o644)
     for name, program in programs.items():
         # the folder by its path: the config runner's PATH holds only this folder (no dirname)
-        files[name] = (f"#!/bin/sh\nexec {shlex.quote(str(folder / 'enter'))} {shlex.quote(program)} \"$@\"\n", 0o755)
+        files[name] = (f'#!/bin/sh\nexec {shlex.quote(str(folder / "enter"))} {shlex.quote(program)} "$@"\n', 0o755)
     for name, (text, mode) in files.items():
         write_atomic(folder / name, text, mode=mode)
     return {name: folder / name for name in programs}

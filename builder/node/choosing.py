@@ -30,10 +30,9 @@ class Node:
         simd = (
             " ".join(sorted(f for f in self.cpu_flags if f.startswith(("avx", "fma", "sse4", "asimd", "sve")))) or "-"
         )
-        return (f"{self.machine or 'machine unknown'}, python {self.python_tag}, "
-                f"torch {self.torch or 'not installed'}, CUDA {self.cuda or 'none'}, "
-                f"GPU compute capabilities {gpus}, CPU {simd}, "
-                f"glibc {self.glibc or 'unknown'}")  # fmt: skip
+        return (f"python {self.python_tag}, torch {self.torch or 'not installed'}, CUDA {self.cuda or 'none'}, "
+                f"GPU compute capabilities {gpus}, CPU {simd}, glibc {self.glibc or 'unknown'}"
+                + (f", {self.machine}" if self.machine else ""))  # fmt: skip
 
     def to_json(self) -> "dict[str, Any]":
         return {"python_tag": self.python_tag, "torch": self.torch, "cuda": self.cuda, "gpus": list(self.gpus),

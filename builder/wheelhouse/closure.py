@@ -29,38 +29,47 @@ def _version_of(python_tag: str) -> tuple[int, int]:
     return int(python_tag[2]), int(python_tag[3:])
 
 
+def node_platforms(machine: str) -> list[str]:
+    """The platform tags a Linux node of `machine` installs, newest first: this machine's own (packaging
+    reads its glibc), or for another machine every manylinux tag up to glibc 2.40."""
+    if machine == platform.machine():
+        return list(platform_tags())
+    return [*(f"manylinux_2_{m}_{machine}" for m in range(40, 16, -1)), f"manylinux2014_{machine}", f"linux_{machine}"]
+
+
 @functools.cache
-def supported_tags(python_tag: str) -> frozenset[Tag]:
-    """Every tag a CPython of `python_tag` on this platform installs (cp311: cp311, abi3 of cp32..cp311, py3)."""
+def supported_tags(python_tag: str, machine: str = "") -> frozenset[Tag]:
+    """Every tag a CPython of `python_tag` on `machine` (default: this one) installs (cp311: cp311, abi3 of
+    cp32..cp311, py3)."""
     version = _version_of(python_tag)
-    platforms = list(platform_tags())
+    platforms = node_platforms(machine or platform.machine())
     return frozenset(cpython_tags(version, platforms=platforms)) | frozenset(
         compatible_tags(version, python_tag, platforms)
     )
 
 
-def fits(file_name: str, python_tag: str) -> bool:
-    """Whether a wheel file installs on CPython `python_tag` here (by its tags, not its name's text)."""
+def fits(file_name: str, python_tag: str, machine: str = "") -> bool:
+    """Whether a wheel file installs on CPython `python_tag` on `machine` (by its tags, not its name's text)."""
     try:
         tags = parse_wheel_filename(file_name)[3]
     except InvalidWheelFilename:
         return False
-    return not tags.isdisjoint(supported_tags(python_tag))
+    return not tags.isdisjoint(supported_tags(python_tag, machine))
 
 
-def marker_env(python_tag: str) -> dict[str, str]:
-    """The environment markers of CPython `python_tag` on this (Linux) machine."""
+def marker_env(python_tag: str, machine: str = "") -> dict[str, str]:
+    """The environment markers of CPython `python_tag` on a Linux node of `machine` (default: this one)."""
     major, minor = _version_of(python_tag)
     return {"python_version": f"{major}.{minor}", "python_full_version": f"{major}.{minor}.0",
             "implementation_name": "cpython", "platform_python_implementation": "CPython",
             "implementation_version": f"{major}.{minor}.0", "sys_platform": "linux", "platform_system": "Linux",
-            "os_name": "posix", "platform_machine": platform.machine(), "platform_release": "",
+            "os_name": "posix", "platform_machine": machine or platform.machine(), "platform_release": "",
             "platform_version": "", "extra": ""}  # fmt: skip
 
 
-def requirements_of(metadata: str, python_tag: str, extras: Iterable[str] = ()) -> list[Requirement]:
-    """The requirements in METADATA that apply to `python_tag` with these extras (torch left out)."""
-    env = marker_env(python_tag)
+def requirements_of(metadata: str, python_tag: str, extras: Iterable[str] = (), machine: str = "") -> list[Requirement]:
+    """The requirements in METADATA that apply to `python_tag` on `machine` with these extras (torch left out)."""
+    env = marker_env(python_tag, machine)
     out = []
     for line in Parser().parsestr(metadata).get_all("Requires-Dist") or []:
         try:
@@ -85,12 +94,16 @@ class Closure:
 
 
 def resolve(
-    requirements: Sequence[Requirement], python_tag: str, available: Iterable[str], metadata_of: Callable[[str], str]
+    requirements: Sequence[Requirement],
+    python_tag: str,
+    available: Iterable[str],
+    metadata_of: Callable[[str], str],
+    machine: str = "",
 ) -> Closure:
-    """The dependency files meeting `requirements` and theirs, for `python_tag`, from `available`."""
+    """The dependency files meeting `requirements` and theirs, for `python_tag` on `machine`, from `available`."""
     by_project: dict[str, list[tuple[Version, str]]] = {}
     for name in available:
-        if fits(name, python_tag):
+        if fits(name, python_tag, machine):
             project, version, _, _ = parse_wheel_filename(name)
             by_project.setdefault(project, []).append((version, name))
     chosen: dict[str, tuple[Version, str]] = {}
@@ -108,5 +121,5 @@ def resolve(
             missing.append(str(req))
             continue
         chosen[project] = max(meets)
-        queue += requirements_of(metadata_of(chosen[project][1]), python_tag, req.extras)
+        queue += requirements_of(metadata_of(chosen[project][1]), python_tag, req.extras, machine)
     return Closure(tuple(sorted(name for _, name in chosen.values())), tuple(missing))

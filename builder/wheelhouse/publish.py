@@ -24,6 +24,7 @@ import datetime
 import hashlib
 import json
 import os
+import platform
 import shutil
 import sys
 import tempfile
@@ -48,6 +49,7 @@ from builder.node import (
     check_variants_json_name,
     check_wheel_name,
     split_variant_name,
+    tag_machine,
 )
 from builder.smoke import load_report, report_path
 from builder.wheelhouse import closure, installer, proofs, variants
@@ -71,7 +73,7 @@ from builder.wheelhouse.layout import (
 )
 
 # Fetches DeepSpeed's runtime closure: (requirements, python tag, folder, log) -> wheel files.
-Fetcher = Callable[[Sequence[str], str, Path, Path | None], list[Path]]
+Fetcher = Callable[..., list[Path]]  # (requirements, python_tag, dest, log[, machine])
 
 
 def manifest_entry(
@@ -132,14 +134,25 @@ def _build_of(wheel: Path) -> BuildManifest:
         raise PublishError(exc.message, "publish only wheels made by build-wheel") from exc
 
 
-def pip_download_closure(requirements: Sequence[str], python_tag: str, dest: Path, log: Path | None) -> list[Path]:
-    """Wheels of `requirements` and everything they need, for `python_tag`, via pip download."""
+def other_machine(wheel_name: str) -> str:
+    """The machine a wheel is for where it is not this one's (aarch64), else "": its dependencies are
+    resolved and fetched for that machine's platform tags."""
+    machine = tag_machine(check_wheel_name(wheel_name).platform) or ""
+    return "" if machine == platform.machine() else machine
+
+
+def pip_download_closure(requirements: Sequence[str], python_tag: str, dest: Path, log: Path | None,
+                         machine: str = "") -> list[Path]:  # fmt: skip
+    """Wheels of `requirements` and everything they need, for `python_tag` (on `machine`: another than this
+    one's is asked for by its platform tags), via pip download."""
     from builder import cmd
 
     version = f"{python_tag[2]}.{python_tag[3:]}"
+    tags = closure.node_platforms(machine) if machine and machine != platform.machine() else []
+    platforms = [a for tag in tags if tag.startswith("manylinux") for a in ("--platform", tag)]
     cmd.run(
         [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--python-version", version,
-         "--implementation", "cp", "-d", dest, *requirements],
+         "--implementation", "cp", *platforms, "-d", dest, *requirements],
         log=log,
         fix="the wheelhouse carries DeepSpeed's dependencies for air-gapped nodes: pip must reach an index "
         "that has them (pip config list), or publish from a machine that does",
@@ -302,7 +315,9 @@ def _publish_files(
         report_text = report_path(wheel).read_bytes()
         write_atomic(wheelhouse / f"{wheel.name}.smoke.json", report_text)
         previous = wheels_now.get(wheel.name)
-        requires = _closure(wheelhouse, metadata.decode("utf-8"), build.python_tag, deps, journal, log, fetch_closure)
+        machine = other_machine(wheel.name)
+        requires = _closure(wheelhouse, metadata.decode("utf-8"), build.python_tag, deps, journal, log, fetch_closure,
+                            machine)  # fmt: skip
         wheels_now[wheel.name] = dataclasses.replace(
             manifest_entry(wheel.name, build, report, hashlib.sha256(metadata).hexdigest(),
                            hashlib.sha256(report_text).hexdigest(), previous.published_at if previous else _now()),
@@ -312,9 +327,11 @@ def _publish_files(
         published.append(target)
     for name, entry in list(wheels_now.items()):  # entries an older toolkit published without the list
         if entry.requires is None and (wheelhouse / f"{name}.metadata").is_file():
+            machine = other_machine(name)
             found = closure.resolve(
-                closure.requirements_of((wheelhouse / f"{name}.metadata").read_text("utf-8"), entry.python_tag),
-                entry.python_tag, deps, lambda n: wheel_metadata(wheelhouse / n).decode("utf-8"),
+                closure.requirements_of((wheelhouse / f"{name}.metadata").read_text("utf-8"), entry.python_tag, (),
+                                        machine),
+                entry.python_tag, deps, lambda n: wheel_metadata(wheelhouse / n).decode("utf-8"), machine,
             )  # fmt: skip
             if not found.missing:
                 wheels_now[name] = dataclasses.replace(entry, requires=found.files)
@@ -410,21 +427,24 @@ def _closure(
     journal: dict[str, str],
     log: Path | None,
     fetch: Fetcher,
+    machine: str = "",
 ) -> tuple[str, ...]:
-    """The dependency files this wheel installs with, fetching into the wheelhouse only what none of
-    its files meets (`deps` and the journal are updated); an index is asked only then."""
-    wanted = closure.requirements_of(metadata, python_tag)
+    """The dependency files this wheel installs with on a node of `machine` (default: this one), fetching
+    into the wheelhouse only what none of its files meets (`deps` and the journal are updated); an index
+    is asked only then."""
+    wanted = closure.requirements_of(metadata, python_tag, (), machine)
 
     def metadata_of(name: str) -> str:
         return wheel_metadata(wheelhouse / name).decode("utf-8")
 
-    found = closure.resolve(wanted, python_tag, deps, metadata_of)
+    found = closure.resolve(wanted, python_tag, deps, metadata_of, machine)
     if not found.missing:
         return found.files
     output.note(f"fetching DeepSpeed's runtime dependencies for {python_tag}: {', '.join(found.missing)}")
     make_dirs(wheelhouse)
     with tempfile.TemporaryDirectory(dir=wheelhouse, prefix=DEPS_PREFIX, suffix=DEPS_SUFFIX) as tmp:
-        got = fetch(list(found.missing), python_tag, Path(tmp), log)
+        got = fetch(list(found.missing), python_tag, Path(tmp), log, machine) if machine else fetch(
+            list(found.missing), python_tag, Path(tmp), log)  # fmt: skip
         fetched = {path.name: (path, sha256_of(path)) for path in got}
         for name, (_, digest) in fetched.items():
             old = deps.get(name)
@@ -440,7 +460,7 @@ def _closure(
         for name in new:
             copy_atomic(fetched[name][0], wheelhouse / name)
             deps[name] = FileEntry(name, new[name], (wheelhouse / name).stat().st_size)
-    found = closure.resolve(wanted, python_tag, deps, metadata_of)
+    found = closure.resolve(wanted, python_tag, deps, metadata_of, machine)
     if found.missing:
         raise PublishError(
             f"the dependencies fetched for {python_tag} do not meet {', '.join(found.missing)}",
