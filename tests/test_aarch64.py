@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from builder import glibc
+from builder import glibc, signing
 from builder.errors import BuildError, RecipeError
 from builder.machines import HOST, MACHINES, machine_of
 from builder.recipe import load_recipe, parse_recipe
@@ -195,49 +196,103 @@ def test_the_hooks_point_setuptools_at_the_targets_headers(tmp_path: Path) -> No
     assert done.stdout.split() == ["/t/python3.11:/t", "/t/python3.11:/t"]
 
 
-# ---------------------------------------------------------------- the real cross build
+# ---------------------------------------------------------------- the real thing: build, smoke under qemu, publish
 
 
-CROSS_NEEDS = ("unshare", "debootstrap", "dpkg-deb")
+def _emulation_ready() -> str | None:
+    """Why the emulated aarch64 node cannot be made or entered here (None: it can)."""
+    if os.geteuid() != 0:
+        return "making the cross root and the aarch64 node root takes root (debootstrap)"
+    missing = [t for t in ("unshare", "debootstrap", "dpkg-deb", "qemu-aarch64-static") if not shutil.which(t)]
+    if missing:
+        return f"{', '.join(missing)} not installed (qemu-user-static, debootstrap, util-linux)"
+    done = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+                           "mount -t binfmt_misc b /proc/sys/fs/binfmt_misc"], capture_output=True)  # fmt: skip
+    return None if done.returncode == 0 else "this kernel has no binfmt_misc of a user namespace's own (Linux 6.7+)"
 
 
 @pytest.mark.integration
-@pytest.mark.skipif(os.geteuid() != 0 or not all(shutil.which(t) for t in CROSS_NEEDS),
-                    reason="the cross root and arm64 headers take root, debootstrap and dpkg-deb")  # fmt: skip
-def test_the_cpu_aarch64_recipe_cross_builds_an_aarch64_wheel(workspace: Path, tmp_path: Path) -> None:
-    """cpu_adam of the cpu-aarch64 recipe, compiled by the root's aarch64-linux-gnu-g++ against torch's
-    aarch64 wheel: a manylinux_2_28_aarch64 wheel whose every .so is an AArch64 ELF named for the aarch64
-    interpreter; without --no-smoke it is not published unproven (exit 6)."""
-    text = (ROOT / "recipes" / "cpu-aarch64.toml").read_text()
-    start, end = text.index("ops = ["), text.index("[deepspeed]")
-    recipe = tmp_path / "cpu-aarch64.toml"
-    recipe.write_text(text[:start] + 'ops = ["cpu_adam"]\n\n' + text[end:])
-    work = tmp_path / "work"
-    (workspace / "cache").mkdir(parents=True, exist_ok=True)
-    work.mkdir()
-    (work / "cache").symlink_to(workspace / "cache", target_is_directory=True)
-    argv = [sys.executable, "-m", "builder", "build-wheel", "--recipe", str(recipe), "--work-dir", str(work),
-            "--wheelhouse", str(tmp_path / "house")]  # fmt: skip
-    done = subprocess.run([*argv, "--no-smoke"], cwd=ROOT, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-5000:]
+@pytest.mark.skipif(_emulation_ready() is not None, reason=str(_emulation_ready()))
+def test_the_cpu_aarch64_recipe_is_built_smoked_under_qemu_and_published_beside_x86(
+    default_build: Any, workspace: Path, tmp_path: Path
+) -> None:
+    """Issue 63, done when: one command builds the cpu-aarch64 recipe into a manylinux_2_28_aarch64 wheel,
+    smoke-tests it on an aarch64 node under qemu (its pip, the CPU ops' numerics, the recipe's configs)
+    and publishes it beside the x86_64 wheel of the default recipe. Then the published node installer
+    installs it on the emulated aarch64 node, and on this x86_64 machine chooses the x86_64 wheel."""
+    from conftest import copy_house, work_sharing_cache
+
+    from builder.buildroot import emulated, make
+    from builder.node import INSTALLER
+
+    house = copy_house(default_build, tmp_path / "house")
+    work = work_sharing_cache(workspace, tmp_path / "work")
+    done = subprocess.run([sys.executable, "-m", "builder", "build-wheel", "--recipe", "recipes/cpu-aarch64.toml",
+                           "--work-dir", str(work), "--wheelhouse", str(house)], cwd=ROOT, capture_output=True,
+                          text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-6000:]
+    said = done.stdout + done.stderr
+    assert "smoke PASSED" in said and "under qemu" in said, said[-3000:]
+    for check in ("numerics:cpu_adam", "numerics:cpu_adagrad", "numerics:cpu_lion", "engine:zero2-offload"):
+        assert re.search(rf"passed\s+{re.escape(check)}\s", said), check
+    assert "configs/adam-zero2-offload.json: runs" in said
     (wheel,) = (work / "dist").glob("*.whl")
-    assert wheel.name.endswith("-cp311-cp311-manylinux_2_28_aarch64.whl"), wheel.name
+    assert wheel.name == "deepspeed-0.19.8+cpu.torch2.13-cp311-cp311-manylinux_2_28_aarch64.whl"
     tree = tmp_path / "tree"
     with zipfile.ZipFile(wheel) as zf:
         zf.extractall(tree)
-    sos = sorted(str(p.relative_to(tree)) for p in tree.rglob("*.so"))
-    assert sos == ["deepspeed/ops/adam/cpu_adam_op.cpython-311-aarch64-linux-gnu.so"], sos
-    assert glibc.elf_machine(tree / sos[0]) == "EM_AARCH64" and glibc.foreign_objects(tree, "EM_AARCH64") == []
+    sos = sorted(p.name for p in tree.rglob("*.so"))
+    assert len(sos) == 5 and all(s.endswith(".cpython-311-aarch64-linux-gnu.so") for s in sos), sos
+    assert glibc.foreign_objects(tree, "EM_AARCH64") == []
     assert glibc.above_floor(glibc.needed_symbols(tree), "manylinux_2_28", "aarch64") == []  # pow pinned to 2.17
     (info,) = tree.glob("*.dist-info")
     assert "Requires-Dist: torch==2.13.0\n" in (info / "METADATA").read_text()  # aarch64's torch: no +cpu
-    manifest = json.loads((info / "ds_builder.json").read_text())
-    assert manifest["cpu_target"] == "armv8-a" and manifest["platform"]["tags"] == ["manylinux_2_28_aarch64"]
-    assert manifest["platform"]["root"]["identity"] != ""  # the cross root's
-    again = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
-    assert again.returncode == 6, again.stderr[-3000:]
-    assert "is for aarch64 nodes" in again.stderr and "not published unproven" in again.stderr
-    assert not (tmp_path / "house").exists() or not list((tmp_path / "house").rglob("*.whl"))
+    built = json.loads((info / "ds_builder.json").read_text())
+    assert built["cpu_target"] == "armv8-a" and built["platform"]["tags"] == ["manylinux_2_28_aarch64"]
+    assert built["torch"]["version"] == "2.13.0+cu130"  # the target's torch, not the build host's CPU build
+
+    manifest = json.loads((house / "manifest.json").read_text())
+    machines = {n: n.rsplit("_", 1)[-1].removesuffix(".whl") for n in manifest["wheels"]}
+    assert {"aarch64", "x86_64"} <= set(machines.values()), machines
+    arm_deps = manifest["wheels"][wheel.name]["requires"]
+    assert arm_deps and not any(d.endswith("x86_64.whl") for d in arm_deps), arm_deps  # fetched for aarch64
+    assert any(d.endswith("aarch64.whl") for d in arm_deps), arm_deps  # numpy, psutil, pydantic-core...
+
+    # The published installer on this x86_64 machine takes the x86_64 wheel; the aarch64 one is not for it.
+    key = signing.keys().key().line()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
+    env.update(PIP_CONFIG_FILE="/dev/null", PIP_INDEX_URL="http://127.0.0.1:9/simple/", PIP_NO_CACHE_DIR="1")
+    here = subprocess.run([sys.executable, str(house / INSTALLER), "--wheelhouse", str(house), "--trust", key,
+                           "--dry-run", "--json"], capture_output=True, text=True, env=env)  # fmt: skip
+    assert here.returncode == 0, here.stderr[-3000:]
+    chosen = json.loads(here.stdout)
+    assert chosen["wheel"].endswith("-linux_x86_64.whl") or chosen["wheel"].endswith("_x86_64.whl"), chosen
+    assert chosen["node"]["machine"] == "x86_64"
+
+    # On the emulated aarch64 node (the smoke's root), the installer installs the aarch64 wheel with no compiler.
+    (record,) = make.roots_folder(os.environ).glob("node-bookworm-arm64-*.json")
+    root = Path(json.loads(record.read_text())["path"])
+    node_tmp = tmp_path / "node"
+    node_tmp.mkdir()
+    venv_python = str(node_tmp / "venv" / "bin" / "python")
+    wrappers = emulated.enter_folder(root, machine_of("aarch64"), node_tmp / "enter", [node_tmp, house],
+                                     {"python3": "/usr/bin/python3", "venv": venv_python})  # fmt: skip
+    run_env = {"HOME": str(node_tmp), "PATH": "/usr/bin:/bin", "PIP_CONFIG_FILE": "/dev/null",
+               "PIP_NO_CACHE_DIR": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}  # fmt: skip
+    made = subprocess.run([str(wrappers["python3"]), "-m", "venv", "--system-site-packages", "--without-pip",
+                           str(node_tmp / "venv")], capture_output=True, text=True, env=run_env)  # fmt: skip
+    assert made.returncode == 0, made.stderr[-2000:]
+    there = subprocess.run([str(wrappers["venv"]), str(house / INSTALLER), "--wheelhouse", str(house), "--trust", key,
+                            "--python", str(node_tmp / "venv" / "bin" / "python")], capture_output=True, text=True,
+                           env=run_env)  # fmt: skip
+    assert there.returncode == 0, there.stderr[-4000:]
+    assert wheel.name in there.stdout + there.stderr
+    loaded = subprocess.run([str(wrappers["venv"]), "-c", "from deepspeed.ops.op_builder import CPUAdamBuilder; "
+                             "import platform; CPUAdamBuilder().load(verbose=False); print(platform.machine(), 'ok')"],
+                            capture_output=True, text=True, env={**run_env, "DS_ACCELERATOR": "cpu",
+                            "TORCH_EXTENSIONS_DIR": str(node_tmp / "ext")})  # fmt: skip
+    assert loaded.stdout.strip().splitlines()[-1:] == ["aarch64 ok"], loaded.stderr[-3000:]
+    assert not (node_tmp / "ext").exists() or not any((node_tmp / "ext").iterdir())  # nothing JIT-compiled
 
 
 # ---------------------------------------------------------------- the node side: one machine per wheel
