@@ -214,21 +214,21 @@ def _emulation_ready() -> str | None:
 @pytest.mark.integration
 @pytest.mark.skipif(_emulation_ready() is not None, reason=str(_emulation_ready()))
 def test_the_cpu_aarch64_recipe_is_built_smoked_under_qemu_and_published_beside_x86(
-    default_build: Any, workspace: Path, tmp_path: Path
+    request: pytest.FixtureRequest, workspace: Path, tmp_path: Path
 ) -> None:
-    """Issue 63, done when: one command builds the cpu-aarch64 recipe into a manylinux_2_28_aarch64 wheel,
-    smoke-tests it on an aarch64 node under qemu (its pip, the CPU ops' numerics, the recipe's configs)
-    and publishes it beside the x86_64 wheel of the default recipe. Then the published node installer
-    installs it on the emulated aarch64 node, and on this x86_64 machine chooses the x86_64 wheel."""
+    """Issue 63, done when: one command builds the cpu-aarch64 recipe into a manylinux_2_28_aarch64 wheel and
+    smoke-tests it on an aarch64 node under qemu (its pip, the CPU ops' numerics, the recipe's configs); it is
+    published beside the x86_64 wheel of the default recipe (by `publish`, once the suite's default build is
+    made: the aarch64 build runs beside it). Then the published node installer installs it on the emulated
+    aarch64 node, and on this x86_64 machine chooses the x86_64 wheel."""
     from conftest import copy_house, work_sharing_cache
 
     from builder.buildroot import emulated, make
     from builder.node import INSTALLER
 
-    house = copy_house(default_build, tmp_path / "house")
     work = work_sharing_cache(workspace, tmp_path / "work")
     done = subprocess.run([sys.executable, "-m", "builder", "build-wheel", "--recipe", "recipes/cpu-aarch64.toml",
-                           "--work-dir", str(work), "--wheelhouse", str(house)], cwd=ROOT, capture_output=True,
+                           "--work-dir", str(work), "--no-publish"], cwd=ROOT, capture_output=True,
                           text=True)  # fmt: skip
     assert done.returncode == 0, done.stderr[-6000:]
     said = done.stdout + done.stderr
@@ -251,6 +251,11 @@ def test_the_cpu_aarch64_recipe_is_built_smoked_under_qemu_and_published_beside_
     assert built["cpu_target"] == "armv8-a" and built["platform"]["tags"] == ["manylinux_2_28_aarch64"]
     assert built["torch"]["version"] == "2.13.0+cu130"  # the target's torch, not the build host's CPU build
 
+    # The default recipe's x86_64 wheel, published meanwhile by another worker (not waited for until now).
+    house = copy_house(request.getfixturevalue("default_build"), tmp_path / "house")
+    published = subprocess.run([sys.executable, "-m", "builder", "publish", str(wheel), "--work-dir", str(work),
+                                "--wheelhouse", str(house)], cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    assert published.returncode == 0, published.stderr[-4000:]
     manifest = json.loads((house / "manifest.json").read_text())
     machines = {n: n.rsplit("_", 1)[-1].removesuffix(".whl") for n in manifest["wheels"]}
     assert {"aarch64", "x86_64"} <= set(machines.values()), machines
@@ -416,3 +421,28 @@ def test_the_smoke_knows_the_machine_of_a_wheel_and_what_its_node_needs(tmp_path
     assert "torch==2.13.0" in wanted and "numpy" in wanted
     assert 'sve-only; platform_machine == "aarch64"' in wanted
     assert not any(w.startswith(("pywin32", "docs")) for w in wanted) and "safetensors>=0.4" in wanted
+
+
+def test_a_sites_root_without_the_cross_compiler_is_refused_in_one_line(tmp_path: Path) -> None:
+    """[root] folder = a site's root (here a stand-in holding an x86 g++ only: labelled) for an aarch64 recipe."""
+    from builder.buildroot import sandbox
+    from builder.buildroot.spec import RootSpec
+    from builder.errors import RootError
+
+    root = tmp_path / "site-root"
+    (root / "usr" / "bin").mkdir(parents=True)
+    (root / "usr" / "bin" / "g++").write_text("#!/bin/sh\n")  # STAND-IN: the site's own x86 compiler
+    (root / "bin").symlink_to("usr/bin")
+    spec = sandbox.for_machine(RootSpec("folder", folder=root), "aarch64")
+    assert spec.cxx == "/usr/bin/aarch64-linux-gnu-g++"
+    with pytest.raises(RootError) as err:
+        sandbox.check_cross_compiler(root, spec, "aarch64")
+    assert "has no /usr/bin/aarch64-linux-gnu-gcc: a wheel for aarch64 is compiled by a cross compiler" in (
+        err.value.message)  # fmt: skip
+    assert "g++-aarch64-linux-gnu" in err.value.fix and "[root] cc and cxx" in err.value.fix
+    assert err.value.exit_code == 15
+    named = sandbox.for_machine(RootSpec("folder", folder=root, cxx="/opt/cross/bin/g++"), "aarch64")
+    assert named.cxx == "/opt/cross/bin/g++" and named.cc == "/usr/bin/aarch64-linux-gnu-gcc"  # what [root] names
+    toolkit = sandbox.for_machine(RootSpec("debian"), "aarch64")
+    assert "g++-aarch64-linux-gnu" in toolkit.packages and "libaio-dev" in toolkit.packages
+    assert sandbox.for_machine(RootSpec("debian"), "x86_64") == RootSpec("debian")  # the host's root as before
