@@ -226,6 +226,7 @@ def test_the_cpu_aarch64_recipe_is_built_smoked_under_qemu_and_published_beside_
     from builder.buildroot import emulated, make
     from builder.node import INSTALLER
 
+    (workspace / "cache").mkdir(parents=True, exist_ok=True)
     work = work_sharing_cache(workspace, tmp_path / "work")
     done = subprocess.run([sys.executable, "-m", "builder", "build-wheel", "--recipe", "recipes/cpu-aarch64.toml",
                            "--work-dir", str(work), "--no-publish"], cwd=ROOT, capture_output=True,
