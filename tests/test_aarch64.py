@@ -263,6 +263,9 @@ def test_the_cpu_aarch64_recipe_is_built_smoked_under_qemu_and_published_beside_
     arm_deps = manifest["wheels"][wheel.name]["requires"]
     assert arm_deps and not any(d.endswith("x86_64.whl") for d in arm_deps), arm_deps  # fetched for aarch64
     assert any(d.endswith("aarch64.whl") for d in arm_deps), arm_deps  # numpy, psutil, pydantic-core...
+    page = (house / "index.html").read_text()
+    row = page[page.index(f'<tr data-wheel="{wheel.name}"') :].split("</tr>")[0]
+    assert "<td>aarch64</td>" in row and "<td>armv8-a</td>" in row  # the page says which machine it is for
 
     # The published installer on this x86_64 machine takes the x86_64 wheel; the aarch64 one is not for it.
     key = signing.keys().key().line()

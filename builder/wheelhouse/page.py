@@ -42,6 +42,7 @@ from builder.node import (
     op_table,
     read_bounded,
     split_variant_name,
+    tag_machine,
 )
 from builder.results import STAGES, StageResult
 
@@ -118,6 +119,11 @@ def glibc_of(name: str) -> str:
     return f"{floor[0]}.{floor[1]}" if floor else "any"
 
 
+def machine_of(name: str) -> str:
+    """The nodes a wheel is for (x86_64, aarch64: GH200/GB200), from its platform tag."""
+    return tag_machine(check_wheel_name(name).platform) or "any"
+
+
 def _floor_cell(name: str) -> str:
     """The glibc a wheel needs, with the systems that have it on hover (RHEL 8+, Debian 10+, ...)."""
     return f'<span title="{_e(describe_floor(check_wheel_name(name).platform))}">{_e(glibc_of(name))}</span>'
@@ -185,11 +191,12 @@ def node_installer_command(manifest: WheelhouseManifest) -> str:
 def _targets(manifest: WheelhouseManifest) -> str:
     rows = [
         _row("wheel", name, [_code(name), *map(_e, (e.recipe, e.version.split("+")[0], e.torch, e.cuda or "none (cpu)",
-             e.python_tag, ", ".join(e.archs) or "cpu", e.cpu_target)), _floor_cell(name), _e(len(e.ops)),
+             e.python_tag, machine_of(name), ", ".join(e.archs) or "cpu", e.cpu_target)), _floor_cell(name),
+             _e(len(e.ops)),
              _smoke_cell(e), _proof_cell(e), _e(e.published_at)])
         for name, e in sorted(manifest.wheels.items())
     ]  # fmt: skip
-    head = ["wheel", "recipe", "DeepSpeed", "torch", "CUDA", "Python", "GPU archs", "CPU target", "glibc >=",
+    head = ["wheel", "recipe", "DeepSpeed", "torch", "CUDA", "Python", "machine", "GPU archs", "CPU target", "glibc >=",
             "ops", "smoke", "GPU proof", "published"]  # fmt: skip
     return _table("targets", head, rows)
 
