@@ -450,3 +450,12 @@ def test_a_sites_root_without_the_cross_compiler_is_refused_in_one_line(tmp_path
     toolkit = sandbox.for_machine(RootSpec("debian"), "aarch64")
     assert "g++-aarch64-linux-gnu" in toolkit.packages and "libaio-dev" in toolkit.packages
     assert sandbox.for_machine(RootSpec("debian"), "x86_64") == RootSpec("debian")  # the host's root as before
+
+
+def test_a_module_for_aarch64_nodes_has_a_version_of_its_own() -> None:
+    """A software tree both x86_64 and GH200 nodes mount holds both modules of one recipe; an x86_64
+    wheel's module keeps the version it always had."""
+    from builder.node import module_version
+
+    assert module_version(_node_entry("aarch64")) == "0.19.8+cpu.torch2.13-py3.11-aarch64"
+    assert module_version(_node_entry("x86_64")) == "0.19.8+cpu.torch2.13-py3.11"

@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from builder.node.choosing import describe_floor
+from builder.node.choosing import describe_floor, tag_machine
 from builder.node.contract import SHA256_RE, InstallError, ManifestError
 from builder.node.entries import WheelEntry, WheelhouseManifest
 from builder.node.fetch import download
@@ -79,8 +79,11 @@ def parse_lock(text: str, where: str) -> "tuple[str, dict[str, str]]":
 
 
 def module_version(entry: "WheelEntry") -> str:
-    """The module's version: the wheel's, and its Python (one lock per wheel, one wheel per Python)."""
-    return f"{entry.version}-py{entry.python_tag[2]}.{entry.python_tag[3:]}"
+    """The module's version: the wheel's, and its Python (one lock per wheel, one wheel per Python), and the
+    machine where it is not x86_64 (a software tree both x86_64 and GH200 nodes mount holds both modules)."""
+    machine = tag_machine(check_wheel_name(entry.name).platform)
+    suffix = f"-{machine}" if machine and machine != "x86_64" else ""
+    return f"{entry.version}-py{entry.python_tag[2]}.{entry.python_tag[3:]}{suffix}"
 
 
 def _lua(text: str) -> str:
