@@ -459,3 +459,28 @@ def test_a_module_for_aarch64_nodes_has_a_version_of_its_own() -> None:
 
     assert module_version(_node_entry("aarch64")) == "0.19.8+cpu.torch2.13-py3.11-aarch64"
     assert module_version(_node_entry("x86_64")) == "0.19.8+cpu.torch2.13-py3.11"
+
+
+def test_an_aarch64_wheels_dependencies_are_resolved_for_aarch64() -> None:
+    """The wheelhouse's closure for an aarch64 wheel takes aarch64 (and pure) dependency wheels, never this
+    machine's, and evaluates markers for an aarch64 node; an x86_64 wheel's is as before."""
+    from packaging.requirements import Requirement
+
+    import importlib
+
+    from builder.wheelhouse import closure
+
+    publish = importlib.import_module("builder.wheelhouse.publish")  # the package's name `publish` is its function
+    arm = "numpy-2.3.0-cp311-cp311-manylinux_2_17_aarch64.manylinux2014_aarch64.whl"
+    x86 = "numpy-2.3.0-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl"
+    pure = "hjson-3.1.0-py3-none-any.whl"
+    assert closure.fits(arm, "cp311", "aarch64") and not closure.fits(x86, "cp311", "aarch64")
+    assert closure.fits(x86, "cp311") and not closure.fits(arm, "cp311") and closure.fits(pure, "cp311", "aarch64")
+    meta = "Requires-Dist: numpy\nRequires-Dist: sve-tools; platform_machine == 'aarch64'\n\n"
+    assert [r.name for r in closure.requirements_of(meta, "cp311", (), "aarch64")] == ["numpy", "sve-tools"]
+    assert [r.name for r in closure.requirements_of(meta, "cp311")] == ["numpy"]
+    found = closure.resolve([Requirement("numpy")], "cp311", [x86, arm], lambda n: "", "aarch64")
+    assert found.files == (arm,) and not found.missing
+    assert publish.other_machine("deepspeed-0.19.8+cpu.torch2.13-cp311-cp311-manylinux_2_28_aarch64.whl") == "aarch64"
+    assert publish.other_machine("deepspeed-0.19.8+cpu.torch2.13-cp311-cp311-manylinux_2_28_x86_64.whl") == ""
+    assert "manylinux_2_28_aarch64" in closure.node_platforms("aarch64")
