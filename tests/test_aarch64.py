@@ -464,9 +464,9 @@ def test_a_module_for_aarch64_nodes_has_a_version_of_its_own() -> None:
 def test_an_aarch64_wheels_dependencies_are_resolved_for_aarch64() -> None:
     """The wheelhouse's closure for an aarch64 wheel takes aarch64 (and pure) dependency wheels, never this
     machine's, and evaluates markers for an aarch64 node; an x86_64 wheel's is as before."""
-    from packaging.requirements import Requirement
-
     import importlib
+
+    from packaging.requirements import Requirement
 
     from builder.wheelhouse import closure
 
