@@ -224,7 +224,7 @@ def test_the_cpu_aarch64_recipe_is_built_smoked_under_qemu_and_published_beside_
     from conftest import copy_house, work_sharing_cache
 
     from builder.buildroot import emulated, make
-    from builder.node import INSTALLER
+    from builder.node import INSTALLER, tag_machine
 
     (workspace / "cache").mkdir(parents=True, exist_ok=True)
     work = work_sharing_cache(workspace, tmp_path / "work")
@@ -258,7 +258,7 @@ def test_the_cpu_aarch64_recipe_is_built_smoked_under_qemu_and_published_beside_
                                 "--wheelhouse", str(house)], cwd=ROOT, capture_output=True, text=True)  # fmt: skip
     assert published.returncode == 0, published.stderr[-4000:]
     manifest = json.loads((house / "manifest.json").read_text())
-    machines = {n: n.rsplit("_", 1)[-1].removesuffix(".whl") for n in manifest["wheels"]}
+    machines = {n: tag_machine(n.removesuffix(".whl").rsplit("-", 1)[-1]) for n in manifest["wheels"]}
     assert {"aarch64", "x86_64"} <= set(machines.values()), machines
     arm_deps = manifest["wheels"][wheel.name]["requires"]
     assert arm_deps and not any(d.endswith("x86_64.whl") for d in arm_deps), arm_deps  # fetched for aarch64
