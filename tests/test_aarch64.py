@@ -484,3 +484,16 @@ def test_an_aarch64_wheels_dependencies_are_resolved_for_aarch64() -> None:
     assert publish.other_machine("deepspeed-0.19.8+cpu.torch2.13-cp311-cp311-manylinux_2_28_aarch64.whl") == "aarch64"
     assert publish.other_machine("deepspeed-0.19.8+cpu.torch2.13-cp311-cp311-manylinux_2_28_x86_64.whl") == ""
     assert "manylinux_2_28_aarch64" in closure.node_platforms("aarch64")
+
+
+def test_time_limits_stretch_on_an_emulated_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under qemu-user torch imports 10 times slower: the smoke's torchrun, isolated checks and configs get
+    10 times their limit there (a loaded build machine timed a 2-node torchrun out at 180 s); nonsense is 1."""
+    from builder import smoke
+    from builder.resources.smoke.common import SLOWDOWN_ENV, seconds
+
+    monkeypatch.setenv(SLOWDOWN_ENV, str(smoke.EMULATED_SLOWDOWN))
+    assert seconds(180) == 1800
+    for said, factor in (("", 1), ("0.5", 1), ("nan", 1), ("1e9", 100), ("x", 1)):
+        monkeypatch.setenv(SLOWDOWN_ENV, said)
+        assert seconds(10) == 10 * factor, said

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from typing import Any
 
-from builder.resources.smoke.common import Skip, free_port
+from builder.resources.smoke.common import Skip, free_port, seconds
 
 
 def _torchrun(
@@ -24,11 +24,11 @@ def _collect(procs: list[subprocess.Popen[str]], world: int, backend: str, timeo
     try:
         for p in procs:
             try:
-                out, _ = p.communicate(timeout=timeout)
+                out, _ = p.communicate(timeout=seconds(timeout))
             except subprocess.TimeoutExpired:
                 p.kill()
                 out, _ = p.communicate()
-                raise AssertionError(f"torchrun timed out after {timeout}s:\n{out[-1500:]}") from None
+                raise AssertionError(f"torchrun timed out after {seconds(timeout):g}s:\n{out[-1500:]}") from None
             outputs.append(out)
             if p.returncode != 0:
                 raise AssertionError(f"torchrun exited {p.returncode}:\n{out[-1500:]}")

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from builder.resources.smoke.common import MARKER, Skip, ext_dir_files, record
+from builder.resources.smoke.common import MARKER, Skip, ext_dir_files, record, seconds
 from builder.resources.smoke.dist import check_gloo_one_node, check_gloo_two_nodes, check_nccl
 from builder.resources.smoke.engine import (
     check_engine,
@@ -55,7 +55,7 @@ def _isolated(name: str) -> Callable[[], str]:
     def run() -> str:
         done = subprocess.run(
             [sys.executable, os.path.abspath(__file__), "--one", name],
-            capture_output=True, text=True, errors="replace", timeout=900, check=False,
+            capture_output=True, text=True, errors="replace", timeout=seconds(900), check=False,
         )  # fmt: skip
         _, sep, payload = done.stdout.rpartition(MARKER)
         if done.returncode != 0 or not sep:

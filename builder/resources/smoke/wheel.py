@@ -10,7 +10,7 @@ import subprocess
 import sys
 from typing import Any
 
-from builder.resources.smoke.common import Skip, ext_dir_files
+from builder.resources.smoke.common import Skip, ext_dir_files, seconds
 
 
 def check_import(expected_version: str, record: str | None = None) -> str:
@@ -107,7 +107,7 @@ def parse_ds_report(text: str) -> set[str]:
 def check_ds_report(spec: dict[str, Any]) -> str:
     """`ds_report` runs and its installed column agrees with the ops the manifest says were built."""
     exe = os.path.join(os.path.dirname(sys.executable), "ds_report")
-    done = subprocess.run([exe], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([exe], capture_output=True, text=True, timeout=seconds(300))
     if done.returncode != 0:
         raise AssertionError(f"ds_report exited {done.returncode}: {done.stderr[-500:]}")
     installed = parse_ds_report(done.stdout)
