@@ -437,18 +437,19 @@ def test_the_wheelhouse_page_in_a_browser(house: Path, default_build: DefaultBui
         rows = driver.find_elements(By.CSS_SELECTOR, "#targets tbody tr")
         assert [r.get_attribute("data-wheel") for r in rows] == sorted(manifest.wheels)
         cells = [td.text for td in rows[0].find_elements(By.TAG_NAME, "td")]
-        assert cells[1:10] == [
+        assert cells[1:11] == [
             entry.recipe,
             "0.19.8",
             entry.torch,
             "none (cpu)",
             "cp311",
+            "x86_64",  # the machine its nodes are (an aarch64 wheel beside it says aarch64)
             "cpu",
             "x86-64-v3",
             "2.28",
             str(len(OPS)),
         ], cells  # glibc floor: manylinux_2_28
-        assert cells[10] == "passed"
+        assert cells[11] == "passed"
         # The op grid: one row per op, the cell saying what the manifest says (built, loaded, checked).
         grid = {td.get_attribute("data-op"): td.text for td in driver.find_elements(By.CSS_SELECTOR, "#ops td")
                 if td.get_attribute("data-wheel") == WHEEL}  # fmt: skip
