@@ -9,8 +9,9 @@ Python's own headers. Everything that differs between machines is named here onc
 from __future__ import annotations
 
 import platform
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 HOST = platform.machine()
 
@@ -94,3 +95,33 @@ def machine_problem(
             ),
         )
     return None
+
+
+def node_markers(python_tag: str, machine: str) -> dict[str, str]:
+    """The environment markers of CPython `python_tag` (cp311) on a Linux node of `machine`."""
+    major, minor = python_tag[2], python_tag[3:]
+    return {"python_version": f"{major}.{minor}", "python_full_version": f"{major}.{minor}.0",
+            "implementation_name": "cpython", "platform_python_implementation": "CPython",
+            "implementation_version": f"{major}.{minor}.0", "sys_platform": "linux", "platform_system": "Linux",
+            "os_name": "posix", "platform_machine": machine, "platform_release": "", "platform_version": "",
+            "extra": ""}  # fmt: skip
+
+
+def requires_dist(metadata: str, python_tag: str, machine: str, extras: Iterable[str] = ()) -> list[Any]:
+    """The Requires-Dist lines of a wheel's METADATA that apply on such a node with these extras, as
+    packaging Requirements; a line or marker that cannot be read is left out (METADATA is another's file)."""
+    from email.parser import Parser
+
+    from packaging.markers import InvalidMarker, UndefinedComparison, UndefinedEnvironmentName
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    env = node_markers(python_tag, machine)
+    out = []
+    for line in Parser().parsestr(metadata).get_all("Requires-Dist") or []:
+        try:
+            req = Requirement(line)
+            if req.marker is None or any(req.marker.evaluate({**env, "extra": e}) for e in ("", *extras)):
+                out.append(req)
+        except (InvalidRequirement, InvalidMarker, UndefinedComparison, UndefinedEnvironmentName):
+            continue
+    return out

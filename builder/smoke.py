@@ -24,7 +24,7 @@ from builder import bundle, cmd, configs, envs, output, reference
 from builder.contracts import BuildManifest, Check, SmokeReport, summarize, verdict, wheel_failures
 from builder.errors import SmokeError, UsageError
 from builder.files import is_file_here, scratch_folder, sha256_of, sweep_dead, write_atomic
-from builder.machines import HOST, is_cross, machine_of
+from builder.machines import HOST, is_cross, machine_of, requires_dist
 from builder.node import (
     CHECK_STATUSES,
     Fields,
@@ -157,23 +157,11 @@ def node_requirements(wheel: Path, manifest: BuildManifest, machine: str) -> tup
     """What a node root of `machine` holds for the smoke: the torch the wheel pins, the wheel's own
     requirements for such a node (from its METADATA, markers evaluated for it) and the smoke's extras."""
     import zipfile
-    from email.parser import Parser
-
-    from packaging.requirements import InvalidRequirement, Requirement
 
     with zipfile.ZipFile(wheel) as zf:
         (meta,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1]
         text = zf.read(meta).decode("utf-8", errors="replace")
-    where = {"platform_machine": machine, "sys_platform": "linux", "platform_system": "Linux", "extra": "",
-             "python_version": f"{manifest.python_tag[2]}.{manifest.python_tag[3:]}", "os_name": "posix"}  # fmt: skip
-    wanted = []
-    for line in Parser().parsestr(text).get_all("Requires-Dist") or []:
-        try:
-            req = Requirement(line)
-        except InvalidRequirement:
-            continue
-        if req.marker is None or req.marker.evaluate(where):
-            wanted.append(str(req))
+    wanted = [str(req) for req in requires_dist(text, manifest.python_tag, machine)]
     return tuple(sorted({*wanted, *SMOKE_EXTRAS}))
 
 

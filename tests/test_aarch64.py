@@ -415,7 +415,8 @@ def test_the_smoke_knows_the_machine_of_a_wheel_and_what_its_node_needs(tmp_path
     meta = ("Metadata-Version: 2.1\nName: deepspeed\nVersion: 0.19.8\nRequires-Dist: torch==2.13.0\n"
             "Requires-Dist: numpy\nRequires-Dist: pywin32; sys_platform == 'win32'\n"
             "Requires-Dist: sve-only; platform_machine == 'aarch64'\n"
-            "Requires-Dist: docs; extra == 'dev'\n\n")  # fmt: skip
+            "Requires-Dist: docs; extra == 'dev'\nRequires-Dist: odd; nonsense_name == 'x'\n"
+            "Requires-Dist: ((broken\n\n")  # fmt: skip  # lines another's METADATA may hold: left out, no traceback
     wheel = _zip(tmp_path / "d.whl", {"deepspeed-0.19.8.dist-info/METADATA": meta.encode()})
 
     class Manifest:  # only what node_requirements reads
@@ -424,7 +425,7 @@ def test_the_smoke_knows_the_machine_of_a_wheel_and_what_its_node_needs(tmp_path
     wanted = smoke.node_requirements(wheel, Manifest(), "aarch64")  # type: ignore[arg-type]
     assert "torch==2.13.0" in wanted and "numpy" in wanted
     assert 'sve-only; platform_machine == "aarch64"' in wanted
-    assert not any(w.startswith(("pywin32", "docs")) for w in wanted) and "safetensors>=0.4" in wanted
+    assert not any(w.startswith(("pywin32", "docs", "odd", "((")) for w in wanted) and "safetensors>=0.4" in wanted
 
 
 def test_a_sites_root_without_the_cross_compiler_is_refused_in_one_line(tmp_path: Path) -> None:

@@ -14,14 +14,13 @@ import functools
 import platform
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from email.parser import Parser
 
-from packaging.markers import InvalidMarker, UndefinedComparison, UndefinedEnvironmentName
-from packaging.requirements import InvalidRequirement, Requirement
+from packaging.requirements import Requirement
 from packaging.tags import Tag, compatible_tags, cpython_tags, platform_tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
+from builder.machines import requires_dist
 from builder.wheelhouse.layout import NOT_BUNDLED
 
 
@@ -57,34 +56,10 @@ def fits(file_name: str, python_tag: str, machine: str = "") -> bool:
     return not tags.isdisjoint(supported_tags(python_tag, machine))
 
 
-def marker_env(python_tag: str, machine: str = "") -> dict[str, str]:
-    """The environment markers of CPython `python_tag` on a Linux node of `machine` (default: this one)."""
-    major, minor = _version_of(python_tag)
-    return {"python_version": f"{major}.{minor}", "python_full_version": f"{major}.{minor}.0",
-            "implementation_name": "cpython", "platform_python_implementation": "CPython",
-            "implementation_version": f"{major}.{minor}.0", "sys_platform": "linux", "platform_system": "Linux",
-            "os_name": "posix", "platform_machine": machine or platform.machine(), "platform_release": "",
-            "platform_version": "", "extra": ""}  # fmt: skip
-
-
 def requirements_of(metadata: str, python_tag: str, extras: Iterable[str] = (), machine: str = "") -> list[Requirement]:
     """The requirements in METADATA that apply to `python_tag` on `machine` with these extras (torch left out)."""
-    env = marker_env(python_tag, machine)
-    out = []
-    for line in Parser().parsestr(metadata).get_all("Requires-Dist") or []:
-        try:
-            req = Requirement(line)
-        except InvalidRequirement:
-            continue
-        if req.marker is not None:
-            try:
-                if not any(req.marker.evaluate({**env, "extra": e}) for e in ("", *extras)):
-                    continue
-            except (InvalidMarker, UndefinedComparison, UndefinedEnvironmentName):
-                continue
-        if canonicalize_name(req.name) not in NOT_BUNDLED:
-            out.append(req)
-    return out
+    return [req for req in requires_dist(metadata, python_tag, machine or platform.machine(), extras)
+            if canonicalize_name(req.name) not in NOT_BUNDLED]  # fmt: skip
 
 
 @dataclass(frozen=True)
