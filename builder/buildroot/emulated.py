@@ -225,10 +225,6 @@ def _python_of(root: Path) -> str:
     return found[-1]
 
 
-def python_of(root: Path) -> str:
-    return _python_of(root)
-
-
 def enter_folder(root: Path, machine: Machine, folder: Path, binds: Sequence[str | os.PathLike[str]],
                  programs: Mapping[str, str]) -> dict[str, Path]:  # fmt: skip
     """Write the wrappers of `programs` (name -> a path inside the node root, or in a bound folder) into
