@@ -154,7 +154,7 @@ def enter_root(recipe: Recipe, python: Path, ws: Workspace, env: Mapping[str, st
     if is_cross(recipe.machine):  # the target's torch and Python headers instead of this machine's
         inputs = cross.inputs(recipe, version, Path(include[-1]), ws.logs)
         extra = inputs.env(machine_of(recipe.machine), version)
-        include = [*map(str, inputs.python_include), str(inputs.torch)]
+        include = [str(p) for p in inputs.folders]
         floor.check_fits_torch(recipe, python, cross.torch_wheel_text(inputs.torch))
     else:
         floor.check_fits_torch(recipe, python)
@@ -173,6 +173,10 @@ def enter_root(recipe: Recipe, python: Path, ws: Workspace, env: Mapping[str, st
     out["TMPDIR"] = str(tmp)
     out["PATH"] = os.pathsep.join([str(folder), env.get("PATH", "")])  # cc, gcc, g++ on PATH are the root's too
     out.update(extra)
+    if kit and is_cross(recipe.machine) and (cccl := Path(kit) / "include" / "cccl").is_dir():
+        # nvcc's profile names CUDA's C++ library headers (thrust, cub) under the target's own folder
+        # (targets/sbsa-linux), which a toolkit for this machine lacks: the same headers, named here
+        out["NVCC_PREPEND_FLAGS"] = f"{out['NVCC_PREPEND_FLAGS']} -isystem {cccl}"
     if flags := march_flags(cpu_target_env(recipe.cpu_target).get("DS_BUILDER_CPU_ARCH", ""), facts.gcc_major):
         out["DS_BUILDER_CPU_ARCH_FLAGS"] = flags  # gcc < 11 does not know -march=x86-64-vN by name
     return out

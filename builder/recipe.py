@@ -135,6 +135,7 @@ class TorchSpec:
     version: str
     variant: str | None = None
     index: str | None = None
+    unlabelled: bool = False  # the build without a +label only (torch===2.13.0: PyPI's own), never a +cpu one
 
     @property
     def system(self) -> bool:
@@ -142,7 +143,9 @@ class TorchSpec:
 
     @property
     def requirement(self) -> str:
-        return f"torch=={self.version}+{self.variant}" if self.variant else f"torch=={self.version}"
+        if self.variant:
+            return f"torch=={self.version}+{self.variant}"
+        return f"torch==={self.version}" if self.unlabelled else f"torch=={self.version}"
 
     @property
     def index_url(self) -> str | None:
@@ -150,7 +153,8 @@ class TorchSpec:
         return self.index or (f"{PYTORCH_INDEX}/{self.variant}" if self.variant else None)
 
     def describe(self) -> str:
-        return self.requirement.removeprefix("torch==") + (f" from {self.index_url}" if self.index_url else "")
+        shown = self.requirement.removeprefix("torch==").lstrip("=")
+        return shown + (f" from {self.index_url}" if self.index_url else "")
 
 
 @dataclass(frozen=True)
@@ -397,10 +401,14 @@ def parse_recipe(data: Mapping[str, Any], path: Path | None = None) -> Recipe:
     if machine != HOST and platform == "host":
         raise RecipeError(f'{where}: platform = "host" is this machine\'s own OS, and the wheel is for {machine}',
                           f'set platform = "{DEFAULT_FLOOR}" (the floor of torch\'s {machine} wheels)')  # fmt: skip
-    if machine != HOST and accelerator == "cuda":
-        raise RecipeError(f"{where}: CUDA ops cross-built for {machine} are not built by this toolkit yet",
-                          f'build the CPU ops for {machine} (accelerator = "cpu"), or build the CUDA ops on a '
-                          f"{machine} node with its own torch (recipes/system.toml)")  # fmt: skip
+    if machine != HOST and auto_arch:
+        raise RecipeError(f'{where}: arch = "auto" reads this machine\'s GPUs, and the wheel is for {machine} nodes',
+                          'name their GPUs\' archs: arch = ["9.0"] for GH200, ["10.0"] for GB200')  # fmt: skip
+    torch_spec = _torch(torch, accelerator, where)
+    if machine != HOST and torch_spec.system:
+        raise RecipeError(f'{where}: torch = "system" is this machine\'s torch, and the wheel is for {machine} nodes',
+                          f"pin the version of torch {machine} nodes run ([torch] version = \"2.13.0\"): its "
+                          f"{machine} wheel is fetched to compile against")  # fmt: skip
     return Recipe(
         machine=machine,
         platform=platform,
@@ -424,7 +432,7 @@ def parse_recipe(data: Mapping[str, Any], path: Path | None = None) -> Recipe:
         ops_except=tuple(ops_except),
         on_op_failure=on_failure,
         deepspeed=DeepSpeedSource(version=_version(ds["version"], "deepspeed.version", where), sha256=sha),
-        torch=_torch(torch, accelerator, where),
+        torch=torch_spec,
         description=data.get("description", ""),
         path=path,
     )

@@ -54,6 +54,9 @@ DIST_WORKER = resource("smoke_dist.py")
 # What the quantized-load checks need besides the wheel; bitsandbytes pinned to the version
 # whose CPU backend was measured here (0.50.2).
 SMOKE_EXTRAS = ("transformers>=5,<6", "accelerate>=1.10", "bitsandbytes==0.50.2", "safetensors>=0.4")
+# What DeepSpeed's CUDA wheels require beyond its CPU wheels: an emulated node root holds it always, so
+# one root (made once per machine, minutes under qemu) serves the CPU and the CUDA wheels of a torch.
+NODE_EXTRAS = ("nvidia-ml-py",)
 
 
 def write_checks(folder: Path) -> Path:
@@ -162,7 +165,7 @@ def node_requirements(wheel: Path, manifest: BuildManifest, machine: str) -> tup
         (meta,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1]
         text = zf.read(meta).decode("utf-8", errors="replace")
     wanted = [str(req) for req in requires_dist(text, manifest.python_tag, machine)]
-    return tuple(sorted({*wanted, *SMOKE_EXTRAS}))
+    return tuple(sorted({*wanted, *SMOKE_EXTRAS, *NODE_EXTRAS}))
 
 
 def node_env(wheel: Path, manifest: BuildManifest, machine: str, tmp: Path, log: Path) -> tuple[Path, dict[str, str]]:

@@ -7,6 +7,7 @@ of the toolkit's root, against torch's real aarch64 wheel and Debian's arm64 Pyt
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -67,11 +68,30 @@ def test_an_aarch64_recipe_takes_arm_cpu_targets_only() -> None:
     assert parse_recipe(BASE).cpu_target == "x86-64-v3" and parse_recipe(BASE).machine == "x86_64"
 
 
-def test_an_aarch64_recipe_cannot_be_for_the_host_os_nor_cuda_yet() -> None:
+def test_an_aarch64_recipe_cannot_take_this_machines_os_gpus_or_torch() -> None:
     with pytest.raises(RecipeError, match=r'platform = "host" is this machine\'s own OS, and the wheel is for aarch64'):
         parse_recipe({**BASE, "machine": "aarch64", "platform": "host"})
-    with pytest.raises(RecipeError, match="CUDA ops cross-built for aarch64 are not built by this toolkit yet"):
-        parse_recipe({**BASE, "machine": "aarch64", "accelerator": "cuda", "arch": ["9.0"]})
+    cuda = {**BASE, "machine": "aarch64", "accelerator": "cuda"}
+    with pytest.raises(RecipeError, match=r'arch = "auto" reads this machine\'s GPUs') as err:
+        parse_recipe({**cuda, "arch": "auto"})
+    assert '["9.0"] for GH200' in err.value.fix
+    with pytest.raises(RecipeError, match=r'torch = "system" is this machine\'s torch') as err:
+        parse_recipe({**cuda, "arch": ["9.0"], "torch": {"version": "system"}})
+    assert 'version = "2.13.0"' in err.value.fix
+    assert parse_recipe({**cuda, "arch": ["9.0"]}).machine == "aarch64"
+
+
+@pytest.mark.parametrize(("name", "arch"), [("cu130-gh200", "9.0"), ("cu130-gb200", "10.0")])
+def test_the_grace_recipes_load(name: str, arch: str) -> None:
+    from builder.wheelbuild import cross
+
+    recipe = load_recipe(ROOT / "recipes" / f"{name}.toml")
+    said = (recipe.machine, recipe.accelerator, recipe.archs, recipe.cpu_target)
+    assert said == ("aarch64", "cuda", (arch,), "armv8-a")
+    assert recipe.platform == "manylinux_2_28" and recipe.torch.requirement == "torch==2.13.0"
+    # the build env runs PyPI's unlabelled CUDA build here: a +cpu wheel in pip's find-links cannot stand in
+    assert cross.host_torch(recipe).requirement == "torch===2.13.0"
+    assert cross.host_torch(recipe).describe() == "2.13.0"
 
 
 def test_the_cpu_aarch64_recipe_loads() -> None:
@@ -166,6 +186,60 @@ def test_two_torches_of_other_pybind_abis_are_refused(tmp_path: Path) -> None:
     cross.check_same_abi(tmp_path / "host", tmp_path / "same", "aarch64")
     with pytest.raises(BuildError, match="built with different pybind11 ABIs"):
         cross.check_same_abi(tmp_path / "host", tmp_path / "other", "aarch64")
+
+
+def test_the_targets_cuda_is_read_from_its_version_file(tmp_path: Path) -> None:
+    from builder.wheelbuild import cross
+
+    (tmp_path / "version.py").write_text("__version__ = '2.13.0'\ncuda: Optional[str] = '13.0'\n")
+    assert cross.torch_cuda(tmp_path) == "13.0"
+    (tmp_path / "version.py").write_text("__version__ = '2.10.0'\ncuda: Optional[str] = None\n")
+    assert cross.torch_cuda(tmp_path) is None
+
+
+def test_a_cuda_runtime_wheel_that_is_not_nvidias_for_the_machine_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FAKE nvidia-cuda-runtime wheels (labelled), put where pip would download them: one without
+    libcudart, one whose libcudart is x86_64's. Nothing is left in the folder either time."""
+    from builder import cmd
+    from builder.wheelbuild import cross
+
+    x86 = Path(sys.executable).read_bytes()
+    cases = (({"nvidia/cu13/include/cuda.h": b""}, "holds no libcudart.so.N"),
+             ({"nvidia/cu13/lib/libcudart.so.13": x86}, "libcudart is not built for aarch64"))  # fmt: skip
+    for members, said in cases:
+
+        def download(argv: list[str], members: dict[str, bytes] = members, **_: Any) -> None:
+            _zip(Path(argv[argv.index("-d") + 1]) / "nvidia_cuda_runtime-13.0.96-py3-none-manylinux_2_28_aarch64.whl",
+                 members)  # fmt: skip
+
+        monkeypatch.setattr(cmd, "run", download)
+        with pytest.raises(BuildError, match=said):
+            cross.cuda_runtime(machine_of("aarch64"), "13.0", "manylinux_2_28", tmp_path / "rt", tmp_path / "log")
+        assert not (tmp_path / "rt").exists() and [p.name for p in tmp_path.iterdir() if p.name.startswith(".rt.")] == [
+            ".rt.lock"
+        ]
+
+
+@pytest.mark.spawns
+def test_the_hooks_link_cuda_ops_against_the_targets_libcudart(tmp_path: Path) -> None:
+    """In a fresh interpreter with torch (the build env's): cpp_extension's CUDA library folders lose
+    the ones beside this machine's nvcc (CUDA_HOME) and gain the target's."""
+    pytest.importorskip("torch")
+    home, tree, lib = tmp_path / "cuda", tmp_path / "tree", tmp_path / "aarch64-cudart"
+    for folder in (home / "lib64", tree / "lib", lib):
+        folder.mkdir(parents=True)
+    # CUDA_HOME set as a CUDA build of torch finds it (this torch may be a CPU build, which finds none)
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import ds_build_hooks; "
+            "import torch.utils.cpp_extension as e; e.CUDA_HOME = sys.argv[2]; "
+            "print(e.library_paths('cuda')); print(e.library_paths())")  # fmt: skip
+    env = {**os.environ, "CUDA_HOME": str(home), "DS_BUILDER_TORCH_TREE": str(tree), "DS_BUILDER_CUDA_LIB": str(lib)}
+    done = subprocess.run([sys.executable, "-c", code, str(ROOT / "builder" / "resources"), str(home)],
+                          capture_output=True, text=True, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    cuda, cpu = done.stdout.splitlines()
+    assert ast.literal_eval(cuda) == [str(tree / "lib"), str(lib)] and ast.literal_eval(cpu) == [str(tree / "lib")]
 
 
 def test_pythons_without_debian_headers_for_the_machine_are_refused(tmp_path: Path) -> None:
@@ -426,6 +500,7 @@ def test_the_smoke_knows_the_machine_of_a_wheel_and_what_its_node_needs(tmp_path
     assert "torch==2.13.0" in wanted and "numpy" in wanted
     assert 'sve-only; platform_machine == "aarch64"' in wanted
     assert not any(w.startswith(("pywin32", "docs", "odd", "((")) for w in wanted) and "safetensors>=0.4" in wanted
+    assert "nvidia-ml-py" in wanted  # a CUDA wheel's one more requirement: one node root serves both accelerators
 
 
 def test_a_sites_root_without_the_cross_compiler_is_refused_in_one_line(tmp_path: Path) -> None:

@@ -24,7 +24,9 @@ variables every hook returns what DeepSpeed would have used.
   still says installed), and deepspeed_ccl_comm without oneCCL's -lccl.
 - DS_BUILDER_TORCH_TREE and DS_BUILDER_PYTHON_INCLUDE: a wheel for another machine (aarch64) is
   compiled against that machine's torch (its wheel's headers and libraries, unpacked, never run) and
-  Python headers, while this machine's torch of the same version runs the build; set once, when this
+  Python headers (and, for CUDA ops, DS_BUILDER_CUDA_LIB: that machine's libcudart, where
+  cpp_extension would link the one beside this machine's nvcc), while this machine's torch of the
+  same version runs the build; set once, when this
   module is first imported (before any op's extension is made). SETUPTOOLS_EXT_SUFFIX (setuptools'
   own) names the .so for the target's interpreter.
 - DS_BUILDER_ARCH_LIST is the recipe's full arch list. An op builder that filters archs
@@ -49,6 +51,19 @@ def _cross_build() -> None:
 
         extension._TORCH_PATH = tree
         extension.TORCH_LIB_PATH = os.path.join(tree, "lib")
+        cuda_lib = os.environ.get("DS_BUILDER_CUDA_LIB")
+        if cuda_lib:  # the target's libcudart, not the one beside this machine's nvcc
+            inner = extension.library_paths
+
+            def library_paths(device_type: str = "cpu", *args: Any, **kwargs: Any) -> list[str]:
+                paths = inner(device_type, *args, **kwargs)
+                if device_type != "cuda":
+                    return paths
+                home = os.path.realpath(extension.CUDA_HOME or "/nonexistent")
+                kept = [p for p in paths if os.path.commonpath([home, os.path.realpath(p)]) != home]
+                return [*kept, cuda_lib]
+
+            extension.library_paths = library_paths
     include = os.environ.get("DS_BUILDER_PYTHON_INCLUDE")
     if include:
         from distutils import sysconfig

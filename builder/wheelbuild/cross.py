@@ -31,6 +31,10 @@ from builder.recipe import Recipe, TorchSpec
 # The libraries an op links against (cpp_extension: c10, torch, torch_cpu, torch_python); torch's
 # others (its CUDA library is 410 MB on aarch64) are never needed to link a CPU op.
 LINKED = ("libc10.so", "libtorch.so", "libtorch_cpu.so", "libtorch_python.so")
+CUDA_LINKED = ("libc10_cuda.so", "libtorch_cuda.so")  # what CUDAExtension adds: -lc10_cuda -ltorch_cuda
+# NVIDIA's wheel whose libcudart.so.N a CUDA op links (-lcudart); torch's aarch64 wheel pulls the same
+# one on the node (its cuda-toolkit[cudart] dependency), so the op's DT_NEEDED is what the node has.
+CUDA_RUNTIME = "nvidia-cuda-runtime"
 # Debian's suite whose libpython3.X-dev holds that Python's headers for every Debian architecture.
 HEADER_SUITES = {"3.9": "bullseye", "3.11": "bookworm", "3.13": "trixie"}
 _PYBIND = re.compile(rb"__pybind11_internals_v\w+__")
@@ -43,6 +47,7 @@ class CrossInputs:
 
     torch: Path
     python_include: tuple[Path, ...]
+    cuda_lib: Path | None = None  # the target's libcudart.so (CUDA recipes only)
 
     def env(self, machine: Machine, python_version: str) -> dict[str, str]:
         """The variables the build hooks read (resources/ds_build_hooks.py)."""
@@ -50,15 +55,25 @@ class CrossInputs:
             "DS_BUILDER_TORCH_TREE": str(self.torch),
             "DS_BUILDER_PYTHON_INCLUDE": os.pathsep.join(str(p) for p in self.python_include),
             "SETUPTOOLS_EXT_SUFFIX": machine.ext_suffix(python_version),
+            **({"DS_BUILDER_CUDA_LIB": str(self.cuda_lib)} if self.cuda_lib else {}),
         }
+
+    @property
+    def folders(self) -> tuple[Path, ...]:
+        """What the build root must see of them."""
+        return (*self.python_include, self.torch, *((self.cuda_lib,) if self.cuda_lib else ()))
 
 
 def host_torch(recipe: Recipe) -> TorchSpec:
-    """The torch the build environment runs: the recipe's, or for a wheel for another machine the same
-    version's CPU build for this one (it only runs DeepSpeed's setup.py; the ops compile against the
-    target machine's torch, wheelbuild/cross.py)."""
+    """The torch the build environment runs: the recipe's, or for a CPU wheel for another machine the
+    same version's CPU build for this one (it only runs DeepSpeed's setup.py; the ops compile against
+    the target machine's torch, wheelbuild/cross.py). A CUDA wheel's build runs the same version's CUDA
+    build here (DeepSpeed's CUDA op builders check torch's CUDA against nvcc's, and nvcc runs here): the
+    build without a +label, PyPI's, so that a +cpu wheel in pip's find-links cannot stand in for it."""
     if not is_cross(recipe.machine) or recipe.torch.system:
         return recipe.torch
+    if recipe.accelerator == "cuda":
+        return recipe.torch if recipe.torch.variant else dataclasses.replace(recipe.torch, unlabelled=True)
     return dataclasses.replace(recipe.torch, variant="cpu", index=None)
 
 
@@ -73,11 +88,23 @@ def inputs(recipe: Recipe, version: str, host_torch_dir: Path, logs: Path) -> Cr
     log = logs / f"{recipe.name}-cross.log"
     torch_requirement = recipe.torch.requirement
     index = ["--extra-index-url", recipe.torch.index_url] if recipe.torch.index_url else []
+    cuda = recipe.accelerator == "cuda"
     tree = torch_tree(torch_requirement, machine, version, recipe.platform,
-                      shelf / f"torch-{torch_requirement.removeprefix('torch==')}-py{version}", index, log)  # fmt: skip
+                      shelf / f"torch-{torch_requirement.removeprefix('torch==')}-py{version}{'-cuda' if cuda else ''}",
+                      index, log, cuda=cuda)  # fmt: skip
     check_same_abi(host_torch_dir, tree, machine.name)
     headers = python_headers(machine, version, host_mirror(), shelf / f"python{version}-headers", os.environ, log)
-    return CrossInputs(tree, headers)
+    if not cuda:
+        return CrossInputs(tree, headers)
+    want = torch_cuda(tree)
+    if want is None:
+        raise BuildError(
+            f"{torch_requirement} for {machine.name} is a CPU build (its version.py names no CUDA): "
+            "CUDA ops cannot be built against it",
+            f'pin a torch whose {machine.name} wheel is a CUDA build (PyPI\'s are from 2.11 on: version = "2.13.0")',
+        )
+    lib = cuda_runtime(machine, want, recipe.platform, shelf / f"cuda-runtime-{want}", log)
+    return CrossInputs(tree, headers, lib)
 
 
 def check_machine(tree: Path, machine: str) -> None:
@@ -100,7 +127,7 @@ def platforms(machine: Machine, floor: str) -> list[str]:
 
 
 def torch_tree(requirement: str, machine: Machine, python_version: str, floor: str, folder: Path,
-               index_args: list[str], log: Path) -> Path:  # fmt: skip
+               index_args: list[str], log: Path, cuda: bool = False) -> Path:  # fmt: skip
     """torch's wheel for `machine` and this Python, fetched with pip (never installed, never run) and
     its headers and link libraries kept in `folder`; the torch/ folder inside it."""
     done = folder / DONE
@@ -130,18 +157,18 @@ def torch_tree(requirement: str, machine: Machine, python_version: str, floor: s
             if len(wheels) != 1:
                 raise BuildError(f"pip downloaded no torch wheel for {machine.name}", f"read the log: {log}")
             staged = Path(tmp) / "tree"
-            _unpack_torch(wheels[0], staged, machine)
+            _unpack_torch(wheels[0], staged, machine, LINKED + (CUDA_LINKED if cuda else ()))
             shutil.rmtree(folder, ignore_errors=True)  # a killed fetch's (no DONE): ours
             staged.rename(folder)
             write_atomic(done, f"{wheels[0].name}\n")
     return folder / "torch"
 
 
-def _unpack_torch(wheel: Path, dest: Path, machine: Machine) -> None:
+def _unpack_torch(wheel: Path, dest: Path, machine: Machine, linked: tuple[str, ...] = LINKED) -> None:
     """torch/include/ and the link libraries of a torch wheel, each member's name checked."""
     with zipfile.ZipFile(wheel) as zf:
         wanted = [i for i in zf.infolist() if not i.is_dir() and (
-            i.filename.startswith("torch/include/") or i.filename in {f"torch/lib/{n}" for n in LINKED}
+            i.filename.startswith("torch/include/") or i.filename in {f"torch/lib/{n}" for n in linked}
             or i.filename == "torch/version.py"
             or re.fullmatch(r"torch-[^/]+\.dist-info/WHEEL", i.filename))]  # fmt: skip
         for info in wanted:
@@ -154,7 +181,7 @@ def _unpack_torch(wheel: Path, dest: Path, machine: Machine) -> None:
             with zf.open(info) as src, open(target, "wb") as out:
                 shutil.copyfileobj(src, out, 1 << 20)
             target.chmod(0o644)
-    for name in LINKED:
+    for name in linked:
         lib = dest / "torch" / "lib" / name
         if not lib.is_file() or elf_machine(lib) != machine.elf_machine:
             raise BuildError(f"{wheel.name} has no {name} for {machine.name}",
@@ -175,6 +202,60 @@ def torch_version(torch: Path) -> str:
         raise BuildError(f"{torch / 'version.py'} names no __version__",
                          "delete the folder; the next build fetches it again")  # fmt: skip
     return found[1]
+
+
+def torch_cuda(torch: Path) -> str | None:
+    """The CUDA major.minor the target torch was built with (its version.py's cuda), None for a CPU build."""
+    found = re.search(r"^cuda: [^=]*= '(\d+\.\d+)'$", (torch / "version.py").read_text(encoding="utf-8"), re.MULTILINE)
+    return found[1] if found else None
+
+
+def cuda_runtime(machine: Machine, cuda: str, floor: str, folder: Path, log: Path) -> Path:
+    """A folder holding libcudart.so for `machine` and CUDA `cuda` (major.minor), from NVIDIA's
+    nvidia-cuda-runtime wheel for that machine (fetched with pip, never run); made once per machine."""
+    lib = folder / "lib"
+    if (folder / DONE).is_file():
+        return lib
+    make_dirs(folder.parent)
+    with held(folder.parent / f".{folder.name}.lock", f"CUDA {cuda}'s runtime for {machine.name}"):
+        if (folder / DONE).is_file():
+            return lib
+        requirement = f"{CUDA_RUNTIME}=={cuda}.*"
+        output.step(f"cross: fetching {requirement} for {machine.name} (libcudart, to link against; never run here)")
+        with tempfile.TemporaryDirectory(dir=folder.parent, prefix=f".{folder.name}.tmp-") as tmp:
+            argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                    *(a for p in platforms(machine, floor) for a in ("--platform", p)),
+                    "-d", tmp, requirement]  # fmt: skip
+            try:
+                cmd.run(argv, log=log)
+            except ToolError as exc:
+                raise BuildError(f"pip found no {requirement} for {machine.name}",
+                                 f"check that NVIDIA publishes it for {machine.name} (pip download --platform "
+                                 f"manylinux_2_28_{machine.name} --only-binary=:all: --no-deps '{requirement}'); "
+                                 f"full log: {log}") from exc  # fmt: skip
+            wheels = sorted(Path(tmp).glob("nvidia_cuda_runtime-*.whl"))
+            if len(wheels) != 1:
+                raise BuildError(f"pip downloaded no {CUDA_RUNTIME} wheel for {machine.name}", f"read the log: {log}")
+            staged = Path(tmp) / "tree"
+            (staged / "lib").mkdir(parents=True)
+            with zipfile.ZipFile(wheels[0]) as zf:
+                members = [i for i in zf.infolist() if re.fullmatch(r"nvidia/[^/]+/lib/libcudart\.so\.\d+", i.filename)]
+                if len(members) != 1:
+                    raise BuildError(f"{wheels[0].name} holds no libcudart.so.N",
+                                     "delete the download and fetch it again: it is not NVIDIA's runtime "
+                                     "wheel")  # fmt: skip
+                name = "libcudart.so"  # what -lcudart looks for; the op records its soname, libcudart.so.N
+                with zf.open(members[0]) as src, open(staged / "lib" / name, "wb") as out:
+                    shutil.copyfileobj(src, out, 1 << 20)
+            if elf_machine(staged / "lib" / name) != machine.elf_machine:
+                raise BuildError(f"{wheels[0].name}'s libcudart is not built for {machine.name}",
+                                 "the wheel pip chose is not NVIDIA's build for that machine; delete it and "
+                                 "retry")  # fmt: skip
+            (staged / "lib" / name).chmod(0o644)
+            shutil.rmtree(folder, ignore_errors=True)  # a killed fetch's (no DONE): ours
+            staged.rename(folder)
+            write_atomic(folder / DONE, f"{wheels[0].name}\n")
+    return lib
 
 
 def pybind_abi(libtorch_python: Path) -> str | None:
