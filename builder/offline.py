@@ -40,6 +40,8 @@ from builder.buildroot.pack import PackedRoot
 from builder.errors import FolderError, RootError, SourceError, UsageError
 from builder.files import dest_folder, make_dirs, sha256_of, write_atomic
 from builder.glibc import HOST
+from builder.machines import BUILDABLE
+from builder.machines import HOST as HOST_MACHINE
 from builder.node import ManifestError, Trust
 from builder.recipe import Recipe
 from builder.wheelbuild import source
@@ -59,8 +61,12 @@ ALWAYS = frozenset({"setuptools"})  # pyproject.toml's build-system requires, fo
 _TOOLKIT_NAMES = frozenset(canonicalize_name(Requirement(r).name) for r in TOOLKIT)
 # The node's torch and what only torch pulls in: left out for a recipe of the node's own ("system") torch.
 TORCH_ONLY = re.compile(r"^(torch|triton|nvidia-.*|cuda-.*|sympy|mpmath|networkx|jinja2|markupsafe|fsspec)$")
-PLATFORMS = (*(f"manylinux_2_{m}_x86_64" for m in range(17, 29)), "manylinux2014_x86_64", "manylinux2010_x86_64",
-             "manylinux1_x86_64", "any")  # fmt: skip
+
+
+def platforms(machine: str) -> tuple[str, ...]:
+    """pip's --platform values for a host of `machine` whose glibc is 2.28 or newer (pure)."""
+    old = ("manylinux2014", "manylinux2010", "manylinux1") if machine == "x86_64" else ("manylinux2014",)
+    return (*(f"manylinux_2_{m}_{machine}" for m in range(17, 29)), *(f"{t}_{machine}" for t in old), "any")
 
 
 @dataclass(frozen=True)
@@ -162,17 +168,28 @@ def read_freeze(path: Path) -> dict[str, str]:
 
 
 def gather(recipe: Recipe, folder: Path, python: str, have: Mapping[str, str], log: Path,
-           verbose: bool = False, with_root: bool = True) -> Gathered:  # fmt: skip
-    """Fill `folder` for `recipe` on a node with CPython `python` (3.12): the sdist, the wheels, the record.
-    Only this run's closure is recorded: wheels/ is filled anew, and a wheels/ holding files gather did
-    not put there is refused, never emptied."""
+           verbose: bool = False, with_root: bool = True, machine: str = HOST_MACHINE) -> Gathered:  # fmt: skip
+    """Fill `folder` for `recipe` on a node with CPython `python` (3.12) of `machine` (aarch64: a GH200
+    node): the sdist, the wheels, the record. Only this run's closure is recorded: wheels/ is filled
+    anew, and a wheels/ holding files gather did not put there is refused, never emptied."""
     from builder.build import BUILD_TOOLS
     from builder.smoke import SMOKE_EXTRAS
 
     if not re.fullmatch(r"3\.\d{1,2}", python):  # `$` let "3.11\n" through
         raise UsageError(f"--python {python[:20]!r} is not a CPython version", "give the node's version, e.g. 3.12")
+    if machine not in BUILDABLE:
+        raise UsageError(f"--machine {machine[:20]!r} is not one this toolkit serves",
+                         f"give one of {', '.join(BUILDABLE)} (the machine of the host that reads the "
+                         "folder)")  # fmt: skip
+    if recipe.machine != machine:
+        raise UsageError(
+            f"recipe {recipe.name} is for {recipe.machine} nodes and --machine is {machine}: a folder for a cross "
+            f"build (torch's {recipe.machine} wheel, Debian's headers for it) is not gathered yet",
+            f"build {recipe.name} on a connected build host; for an air-gapped {recipe.machine} node, gather with "
+            f"--machine {recipe.machine} a recipe the node builds or proves itself (recipes/system.toml)",
+        )
     ours = check_dest(folder)
-    output.step(f"gather: {recipe.name} for CPython {python} on x86_64 Linux into {_shown(folder)}")
+    output.step(f"gather: {recipe.name} for CPython {python} on {machine} Linux into {_shown(folder)}")
     sdist = source.fetch(recipe.deepspeed, folder / "sdists", log, verbose)
     requirements = wanted(recipe, source.sdist_requirements(sdist), SMOKE_EXTRAS, BUILD_TOOLS)
     sources = envs.pip_sources()
@@ -180,7 +197,7 @@ def gather(recipe: Recipe, folder: Path, python: str, have: Mapping[str, str], l
     wanted_file.write_text("\n".join(requirements) + "\n", encoding="utf-8")
     try:
         cmd.run([envs.uv_binary(envs.TOOLS), "pip", "compile", "--quiet", "--no-header", "--no-annotate",
-                 "--python-version", python, "--python-platform", "x86_64-manylinux_2_28", *sources.uv_args(),
+                 "--python-version", python, "--python-platform", f"{machine}-manylinux_2_28", *sources.uv_args(),
                  "-o", pinned_file, wanted_file], log=log, verbose=verbose,
                 fix="check that this machine reaches the package index (gather runs where the network is)")  # fmt: skip
         pinned = [line.strip() for line in pinned_file.read_text().splitlines()
@@ -192,9 +209,13 @@ def gather(recipe: Recipe, folder: Path, python: str, have: Mapping[str, str], l
     output.note(
         f"{len(wheels)} wheels to fetch ({len(pinned) - len(wheels)} of the closure left out: the node has them)"
     )
-    files = _fetch(folder, wheels, ours, python, log, verbose)
-    root = pack_root(recipe, folder, log) if with_root else None
-    record = {"schema": SCHEMA, "recipe": recipe.name, "python": python,
+    files = _fetch(folder, wheels, ours, python, log, verbose, machine)
+    if with_root and machine != HOST_MACHINE:
+        output.note(f"the toolkit's build root for a {machine} host is made on one ({machine}'s Debian 11): none "
+                    "gathered; the node builds a recipe of platform = 'host' or its own [root], or proves "
+                    "wheels")  # fmt: skip
+    root = pack_root(recipe, folder, log) if with_root and machine == HOST_MACHINE else None
+    record = {"schema": SCHEMA, "recipe": recipe.name, "python": python, "machine": machine,
               "sdist": {"file": str(sdist.relative_to(folder)), "sha256": recipe.deepspeed.sha256},
               "wheels": [{"file": n, "size": s, "sha256": sha256_of(folder / "wheels" / n)}
                          for n, s in files],
@@ -277,7 +298,7 @@ def _damaged(folder: Path, why: str) -> FolderError:
 
 
 def _fetch(folder: Path, wheels: Sequence[str], ours: Mapping[str, str], python: str, log: Path,
-           verbose: bool) -> list[tuple[str, int]]:  # fmt: skip
+           verbose: bool, machine: str = "x86_64") -> list[tuple[str, int]]:  # fmt: skip
     """`wheels` (pinned requirements) downloaded into a new wheels/ (an earlier gather's files linked in
     first, so pip fetches only what changed), which then takes the old one's place; (file, bytes) of
     each, and only those: nothing else is in the folder a node reads."""
@@ -293,9 +314,9 @@ def _fetch(folder: Path, wheels: Sequence[str], ours: Mapping[str, str], python:
                     os.link(folder / "wheels" / name, tmp / name)
             except OSError:
                 pass
-        platforms = [a for p in PLATFORMS for a in ("--platform", p)]
+        tags = [a for p in platforms(machine) for a in ("--platform", p)]
         cmd.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-                 "--python-version", python, "--implementation", "cp", *platforms, "-d", tmp, *wheels],
+                 "--python-version", python, "--implementation", "cp", *tags, "-d", tmp, *wheels],
                 log=log, verbose=verbose, fix="check that the index has wheels of them for that Python")  # fmt: skip
         wanted_pins = {_pin(line) for line in wheels}
         files = []
@@ -449,6 +470,12 @@ def read_record(folder: Path, recipe: Recipe | None = None, python: str | None =
                           f"not {recipe.name!r}",
                           f"gather it for this recipe: python -m builder gather --recipe {recipe.path or 'RECIPE'} "
                           f"--dest {_shown(folder)}")  # fmt: skip
+    gathered_for = str(data.get("machine", "x86_64"))  # the first records had none: x86_64's
+    if python is not None and gathered_for != HOST_MACHINE:
+        raise SourceError(f"{_shown(path)} was gathered for {gathered_for[:20]} hosts, and this is {HOST_MACHINE}: "
+                          "its wheels are for another machine",
+                          f"gather it with --machine {HOST_MACHINE} (the default where gather runs on "
+                          f"{HOST_MACHINE})")  # fmt: skip
     if python is not None and data.get("python") != python:
         raise SourceError(f"{_shown(path)} was gathered for CPython {str(data.get('python'))[:20]}, and this "
                           f"is {python}: "

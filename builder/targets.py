@@ -240,15 +240,29 @@ def parse_matrix(data: Mapping[str, Any], path: Path) -> Matrix:
     return Matrix(path, tuple(recipes), tuple(pythons), jobs, slurm, gpu)
 
 
+def gpu_key(machine: str, gpu: str) -> str:
+    """[slurm.gpu]'s key for the GPUs `gpu` (a compute capability) of nodes of `machine`."""
+    from builder.machines import HOST
+
+    return gpu if machine == HOST else f"{machine}/{gpu}"
+
+
 def _gpu_table(table: Any, path: Path) -> dict[str, GpuSmoke]:
-    """[slurm.gpu]: each arch (torch's spelling, "9.0") to the partition its smoke job runs on."""
+    """[slurm.gpu]: each arch (torch's spelling, "9.0") to the partition its smoke job runs on; "aarch64/9.0"
+    for the wheels of aarch64 targets (GH200 nodes: an H100 partition of x86_64 nodes cannot run them)."""
     from builder.archs import gpu_of, normalize
+    from builder.machines import BUILDABLE, HOST
 
     if not isinstance(table, dict):
         raise RecipeError(f"{path}: slurm.gpu must be a table", '[slurm.gpu] "9.0" = { partition = "h100" }')
     out: dict[str, GpuSmoke] = {}
     for arch, item in table.items():
         where = f'{path}: slurm.gpu."{arch}"'
+        machine, _, arch = arch.rpartition("/")
+        if machine and machine not in BUILDABLE:
+            raise RecipeError(f'{where}: "{machine}" is not a machine this toolkit builds for',
+                              f'name one of {", ".join(BUILDABLE)} before the arch ("aarch64/9.0": GH200 '
+                              f"nodes), or none for this machine's ({HOST})")  # fmt: skip
         try:
             norm = normalize(arch)
         except RecipeError as exc:
@@ -259,5 +273,5 @@ def _gpu_table(table: Any, path: Path) -> dict[str, GpuSmoke]:
             raise RecipeError(f"{where} needs a partition", '"9.0" = { partition = "h100", gres = "gpu:1" }')
         check_slurm_table(item, _GPU_KEYS, where, "",
                           'e.g. partition = "h100", gres = "gpu:h100:1", time = "00:30:00"')  # fmt: skip
-        out[gpu_of(norm[0])] = GpuSmoke(**item)
+        out[gpu_key(machine or HOST, gpu_of(norm[0]))] = GpuSmoke(**item)
     return out

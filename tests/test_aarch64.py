@@ -573,3 +573,30 @@ def test_time_limits_stretch_on_an_emulated_node(monkeypatch: pytest.MonkeyPatch
     for said, factor in (("", 1), ("0.5", 1), ("nan", 1), ("1e9", 100), ("x", 1)):
         monkeypatch.setenv(SLOWDOWN_ENV, said)
         assert seconds(10) == 10 * factor, said
+
+
+def test_a_folder_gathered_for_aarch64_nodes_is_refused_on_this_host_and_the_reverse(tmp_path: Path) -> None:
+    """gather --machine aarch64 makes a folder for a GH200 node; an x86_64 host refuses it in one line (exit 4),
+    and gather refuses what it cannot make before it fetches anything (exit 2)."""
+    from fakes import sign_offline
+
+    from builder import offline
+    from builder.errors import SourceError, UsageError
+
+    (tmp_path / "wheels").mkdir()
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    record = {"schema": 1, "recipe": "system", "python": python, "machine": "aarch64", "wheels": []}
+    (tmp_path / offline.RECORD).write_text(json.dumps(record))
+    sign_offline(tmp_path)
+    with pytest.raises(SourceError, match="was gathered for aarch64 hosts, and this is x86_64") as err:
+        offline.environ(tmp_path)
+    assert err.value.exit_code == 4 and "--machine x86_64" in err.value.fix
+    tags = offline.platforms("aarch64")
+    assert tags[0] == "manylinux_2_17_aarch64" and "manylinux1_aarch64" not in tags
+    gh200 = load_recipe(ROOT / "recipes" / "cu130-gh200.toml")
+    with pytest.raises(UsageError, match="is for aarch64 nodes and --machine is x86_64") as err2:
+        offline.gather(gh200, tmp_path / "dest", python, {}, tmp_path / "log")
+    assert err2.value.exit_code == 2 and "--machine aarch64" in err2.value.fix
+    with pytest.raises(UsageError, match="--machine 'riscv64' is not one this toolkit serves"):
+        offline.gather(gh200, tmp_path / "dest", python, {}, tmp_path / "log", machine="riscv64")
+    assert not (tmp_path / "dest").exists()

@@ -58,6 +58,23 @@ def test_cuda_targets_smoke_on_each_gpu_type_their_archs_run_on(tmp_path: Path) 
                                                 "require_gpu": True, "time": "00:30:00"}  # fmt: skip
 
 
+def test_an_aarch64_target_smokes_on_a_partition_of_aarch64_nodes_only(tmp_path: Path) -> None:
+    """A GH200 wheel (aarch64, sm_90) never goes to the H100 partition of x86_64 nodes."""
+    (gh200,) = targets_for([load_recipe(ROOT / "recipes" / "cu130-gh200.toml")])
+    assert slurm.smoke_partitions(gh200, H100) == []  # no aarch64 partition: smoked under emulation in its build task
+    both = {**H100, "aarch64/9.0": GpuSmoke("gh200", "gpu:gh200:1")}
+    assert slurm.smoke_partitions(gh200, both) == [("9.0", GpuSmoke("gh200", "gpu:gh200:1"))]
+    (cuda,) = targets_for([load_recipe(ROOT / "recipes" / "cu130-multi-min.toml")])
+    assert [g.partition for _, g in slurm.smoke_partitions(cuda, both)] == ["a100", "h100"]
+    gpu = {"aarch64/sm_100": {"partition": "gb200"}, "x86_64/9.0": {"partition": "h100"}}
+    m = parse_matrix({"recipes": [str(ROOT / "recipes" / "cpu.toml")], "slurm": {"gpu": gpu}}, tmp_path / "m.toml")
+    assert m.gpu == {"aarch64/10.0": GpuSmoke("gb200"), "9.0": GpuSmoke("h100")}
+    with pytest.raises(RecipeError, match='"riscv64" is not a machine this toolkit builds for') as err:
+        parse_matrix({"recipes": [str(ROOT / "recipes" / "cpu.toml")],
+                      "slurm": {"gpu": {"riscv64/9.0": {"partition": "h"}}}}, tmp_path / "m.toml")  # fmt: skip
+    assert "aarch64/9.0" in err.value.fix
+
+
 def test_the_matrix_gpu_table_is_checked(tmp_path: Path) -> None:
     base = {"recipes": [str(ROOT / "recipes" / "cpu.toml")]}
     gpu = {"sm_90": {"partition": "h100", "gres": "gpu:h100:1"}, "8.0": {"partition": "a100"}}

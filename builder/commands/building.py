@@ -191,7 +191,14 @@ def gather(args: argparse.Namespace) -> int:
     ws.logs.mkdir(parents=True, exist_ok=True)
     offline.check_dest(args.dest)  # as given: resolved first, another user's link on its way was followed
     offline.gather(
-        recipe, args.dest.resolve(), args.python, have, ws.logs / "gather.log", args.verbose, with_root=not args.no_root
+        recipe,
+        args.dest.resolve(),
+        args.python,
+        have,
+        ws.logs / "gather.log",
+        args.verbose,
+        with_root=not args.no_root,
+        machine=args.machine,
     )
     return 0
 

@@ -83,14 +83,16 @@ def _sbatch_flags(opts: SlurmOptions) -> list[str]:
 
 
 def smoke_partitions(target: Target, gpu: Mapping[str, GpuSmoke]) -> list[tuple[str, GpuSmoke]]:
-    """The GPU partitions a target is smoked on: one per GPU type its archs run on (pure)."""
+    """The GPU partitions a target is smoked on: one per GPU type its archs run on, on nodes of the
+    target's machine (pure)."""
     from builder.archs import gpu_of
+    from builder.targets import gpu_key
 
     if target.recipe.accelerator != "cuda":
         return []
     out: dict[str, tuple[str, GpuSmoke]] = {}
     for arch in target.recipe.archs:
-        where = gpu.get(gpu_of(arch))
+        where = gpu.get(gpu_key(target.recipe.machine, gpu_of(arch)))
         if where is not None and where.partition not in out:
             out[where.partition] = (gpu_of(arch), where)
     return list(out.values())

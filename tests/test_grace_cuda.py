@@ -1,0 +1,67 @@
+"""Issue 63: the GH200 recipe's CUDA ops, cross-built on this x86_64 machine with no GPU, load on an
+aarch64 node under qemu.
+
+nvcc (this machine's) compiles the device code for sm_90 with the root's aarch64 g++ as its host compiler;
+the ops link against torch 2.13.0's aarch64 CUDA libraries and NVIDIA's aarch64 libcudart. The smoke on
+the emulated aarch64 node (the one the cpu-aarch64 test uses: one root serves both) loads every op with
+no compiler, its symbols resolved against torch's CUDA libraries there, and checks the CPU ops' numerics;
+what the CUDA ops compute is `prove`'s on a GH200 (no GPU here, and qemu-user has none).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from test_aarch64 import _emulation_ready
+
+from builder import glibc
+from builder.machines import HOST
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.skipif(HOST != "x86_64", reason="the toolkit cross-builds from an x86_64 host only")
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(_emulation_ready() is not None, reason=str(_emulation_ready()))
+def test_the_gh200_recipe_is_cross_built_and_its_cuda_ops_load_on_an_emulated_aarch64_node(
+    workspace: Path, tmp_path: Path
+) -> None:
+    from conftest import work_sharing_cache
+
+    (workspace / "cache").mkdir(parents=True, exist_ok=True)
+    work = work_sharing_cache(workspace, tmp_path / "work")
+    done = subprocess.run([sys.executable, "-m", "builder", "build-wheel", "--recipe", "recipes/cu130-gh200.toml",
+                           "--work-dir", str(work), "--no-publish"], cwd=ROOT, capture_output=True,
+                          text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-6000:]
+    said = done.stdout + done.stderr
+    assert "smoke PASSED" in said and "under qemu" in said, said[-3000:]
+    ops = ("fused_adam", "fused_lamb", "fused_lion", "cpu_adam", "cpu_adagrad", "cpu_lion", "utils")
+    for op in ops:  # every op loads from the wheel on the aarch64 node, CUDA ones included, with no JIT
+        assert re.search(rf"passed\s+load:{op}\s+{op} loaded from \S+aarch64-linux-gnu\.so, no JIT", said), op
+    for op in ("cpu_adam", "cpu_adagrad", "cpu_lion"):
+        assert re.search(rf"passed\s+numerics:{op}\s", said), op
+    assert re.search(r"skipped\s+numerics:fused_adam\s+no GPU visible", said)  # said, never passed
+    (wheel,) = (work / "dist").glob("*.whl")
+    assert wheel.name == "deepspeed-0.19.8+cu130.torch2.13.sm90-cp311-cp311-manylinux_2_28_aarch64.whl"
+    tree = tmp_path / "tree"
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extractall(tree)
+    assert len(list(tree.rglob("*.so"))) == 7 and glibc.foreign_objects(tree, "EM_AARCH64") == []
+    assert glibc.above_floor(glibc.needed_symbols(tree), "manylinux_2_28", "aarch64") == []
+    (fused,) = tree.glob("deepspeed/ops/adam/fused_adam_op.*.so")
+    needed = subprocess.run(["readelf", "-d", str(fused)], capture_output=True, text=True, check=True).stdout
+    for lib in ("libcudart.so.13", "libc10_cuda.so"):  # the node's (torch's aarch64 wheel brings them)
+        assert f"[{lib}]" in needed, needed
+    (info,) = tree.glob("*.dist-info")
+    built = json.loads((info / "ds_builder.json").read_text())
+    assert built["op_archs"]["fused_adam"] == ["sass_90"] and built["op_archs"]["cpu_adam"] == []
+    assert built["torch"] == {"version": "2.13.0+cu130", "cuda": "13.0"} and built["cpu_target"] == "armv8-a"
+    assert "Requires-Dist: torch==2.13.0\n" in (info / "METADATA").read_text()
