@@ -181,7 +181,7 @@ def gather(recipe: Recipe, folder: Path, python: str, have: Mapping[str, str], l
         raise UsageError(f"--machine {machine[:20]!r} is not one this toolkit serves",
                          f"give one of {', '.join(BUILDABLE)} (the machine of the host that reads the "
                          "folder)")  # fmt: skip
-    if recipe.machine != machine:
+    if recipe.machine != HOST_MACHINE and recipe.machine != machine:  # a recipe without machine is the node's
         raise UsageError(
             f"recipe {recipe.name} is for {recipe.machine} nodes and --machine is {machine}: a folder for a cross "
             f"build (torch's {recipe.machine} wheel, Debian's headers for it) is not gathered yet",
@@ -211,7 +211,7 @@ def gather(recipe: Recipe, folder: Path, python: str, have: Mapping[str, str], l
     )
     files = _fetch(folder, wheels, ours, python, log, verbose, machine)
     if with_root and machine != HOST_MACHINE:
-        output.note(f"the toolkit's build root for a {machine} host is made on one ({machine}'s Debian 11): none "
+        output.note(f"the toolkit's build root for {machine} hosts is made on one ({machine}'s Debian 11): none "
                     "gathered; the node builds a recipe of platform = 'host' or its own [root], or proves "
                     "wheels")  # fmt: skip
     root = pack_root(recipe, folder, log) if with_root and machine == HOST_MACHINE else None
