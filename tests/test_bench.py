@@ -193,3 +193,13 @@ def test_the_full_op_recipe_joins_the_same_run_and_table(tmp_path: Path, monkeyp
         "DeepSpeed vs a new Python spawned per config (the bytecode folder in both) | 6 s vs 24 s (12 configs) | 0.25 "
         "| GPU matrix <= 60 s |"
     ) in table
+
+
+def test_the_fresh_clone_row_copies_the_repository_itself() -> None:
+    """The bench moved into builder/bench/ once and its fresh clone became a copy of builder/ alone
+    (no noxfile.py: the row failed in a full run); what it copies is the repository's top."""
+    from builder import bench
+
+    assert (bench.REPO / "noxfile.py").is_file() and (bench.REPO / "builder" / "bench").is_dir()
+    ignored = bench._not_in_a_clone(str(bench.REPO), ["build", ".nox", "builder", "noxfile.py", "__pycache__"])
+    assert ignored == {"build", ".nox", "__pycache__"}
