@@ -181,9 +181,13 @@ def node_env(wheel: Path, manifest: BuildManifest, machine: str, tmp: Path, log:
     root = emulated.ensure_node_root(spec, make.roots_folder(os.environ), envs.uv_binary(envs.TOOLS),
                                      envs.pip_sources().uv_args())  # fmt: skip
     venv = tmp / "venv"
+    cpu = emulated.cpu_for(manifest.cpu_target)  # one with what the wheel's CPU target needs (SVE: Neoverse V2)
     wrappers = emulated.enter_folder(root, target, tmp / "node", [tmp, wheel.parent, RESOURCES],
-                                     {"python3": "/usr/bin/python3", "python": str(envs.python_in(venv))})  # fmt: skip
-    output.step(f"smoke: an {machine} node ({spec.describe()}) under qemu; its pip installs the wheel")
+                                     {"python3": "/usr/bin/python3", "python": str(envs.python_in(venv))},
+                                     cpu)  # fmt: skip
+    output.step(
+        f"smoke: an {machine} node ({spec.describe()}; shown a {cpu} CPU) under qemu; its pip installs the wheel"
+    )
     env = {"HOME": str(tmp), "LANG": "C.UTF-8", "PATH": "/usr/bin:/bin", **run_folders(tmp),
            "DS_ACCELERATOR": manifest.accelerator, "PIP_DISABLE_PIP_VERSION_CHECK": "1",
            SLOWDOWN_ENV: str(EMULATED_SLOWDOWN)}  # the checks' and configs' time limits x10  # fmt: skip

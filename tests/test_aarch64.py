@@ -600,3 +600,55 @@ def test_a_folder_gathered_for_aarch64_nodes_is_refused_on_this_host_and_the_rev
     with pytest.raises(UsageError, match="--machine 'riscv64' is not one this toolkit serves"):
         offline.gather(gh200, tmp_path / "dest", python, {}, tmp_path / "log", machine="riscv64")
     assert not (tmp_path / "dest").exists()
+
+
+# ---------------------------------------------------------------- the SVE variant (Grace, Graviton 3/4)
+
+
+def test_the_sve_variant_gives_cpu_adam_sve_and_the_other_ops_neon() -> None:
+    """DeepSpeed's SVE path is CPU Adam's alone: each op unit gets its own SIMD macro (its own process)."""
+    from builder.units.plan import unit_env
+    from builder.wheelbuild.ops import OpInfo
+    from builder.wheelbuild.plan import cpu_target_env
+
+    recipe = load_recipe(ROOT / "recipes" / "cpu-aarch64-sve.toml")
+    assert (recipe.cpu_target, recipe.label, recipe.machine) == ("armv8.2-a+sve", "sve", "aarch64")
+    env = cpu_target_env(recipe.cpu_target)
+    assert env["DS_BUILDER_CPU_ARCH"] == "-march=armv8.2-a+sve" and env["DS_BUILDER_SIMD_WIDTH"] == "-D__NEON__"
+
+    from types import SimpleNamespace
+
+    ops = [OpInfo(name, f"DS_BUILD_{name.upper()}", "", True) for name in ("cpu_adam", "cpu_lion")]
+    plan = SimpleNamespace(
+        ops=ops, env={"DS_BUILD_CPU_ADAM": "1", "DS_BUILD_CPU_LION": "1", **env}
+    )  # what unit_env reads
+    adam, lion = (unit_env(plan, op, 2) for op in ops)  # type: ignore[arg-type]
+    assert adam["DS_BUILDER_SIMD_WIDTH"] == "-D__SVE__" and lion["DS_BUILDER_SIMD_WIDTH"] == "-D__NEON__"
+    assert "DS_BUILDER_SIMD_OPS" not in adam and "DS_BUILD_CPU_LION" not in adam
+    neon = SimpleNamespace(ops=ops[:1], env={"DS_BUILD_CPU_ADAM": "1", **cpu_target_env("armv8-a")})
+    assert unit_env(neon, ops[0], 2)["DS_BUILDER_SIMD_WIDTH"] == "-D__NEON__"  # type: ignore[arg-type]
+
+
+def test_a_node_with_sve_takes_the_sve_wheel_and_one_without_the_neon_wheel() -> None:
+    from dataclasses import replace
+
+    from builder.node import Node, WheelhouseManifest, choose, mismatches
+
+    neon = _node_entry("aarch64")
+    sve = replace(neon, cpu_target="armv8.2-a+sve", version="0.19.8+cpu.torch2.13.sve")
+    house = WheelhouseManifest(wheels={"neon.whl": neon, "sve.whl": sve})
+    grace = Node("cp311", "2.13.0", None, (), frozenset({"fp", "asimd", "sve", "sve2"}), "2.36", "aarch64")
+    n1 = Node("cp311", "2.13.0", None, (), frozenset({"fp", "asimd"}), "2.36", "aarch64")
+    assert choose(house, grace) is sve and choose(house, n1) is neon
+    assert mismatches(sve, n1) == ["CPU ops built for armv8.2-a+sve, node CPU lacks sve"]
+
+
+def test_the_emulated_node_is_shown_a_cpu_with_what_the_wheel_needs() -> None:
+    """FAKE CPU descriptions (labelled): Neoverse N1 for an armv8-a wheel, Neoverse V2 (Grace's core) for SVE."""
+    from builder.buildroot import emulated
+
+    assert emulated.cpu_for("armv8-a") == "neoverse-n1" and emulated.cpu_for("armv8.2-a+sve") == "neoverse-v2"
+    text, files = emulated.cpu_description(2, "neoverse-v2")
+    assert " sve " in text and "CPU part\t: 0xd4f" in text and text.count("processor") == 2
+    assert files["cpu1/regs/identification/midr_el1"] == "0x00000000410fd4f0\n"
+    assert emulated.cpu_description(1)[1]["cpu0/regs/identification/midr_el1"] == "0x00000000413fd0c1\n"

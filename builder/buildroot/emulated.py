@@ -108,20 +108,40 @@ mount --bind /etc/hosts "$mnt/root/etc/hosts"
 NODE_INSIDE = INSIDE.replace("shift 3\n", "shift 3\n" + _BINFMT, 1).replace(
     'mount --rbind /proc "$mnt/root/proc"\n', 'mount --rbind /proc "$mnt/root/proc"\n' + _NODE_MOUNTS, 1
 )
-# Neoverse N1 (MIDR 0x413fd0c1) with armv8.2-a's features: what the wheel's armv8-a code may use and more.
-_MIDR = "0x00000000413fd0c1"
-_FEATURES = "fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp"
+# The Arm CPUs a node may be shown: (MIDR_EL1's variant, part, revision, Features). Neoverse N1 (MIDR
+# 0x413fd0c1) with armv8.2-a's features: what an armv8-a wheel's code may use and more, and no SVE.
+# Neoverse V2 (0x410fd4f0), Grace's core, with the Features line of a GH200 node: SVE and SVE2, for the
+# smoke of an armv8.2-a+sve wheel (qemu-user's default CPU, "max", runs SVE2 code; it is no Grace).
+CPUS = {
+    "neoverse-n1": ("0x3", "0xd0c", "1", "fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid "
+                    "asimdrdm lrcpc dcpop asimddp"),
+    "neoverse-v2": ("0x0", "0xd4f", "0", "fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid "
+                    "asimdrdm jscvt fcma lrcpc dcpop sha3 sm3 sm4 asimddp sha512 sve asimdfhm dit uscat ilrcpc "
+                    "flagm ssbs sb paca pacg dcpodp sve2 sveaes svepmull svebitperm svesha3 svesm4 flagm2 frint "
+                    "svei8mm svebf16 i8mm bf16 dgh bti"),
+}  # fmt: skip
 
 
-def cpu_description(count: int) -> tuple[str, dict[str, str]]:
+def cpu_for(cpu_target: str) -> str:
+    """The CPU a node is shown for the smoke of a wheel built for `cpu_target`: one with what it needs."""
+    from builder.node.contract import TARGET_FLAGS
+
+    needs = set(TARGET_FLAGS.get(cpu_target, ()))
+    return next(name for name, (*_, features) in CPUS.items() if needs <= set(features.split()))
+
+
+def cpu_description(count: int, cpu: str = "neoverse-n1") -> tuple[str, dict[str, str]]:
     """FAKE (labelled, see above): /proc/cpuinfo's text and /sys/devices/system/cpu's files (relative path
-    -> text) of an aarch64 node with `count` CPUs."""
-    block = ("processor\t: {n}\nBogoMIPS\t: 50.00\nFeatures\t: " + _FEATURES + "\nCPU implementer\t: 0x41\n"
-             "CPU architecture: 8\nCPU variant\t: 0x3\nCPU part\t: 0xd0c\nCPU revision\t: 1\n\n")  # fmt: skip
+    -> text) of an aarch64 node with `count` CPUs of model `cpu` (CPUS)."""
+    variant, part, revision, features = CPUS[cpu]
+    block = (f"processor\t: {{n}}\nBogoMIPS\t: 50.00\nFeatures\t: {features}\nCPU implementer\t: 0x41\n"
+             f"CPU architecture: 8\nCPU variant\t: {variant}\nCPU part\t: {part}\n"
+             f"CPU revision\t: {revision}\n\n")  # fmt: skip
     cpuinfo = "".join(block.format(n=n) for n in range(count))
     span = f"0-{count - 1}\n" if count > 1 else "0\n"
+    midr = f"0x0000000041{int(variant, 16):x}f{int(part, 16):03x}{int(revision):x}"
     files = {"possible": span, "present": span, "online": span}
-    files.update({f"cpu{n}/regs/identification/midr_el1": f"{_MIDR}\n" for n in range(count)})
+    files.update({f"cpu{n}/regs/identification/midr_el1": f"{midr}\n" for n in range(count)})
     return cpuinfo, files
 
 
@@ -226,7 +246,7 @@ def _python_of(root: Path) -> str:
 
 
 def enter_folder(root: Path, machine: Machine, folder: Path, binds: Sequence[str | os.PathLike[str]],
-                 programs: Mapping[str, str]) -> dict[str, Path]:  # fmt: skip
+                 programs: Mapping[str, str], cpu: str = "neoverse-n1") -> dict[str, Path]:  # fmt: skip
     """Write the wrappers of `programs` (name -> a path inside the node root, or in a bound folder) into
     `folder`: each runs its program in the node root under qemu, `binds` bound in at their own paths."""
     qemu = qemu_for(machine)
@@ -235,7 +255,7 @@ def enter_folder(root: Path, machine: Machine, folder: Path, binds: Sequence[str
     files = {"enter": (NODE_ENTER, 0o755), "inside": (NODE_INSIDE, 0o644), "root": (f"{root}\n", 0o644),
              "binds": ("".join(f"{b}\n" for b in outermost(bind_paths(wanted))), 0o644), "covers": ("", 0o644),
              "binfmt": (binfmt_line(machine, qemu), 0o644)}  # fmt: skip
-    cpuinfo, cpus = cpu_description(min(os.cpu_count() or 1, 64))
+    cpuinfo, cpus = cpu_description(min(os.cpu_count() or 1, 64), cpu)
     files["cpuinfo"] = (cpuinfo, 0o644)
     for rel, text in cpus.items():
         make_dirs((folder / "sys-cpu" / rel).parent)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from builder.node.contract import TARGET_FLAGS, InstallError
+from builder.node.contract import CPU_TARGETS, TARGET_FLAGS, InstallError
 from builder.node.entries import ProofEntry, WheelEntry, WheelhouseManifest
 from builder.node.fields import torch_variant
 from builder.node.files import printable
@@ -259,7 +259,8 @@ def choose(manifest: "WheelhouseManifest", node: "Node", ops: "Sequence[str]" = 
         exact = [e for e in fits if node.torch and e.torch == node.torch]
         wanted = "cuda" if node.gpus else "cpu"  # a node without GPUs prefers a CPU wheel
         return max(exact or fits, key=lambda e: (e.accelerator == wanted, version_key(e.version.split("+")[0]),
-                                                 len(e.ops), version_key(e.version)))  # fmt: skip
+                                                 len(e.ops), CPU_TARGETS.index(e.cpu_target),
+                                                 version_key(e.version)))  # fmt: skip
     lines = [f"  {name}: {'; '.join(why_not(e))}" for name, e in sorted(manifest.wheels.items())]
     fix = "build one for this node, smoke it and publish it: " + build_for(node)
     fitting = [e for e in manifest.wheels.values() if not mismatches(e, node)]

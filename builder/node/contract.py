@@ -13,7 +13,9 @@ EXIT_CONFIGS = 14  # a config does not run from the installed wheel
 BUILD_MANIFEST = "ds_builder.json"  # inside the wheel's *.dist-info/
 MANIFEST_SCHEMA = 4  # 3: each wheel lists its dependency files ("requires"); 4: the signed statement
 ACCELERATORS = ("cpu", "cuda")
-CPU_TARGETS = ("x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4", "armv8-a", "native")
+# In order of preference among wheels that fit a node and are otherwise equal: a node with SVE takes the
+# armv8.2-a+sve wheel over the armv8-a one (node.choosing.choose).
+CPU_TARGETS = ("x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4", "armv8-a", "armv8.2-a+sve", "native")
 CHECK_STATUSES = ("passed", "failed", "skipped", "upstream")  # upstream: DeepSpeed's own failure, not the wheel's
 # CPU features each portable target needs (the ones DeepSpeed's SIMD code uses). "native" has no
 # fixed list: such a wheel needs every flag of the machine that built it (recorded in cpu_flags).
@@ -23,6 +25,7 @@ TARGET_FLAGS: "dict[str, tuple[str, ...]]" = {
     "x86-64-v3": ("avx2", "fma", "bmi2"),
     "x86-64-v4": ("avx512f", "avx512bw", "avx512dq", "avx512vl"),
     "armv8-a": ("asimd",),  # NEON, as an aarch64 kernel lists it
+    "armv8.2-a+sve": ("asimd", "sve"),
 }
 EXIT_INSTALL = 9  # no wheel fits, a download failed, or the wheelhouse failed a check
 EXIT_BAD_WHEELHOUSE = 8

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from builder.wheelbuild.ops import OpInfo
-from builder.wheelbuild.plan import BuildPlan, job_memory, max_jobs
+from builder.wheelbuild.plan import SIMD_OPS_ENV, BuildPlan, job_memory, max_jobs
 
 UNIT_SCHEMA = 1
 # Build-key inputs that name or fill the assembled wheel but do not change one op's unit: the site's
@@ -38,6 +38,9 @@ def unit_env(plan: BuildPlan, op: OpInfo, jobs: int) -> dict[str, str]:
     env = {k: v for k, v in plan.env.items() if k not in others and k not in SPEED_ONLY}
     env[op.build_var] = "1"
     env["MAX_JOBS"] = str(jobs)
+    own = dict(item.split("=", 1) for item in env.pop(SIMD_OPS_ENV, "").split(",") if "=" in item)
+    if op.name in own:  # DeepSpeed's SVE path is CPU Adam's alone (machines.OP_SIMD)
+        env["DS_BUILDER_SIMD_WIDTH"] = own[op.name]
     if op.name in WITH_PIN_MEMORY:  # two extensions in one run: built at once, each in its own folder
         env["DS_BUILDER_PARALLEL"] = "2"
     return env
