@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import sys
 import traceback
 from collections.abc import Sequence
@@ -16,7 +17,6 @@ from pathlib import Path
 from builder import DEFAULT_RECIPE, __version__, output
 from builder.arguments import VARIANTS_HELP, folder_arg, offline_options, port_number, positive_int, seconds
 from builder.errors import BuilderError
-from builder.machines import HOST as HOST_MACHINE
 
 # Only the standard library is imported at the top: `install` runs on nodes that have nothing
 # else, so each command imports what it needs when it runs.
@@ -123,8 +123,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--dest", type=Path, required=True, metavar="DIR", help="the folder to fill (made if missing)")
     g.add_argument("--python", default=f"{sys.version_info.major}.{sys.version_info.minor}", metavar="X.Y",
                    help="the node's CPython version (default: this one's)")  # fmt: skip
-    g.add_argument("--machine", default=HOST_MACHINE, metavar="M",
-                   help=f"the machine of the host that reads the folder (default: this one's, {HOST_MACHINE}); "
+    g.add_argument("--machine", default=platform.machine(), metavar="M",
+                   help=f"the machine of the host that reads the folder (default: this one's, {platform.machine()}); "
                    "aarch64 for a GH200/GB200 node that installs the toolkit and proves or builds there: its "
                    "wheels are fetched for aarch64 and no build root is gathered")  # fmt: skip
     g.add_argument("--have", type=Path, metavar="FREEZE",
