@@ -3,6 +3,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from builder.bench import render_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -195,11 +197,17 @@ def test_the_full_op_recipe_joins_the_same_run_and_table(tmp_path: Path, monkeyp
     ) in table
 
 
-def test_the_fresh_clone_row_copies_the_repository_itself() -> None:
-    """The bench moved into builder/bench/ once and its fresh clone became a copy of builder/ alone
-    (no noxfile.py: the row failed in a full run); what it copies is the repository's top."""
+def test_the_fresh_clone_row_copies_the_checkout_it_runs_in(tmp_path: Path, monkeypatch: Any) -> None:
+    """The fresh clone row copied the bench module's own folder's parent: in the bench session (the toolkit
+    installed into its environment) that is site-packages, with no noxfile.py, and the row failed in a
+    full run. It copies the checkout nox runs it in; anywhere else it says so."""
     from builder import bench
+    from builder.errors import BuilderError
 
-    assert (bench.REPO / "noxfile.py").is_file() and (bench.REPO / "builder" / "bench").is_dir()
-    ignored = bench._not_in_a_clone(str(bench.REPO), ["build", ".nox", "builder", "noxfile.py", "__pycache__"])
+    monkeypatch.chdir(ROOT)
+    assert bench.repository() == ROOT
+    ignored = bench._not_in_a_clone(str(ROOT), ["build", ".nox", "builder", "noxfile.py", "__pycache__"])
     assert ignored == {"build", ".nox", "__pycache__"}
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(BuilderError, match="is not one"):
+        bench.repository()

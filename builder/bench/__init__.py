@@ -39,7 +39,7 @@ from builder import cmd, envs, node, output
 from builder.bench.all_ops import bench_all_ops, render_all_ops
 from builder.bench.common import EXTRA_OPS, _report, _timed
 from builder.build import build_wheel, prepare, toolchain_env
-from builder.errors import ToolError
+from builder.errors import BuilderError, ToolError
 from builder.files import write_atomic
 from builder.glibc import HOST
 from builder.machines import machine_of
@@ -283,7 +283,16 @@ def config_costs(wheel: Path, ws: Workspace, log: Path) -> dict[str, float]:
             "server": server}  # fmt: skip
 
 
-REPO = Path(__file__).resolve().parents[2]  # builder/bench/__init__.py: the repository's top
+def repository() -> Path:
+    """The checkout the bench runs in (nox runs its sessions in the noxfile's folder): what the fresh clone
+    row copies. Not this module's folder: the bench session installs the toolkit into its environment, so
+    the module lies in site-packages there (the row once copied that, and nox found no noxfile)."""
+    here = Path.cwd()
+    if not (here / "noxfile.py").is_file() or not (here / "builder").is_dir():
+        raise BuilderError(f"the bench's fresh clone row copies the checkout it runs in, and {here} is not one "
+                           "(no noxfile.py and builder/)",
+                           "run the bench from the repository's top: nox -s bench")  # fmt: skip
+    return here
 
 
 _OUTPUTS = {"build", ".nox", ".git", "wheelhouse", "provision", ".mypy_cache", ".ruff_cache", ".pytest_cache"}
@@ -291,7 +300,7 @@ _OUTPUTS = {"build", ".nox", ".git", "wheelhouse", "provision", ".mypy_cache", "
 
 def _not_in_a_clone(folder: str, names: list[str]) -> set[str]:
     """What a fresh clone lacks: the repository's outputs and caches (top level), and bytecode."""
-    top = {n for n in names if n in _OUTPUTS} if Path(folder) == REPO else set()
+    top = {n for n in names if n in _OUTPUTS} if Path(folder) == repository() else set()
     return top | {n for n in names if n == "__pycache__" or n.endswith(".egg-info")}
 
 
@@ -301,7 +310,7 @@ def fresh_clone(out: Path, log: Path) -> dict[str, float]:
     for name, nox_backend in (("uv", "uv"), ("pip", "virtualenv")):
         clone = out / f"clone-{name}"
         shutil.rmtree(clone, ignore_errors=True)
-        shutil.copytree(REPO, clone, ignore=_not_in_a_clone)
+        shutil.copytree(repository(), clone, ignore=_not_in_a_clone)
         env = {**os.environ, "BUILDER_ENV_BACKEND": name}
         run = functools.partial(
             cmd.run,
