@@ -352,9 +352,16 @@ def test_the_cpu_aarch64_recipe_is_built_smoked_under_qemu_and_published_beside_
     assert chosen["wheel"].endswith("-linux_x86_64.whl") or chosen["wheel"].endswith("_x86_64.whl"), chosen
     assert chosen["node"]["machine"] == "x86_64"
 
-    # On the emulated aarch64 node (the smoke's root), the installer installs the aarch64 wheel with no compiler.
-    (record,) = make.roots_folder(os.environ).glob("node-bookworm-arm64-*.json")
-    root = Path(json.loads(record.read_text())["path"])
+    # On the emulated aarch64 node (the smoke's root: named by what it holds, and this machine may hold
+    # others), the installer installs the aarch64 wheel with no compiler.
+    from types import SimpleNamespace
+
+    from builder import smoke
+    from builder.debian import host_mirror
+
+    needs = smoke.node_requirements(wheel, SimpleNamespace(python_tag="cp311"), "aarch64")  # type: ignore[arg-type]
+    root = make.roots_folder(os.environ) / emulated.NodeSpec(machine_of("aarch64"), host_mirror(), needs).name
+    assert (root.parent / f"{root.name}.json").is_file()
     node_tmp = tmp_path / "node"
     node_tmp.mkdir()
     venv_python = str(node_tmp / "venv" / "bin" / "python")
