@@ -285,6 +285,23 @@ def _emulation_ready() -> str | None:
     return None if done.returncode == 0 else "this kernel has no binfmt_misc of a user namespace's own (Linux 6.7+)"
 
 
+def build_and_smoke(recipe: str, workspace: Path, tmp_path: Path) -> tuple[Path, Path, str]:
+    """`build-wheel --no-publish` of recipes/`recipe` in a work folder sharing the suite's caches, its smoke
+    under qemu passed: the wheel, the work folder and what the build said."""
+    from conftest import work_sharing_cache
+
+    (workspace / "cache").mkdir(parents=True, exist_ok=True)
+    work = work_sharing_cache(workspace, tmp_path / "work")
+    done = subprocess.run([sys.executable, "-m", "builder", "build-wheel", "--recipe", f"recipes/{recipe}",
+                           "--work-dir", str(work), "--no-publish"], cwd=ROOT, capture_output=True,
+                          text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-6000:]
+    said = done.stdout + done.stderr
+    assert "smoke PASSED" in said and "under qemu" in said, said[-3000:]
+    (wheel,) = (work / "dist").glob("*.whl")
+    return wheel, work, said
+
+
 @pytest.mark.integration
 @pytest.mark.skipif(_emulation_ready() is not None, reason=str(_emulation_ready()))
 def test_the_cpu_aarch64_recipe_is_built_smoked_under_qemu_and_published_beside_x86(
@@ -295,23 +312,15 @@ def test_the_cpu_aarch64_recipe_is_built_smoked_under_qemu_and_published_beside_
     published beside the x86_64 wheel of the default recipe (by `publish`, once the suite's default build is
     made: the aarch64 build runs beside it). Then the published node installer installs it on the emulated
     aarch64 node, and on this x86_64 machine chooses the x86_64 wheel."""
-    from conftest import copy_house, work_sharing_cache
+    from conftest import copy_house
 
     from builder.buildroot import emulated, make
     from builder.node import INSTALLER, tag_machine
 
-    (workspace / "cache").mkdir(parents=True, exist_ok=True)
-    work = work_sharing_cache(workspace, tmp_path / "work")
-    done = subprocess.run([sys.executable, "-m", "builder", "build-wheel", "--recipe", "recipes/cpu-aarch64.toml",
-                           "--work-dir", str(work), "--no-publish"], cwd=ROOT, capture_output=True,
-                          text=True)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-6000:]
-    said = done.stdout + done.stderr
-    assert "smoke PASSED" in said and "under qemu" in said, said[-3000:]
+    wheel, work, said = build_and_smoke("cpu-aarch64.toml", workspace, tmp_path)
     for check in ("numerics:cpu_adam", "numerics:cpu_adagrad", "numerics:cpu_lion", "engine:zero2-offload"):
         assert re.search(rf"passed\s+{re.escape(check)}\s", said), check
     assert "configs/adam-zero2-offload.json: runs" in said
-    (wheel,) = (work / "dist").glob("*.whl")
     assert wheel.name == "deepspeed-0.19.8+cpu.torch2.13-cp311-cp311-manylinux_2_28_aarch64.whl"
     tree = tmp_path / "tree"
     with zipfile.ZipFile(wheel) as zf:

@@ -18,7 +18,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from test_aarch64 import _emulation_ready
+from test_aarch64 import _emulation_ready, build_and_smoke
 
 from builder import glibc
 from builder.machines import HOST
@@ -33,23 +33,13 @@ pytestmark = pytest.mark.skipif(HOST != "x86_64", reason="the toolkit cross-buil
 def test_the_gh200_recipe_is_cross_built_and_its_cuda_ops_load_on_an_emulated_aarch64_node(
     workspace: Path, tmp_path: Path
 ) -> None:
-    from conftest import work_sharing_cache
-
-    (workspace / "cache").mkdir(parents=True, exist_ok=True)
-    work = work_sharing_cache(workspace, tmp_path / "work")
-    done = subprocess.run([sys.executable, "-m", "builder", "build-wheel", "--recipe", "recipes/cu130-gh200.toml",
-                           "--work-dir", str(work), "--no-publish"], cwd=ROOT, capture_output=True,
-                          text=True)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-6000:]
-    said = done.stdout + done.stderr
-    assert "smoke PASSED" in said and "under qemu" in said, said[-3000:]
+    wheel, _, said = build_and_smoke("cu130-gh200.toml", workspace, tmp_path)
     ops = ("fused_adam", "fused_lamb", "fused_lion", "cpu_adam", "cpu_adagrad", "cpu_lion", "utils")
     for op in ops:  # every op loads from the wheel on the aarch64 node, CUDA ones included, with no JIT
         assert re.search(rf"passed\s+load:{op}\s+{op} loaded from \S+aarch64-linux-gnu\.so, no JIT", said), op
     for op in ("cpu_adam", "cpu_adagrad", "cpu_lion"):
         assert re.search(rf"passed\s+numerics:{op}\s", said), op
     assert re.search(r"skipped\s+numerics:fused_adam\s+no GPU visible", said)  # said, never passed
-    (wheel,) = (work / "dist").glob("*.whl")
     assert wheel.name == "deepspeed-0.19.8+cu130.torch2.13.sm90-cp311-cp311-manylinux_2_28_aarch64.whl"
     tree = tmp_path / "tree"
     with zipfile.ZipFile(wheel) as zf:

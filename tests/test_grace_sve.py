@@ -9,13 +9,11 @@ from __future__ import annotations
 import json
 import re
 import struct
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
-from test_aarch64 import _emulation_ready
+from test_aarch64 import _emulation_ready, build_and_smoke
 
 from builder.machines import HOST
 
@@ -43,19 +41,10 @@ def test_the_cntw_matcher_knows_the_instruction() -> None:
 def test_the_sve_variant_is_built_and_its_adam_computes_what_torch_computes_on_an_sve_node(
     workspace: Path, tmp_path: Path
 ) -> None:
-    from conftest import work_sharing_cache
-
-    (workspace / "cache").mkdir(parents=True, exist_ok=True)
-    work = work_sharing_cache(workspace, tmp_path / "work")
-    done = subprocess.run([sys.executable, "-m", "builder", "build-wheel", "--recipe", "recipes/cpu-aarch64-sve.toml",
-                           "--work-dir", str(work), "--no-publish"], cwd=ROOT, capture_output=True,
-                          text=True)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-6000:]
-    said = done.stdout + done.stderr
-    assert "smoke PASSED" in said and "shown a neoverse-v2 CPU" in said, said[-3000:]
+    wheel, _, said = build_and_smoke("cpu-aarch64-sve.toml", workspace, tmp_path)
+    assert "shown a neoverse-v2 CPU" in said, said[-3000:]
     for check in ("numerics:cpu_adam", "numerics:cpu_adagrad", "numerics:cpu_lion", "engine:zero2-offload"):
         assert re.search(rf"passed\s+{re.escape(check)}\s", said), check
-    (wheel,) = (work / "dist").glob("*.whl")
     assert wheel.name == "deepspeed-0.19.8+cpu.torch2.13.sve-cp311-cp311-manylinux_2_28_aarch64.whl"
     tree = tmp_path / "tree"
     with zipfile.ZipFile(wheel) as zf:
