@@ -69,6 +69,18 @@ CPU_TARGET_FLAGS = {
 OP_SIMD = {"armv8.2-a+sve": {"cpu_adam": "-D__SVE__"}}
 
 
+def manylinux_tags(machine: str, newest: int) -> list[str]:
+    """The manylinux_2_N platform tags of `machine` from glibc 2.`newest` down to 2.17 (the first aarch64
+    glibc), newest first: pip asks an index for exactly the tags it is given."""
+    return [f"manylinux_2_{n}_{machine}" for n in range(newest, 16, -1)]
+
+
+def legacy_tags(machine: str) -> list[str]:
+    """The older manylinux spellings a wheel of `machine` may carry (2014 = 2_17; x86_64 also has 2010, 1)."""
+    return [f"{t}_{machine}" for t in (("manylinux2014", "manylinux2010", "manylinux1") if machine == "x86_64"
+                                        else ("manylinux2014",))]  # fmt: skip
+
+
 def machine_of(name: str) -> Machine:
     return MACHINES[name]
 

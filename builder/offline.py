@@ -40,7 +40,7 @@ from builder.buildroot.pack import PackedRoot
 from builder.errors import FolderError, RootError, SourceError, UsageError
 from builder.files import dest_folder, make_dirs, sha256_of, write_atomic
 from builder.glibc import HOST
-from builder.machines import BUILDABLE
+from builder.machines import BUILDABLE, legacy_tags, manylinux_tags
 from builder.machines import HOST as HOST_MACHINE
 from builder.node import ManifestError, Trust
 from builder.recipe import Recipe
@@ -65,8 +65,7 @@ TORCH_ONLY = re.compile(r"^(torch|triton|nvidia-.*|cuda-.*|sympy|mpmath|networkx
 
 def platforms(machine: str) -> tuple[str, ...]:
     """pip's --platform values for a host of `machine` whose glibc is 2.28 or newer (pure)."""
-    old = ("manylinux2014", "manylinux2010", "manylinux1") if machine == "x86_64" else ("manylinux2014",)
-    return (*(f"manylinux_2_{m}_{machine}" for m in range(17, 29)), *(f"{t}_{machine}" for t in old), "any")
+    return (*reversed(manylinux_tags(machine, 28)), *legacy_tags(machine), "any")
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from builder import cmd, glibc, output
 from builder.errors import BuildError, RootError, ToolError
 from builder.files import held, make_dirs, write_atomic
 from builder.glibc import elf_machine
-from builder.machines import Machine, is_cross, machine_of
+from builder.machines import Machine, is_cross, machine_of, manylinux_tags
 from builder.recipe import Recipe, TorchSpec
 
 # The libraries an op links against (cpp_extension: c10, torch, torch_cpu, torch_python); torch's
@@ -122,8 +122,7 @@ def check_machine(tree: Path, machine: str) -> None:
 def platforms(machine: Machine, floor: str) -> list[str]:
     """pip's --platform values for a node of `machine` whose glibc is `floor` (manylinux_2_28): pip asks
     for exactly the tags given, and torch's dependencies are tagged 2_17 to 2_28."""
-    minor = int(floor.rsplit("_", 1)[1])
-    return [f"manylinux_2_{n}_{machine.name}" for n in range(minor, 16, -1)] + [f"manylinux2014_{machine.name}"]
+    return [*manylinux_tags(machine.name, int(floor.rsplit("_", 1)[1])), f"manylinux2014_{machine.name}"]
 
 
 def torch_tree(requirement: str, machine: Machine, python_version: str, floor: str, folder: Path,

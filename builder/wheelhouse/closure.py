@@ -20,7 +20,7 @@ from packaging.tags import Tag, compatible_tags, cpython_tags, platform_tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from builder.machines import requires_dist
+from builder.machines import manylinux_tags, requires_dist
 from builder.wheelhouse.layout import NOT_BUNDLED
 
 
@@ -33,7 +33,7 @@ def node_platforms(machine: str) -> list[str]:
     reads its glibc), or for another machine every manylinux tag up to glibc 2.40."""
     if machine == platform.machine():
         return list(platform_tags())
-    return [*(f"manylinux_2_{m}_{machine}" for m in range(40, 16, -1)), f"manylinux2014_{machine}", f"linux_{machine}"]
+    return [*manylinux_tags(machine, 40), f"manylinux2014_{machine}", f"linux_{machine}"]
 
 
 @functools.cache
