@@ -17,7 +17,7 @@ import shutil
 import sys
 import tempfile
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,41 +125,61 @@ def platforms(machine: Machine, floor: str) -> list[str]:
     return [*manylinux_tags(machine.name, int(floor.rsplit("_", 1)[1])), f"manylinux2014_{machine.name}"]
 
 
+def made_once(folder: Path, what: str, make: Callable[[Path], str]) -> None:
+    """Make `folder` once per machine: under a lock beside it, `make(tmp)` fills tmp/tree (and returns
+    what DONE records), renamed into place, DONE written last; a folder without DONE is a killed run's
+    (ours), made again."""
+    if (folder / DONE).is_file():
+        return
+    make_dirs(folder.parent)
+    with held(folder.parent / f".{folder.name}.lock", what):
+        if (folder / DONE).is_file():
+            return
+        with tempfile.TemporaryDirectory(dir=folder.parent, prefix=f".{folder.name}.tmp-") as tmp:
+            record = make(Path(tmp))
+            shutil.rmtree(folder, ignore_errors=True)
+            (Path(tmp) / "tree").rename(folder)
+            write_atomic(folder / DONE, record)
+
+
+def fetch_wheel(requirement: str, machine: Machine, floor: str, dest: Path, log: Path, pattern: str,
+                extra: list[str], what: str) -> Path:  # fmt: skip
+    """The one wheel of `requirement` for `machine` pip downloads into `dest` (never installed, never run):
+    BuildError naming it where pip finds none."""
+    argv: list[str | os.PathLike[str]] = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+        *(a for p in platforms(machine, floor) for a in ("--platform", p)), *extra, "-d", dest, requirement,
+    ]  # fmt: skip
+    try:
+        cmd.run(argv, log=log)
+    except ToolError as exc:
+        raise BuildError(f"pip found no {requirement} for {machine.name}{what}",
+                         f"check that it is published for {machine.name} (pip download --platform "
+                         f"manylinux_2_28_{machine.name} --only-binary=:all: --no-deps '{requirement}'); "
+                         f"full log: {log}") from exc  # fmt: skip
+    wheels = sorted(dest.glob(pattern))
+    if len(wheels) != 1:
+        raise BuildError(
+            f"pip downloaded no {requirement.split('=')[0]} wheel for {machine.name}", f"read the log: {log}"
+        )
+    return wheels[0]
+
+
 def torch_tree(requirement: str, machine: Machine, python_version: str, floor: str, folder: Path,
                index_args: list[str], log: Path, cuda: bool = False) -> Path:  # fmt: skip
     """torch's wheel for `machine` and this Python, fetched with pip (never installed, never run) and
     its headers and link libraries kept in `folder`; the torch/ folder inside it."""
-    done = folder / DONE
-    if done.is_file():
-        return folder / "torch"
-    make_dirs(folder.parent)
-    with held(folder.parent / f".{folder.name}.lock", f"torch for {machine.name} ({requirement})"):
-        if done.is_file():
-            return folder / "torch"
+    major_minor = ".".join(python_version.split(".")[:2])
+
+    def make(tmp: Path) -> str:
         output.step(f"cross: fetching {requirement} for {machine.name} (its headers and libraries, never run here)")
-        with tempfile.TemporaryDirectory(dir=folder.parent, prefix=f".{folder.name}.tmp-") as tmp:
-            major_minor = ".".join(python_version.split(".")[:2])
-            argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version",
-                    major_minor, "--implementation", "cp",
-                    *(a for p in platforms(machine, floor) for a in ("--platform", p)),
-                    *index_args, "-d", tmp, requirement]  # fmt: skip
-            try:
-                cmd.run(argv, log=log)
-            except ToolError as exc:
-                raise BuildError(
-                    f"pip found no {requirement} for {machine.name} and Python {major_minor}",
-                    f"check that torch publishes that build for {machine.name} (pip download --platform "
-                    f"manylinux_2_28_{machine.name} --python-version {major_minor} --only-binary=:all: {requirement}); "
-                    f"full log: {log}",
-                ) from exc
-            wheels = sorted(Path(tmp).glob("torch-*.whl"))
-            if len(wheels) != 1:
-                raise BuildError(f"pip downloaded no torch wheel for {machine.name}", f"read the log: {log}")
-            staged = Path(tmp) / "tree"
-            _unpack_torch(wheels[0], staged, machine, LINKED + (CUDA_LINKED if cuda else ()))
-            shutil.rmtree(folder, ignore_errors=True)  # a killed fetch's (no DONE): ours
-            staged.rename(folder)
-            write_atomic(done, f"{wheels[0].name}\n")
+        wheel = fetch_wheel(requirement, machine, floor, tmp, log, "torch-*.whl",
+                            ["--python-version", major_minor, "--implementation", "cp", *index_args],
+                            f" and Python {major_minor}")  # fmt: skip
+        _unpack_torch(wheel, tmp / "tree", machine, LINKED + (CUDA_LINKED if cuda else ()))
+        return f"{wheel.name}\n"
+
+    made_once(folder, f"torch for {machine.name} ({requirement})", make)
     return folder / "torch"
 
 
@@ -212,49 +232,30 @@ def torch_cuda(torch: Path) -> str | None:
 def cuda_runtime(machine: Machine, cuda: str, floor: str, folder: Path, log: Path) -> Path:
     """A folder holding libcudart.so for `machine` and CUDA `cuda` (major.minor), from NVIDIA's
     nvidia-cuda-runtime wheel for that machine (fetched with pip, never run); made once per machine."""
-    lib = folder / "lib"
-    if (folder / DONE).is_file():
-        return lib
-    make_dirs(folder.parent)
-    with held(folder.parent / f".{folder.name}.lock", f"CUDA {cuda}'s runtime for {machine.name}"):
-        if (folder / DONE).is_file():
-            return lib
-        requirement = f"{CUDA_RUNTIME}=={cuda}.*"
+    requirement = f"{CUDA_RUNTIME}=={cuda}.*"
+
+    def make(tmp: Path) -> str:
         output.step(f"cross: fetching {requirement} for {machine.name} (libcudart, to link against; never run here)")
-        with tempfile.TemporaryDirectory(dir=folder.parent, prefix=f".{folder.name}.tmp-") as tmp:
-            argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                    *(a for p in platforms(machine, floor) for a in ("--platform", p)),
-                    "-d", tmp, requirement]  # fmt: skip
-            try:
-                cmd.run(argv, log=log)
-            except ToolError as exc:
-                raise BuildError(f"pip found no {requirement} for {machine.name}",
-                                 f"check that NVIDIA publishes it for {machine.name} (pip download --platform "
-                                 f"manylinux_2_28_{machine.name} --only-binary=:all: --no-deps '{requirement}'); "
-                                 f"full log: {log}") from exc  # fmt: skip
-            wheels = sorted(Path(tmp).glob("nvidia_cuda_runtime-*.whl"))
-            if len(wheels) != 1:
-                raise BuildError(f"pip downloaded no {CUDA_RUNTIME} wheel for {machine.name}", f"read the log: {log}")
-            staged = Path(tmp) / "tree"
-            (staged / "lib").mkdir(parents=True)
-            with zipfile.ZipFile(wheels[0]) as zf:
-                members = [i for i in zf.infolist() if re.fullmatch(r"nvidia/[^/]+/lib/libcudart\.so\.\d+", i.filename)]
-                if len(members) != 1:
-                    raise BuildError(f"{wheels[0].name} holds no libcudart.so.N",
-                                     "delete the download and fetch it again: it is not NVIDIA's runtime "
-                                     "wheel")  # fmt: skip
-                name = "libcudart.so"  # what -lcudart looks for; the op records its soname, libcudart.so.N
-                with zf.open(members[0]) as src, open(staged / "lib" / name, "wb") as out:
-                    shutil.copyfileobj(src, out, 1 << 20)
-            if elf_machine(staged / "lib" / name) != machine.elf_machine:
-                raise BuildError(f"{wheels[0].name}'s libcudart is not built for {machine.name}",
-                                 "the wheel pip chose is not NVIDIA's build for that machine; delete it and "
-                                 "retry")  # fmt: skip
-            (staged / "lib" / name).chmod(0o644)
-            shutil.rmtree(folder, ignore_errors=True)  # a killed fetch's (no DONE): ours
-            staged.rename(folder)
-            write_atomic(folder / DONE, f"{wheels[0].name}\n")
-    return lib
+        wheel = fetch_wheel(requirement, machine, floor, tmp, log, "nvidia_cuda_runtime-*.whl", [], "")
+        lib = tmp / "tree" / "lib" / "libcudart.so"  # what -lcudart looks for; the op records its soname, .so.N
+        lib.parent.mkdir(parents=True)
+        with zipfile.ZipFile(wheel) as zf:
+            members = [i for i in zf.infolist() if re.fullmatch(r"nvidia/[^/]+/lib/libcudart\.so\.\d+", i.filename)]
+            if len(members) != 1:
+                raise BuildError(f"{wheel.name} holds no libcudart.so.N",
+                                 "delete the download and fetch it again: it is not NVIDIA's runtime "
+                                 "wheel")  # fmt: skip
+            with zf.open(members[0]) as src, open(lib, "wb") as out:
+                shutil.copyfileobj(src, out, 1 << 20)
+        if elf_machine(lib) != machine.elf_machine:
+            raise BuildError(f"{wheel.name}'s libcudart is not built for {machine.name}",
+                             "the wheel pip chose is not NVIDIA's build for that machine; delete it and "
+                             "retry")  # fmt: skip
+        lib.chmod(0o644)
+        return f"{wheel.name}\n"
+
+    made_once(folder, f"CUDA {cuda}'s runtime for {machine.name}", make)
+    return folder / "lib"
 
 
 def pybind_abi(libtorch_python: Path) -> str | None:
@@ -294,13 +295,9 @@ def python_headers(machine: Machine, python_version: str, mirror: str, folder: P
             "(recipe python = [...], or run the builder with that Python)",
         )
     include = folder / "usr" / "include"
-    wanted = (include / f"python{major_minor}", include)
-    if (folder / DONE).is_file():
-        return wanted
-    make_dirs(folder.parent)
-    with held(folder.parent / f".{folder.name}.lock", f"Python {major_minor}'s headers for {machine.name}"):
-        if (folder / DONE).is_file():
-            return wanted
+    package = f"libpython{major_minor}-dev"
+
+    def make(tmp: Path) -> str:
         if os.geteuid() != 0:
             raise RootError(
                 f"fetching Python {major_minor}'s headers for {machine.name} needs root (debootstrap), and this is "
@@ -309,26 +306,20 @@ def python_headers(machine: Machine, python_version: str, mirror: str, folder: P
                 f"or {WAYS_OUT}",
             )
         program, run_env = debootstrap(folder.parent / "tools", log)
-        package = f"libpython{major_minor}-dev"
         output.step(f"cross: fetching {package} ({machine.debian}, Debian {suite}) for its headers, once per machine")
-        with tempfile.TemporaryDirectory(dir=folder.parent, prefix=f".{folder.name}.tmp-") as tmp:
-            cmd.run([program, "--download-only", f"--arch={machine.debian}", "--variant=minbase",
-                     f"--include={package}", suite, Path(tmp) / "debs", mirror],
-                    env=run_env, log=log,
-                    fix=f"debootstrap needs the Debian mirror the host's apt uses (read {log})")  # fmt: skip
-            debs = sorted(
-                (Path(tmp) / "debs" / "var" / "cache" / "apt" / "archives").glob(f"{package}_*_{machine.debian}.deb")
-            )
-            if len(debs) != 1:
-                raise BuildError(f"debootstrap fetched no {package} for {machine.debian}", f"read the log: {log}")
-            staged = Path(tmp) / "tree"
-            cmd.run(["dpkg-deb", "-x", debs[0], staged], log=log)
-            shutil.rmtree(staged / "usr" / "lib", ignore_errors=True)  # libpython's static archive: never linked
-            shutil.rmtree(staged / "usr" / "share", ignore_errors=True)
-            multiarch = staged / "usr" / "include" / machine.triplet / f"python{major_minor}" / "pyconfig.h"
-            if not multiarch.is_file():
-                raise BuildError(f"{debs[0].name} holds no {machine.triplet} pyconfig.h", f"read the log: {log}")
-            shutil.rmtree(folder, ignore_errors=True)  # a killed fetch's (no DONE): ours
-            staged.rename(folder)
-            write_atomic(folder / DONE, f"{debs[0].name}\n")
-    return wanted
+        cmd.run([program, "--download-only", f"--arch={machine.debian}", "--variant=minbase", f"--include={package}",
+                 suite, tmp / "debs", mirror], env=run_env, log=log,
+                fix=f"debootstrap needs the Debian mirror the host's apt uses (read {log})")  # fmt: skip
+        debs = sorted((tmp / "debs" / "var" / "cache" / "apt" / "archives").glob(f"{package}_*_{machine.debian}.deb"))
+        if len(debs) != 1:
+            raise BuildError(f"debootstrap fetched no {package} for {machine.debian}", f"read the log: {log}")
+        staged = tmp / "tree"
+        cmd.run(["dpkg-deb", "-x", debs[0], staged], log=log)
+        shutil.rmtree(staged / "usr" / "lib", ignore_errors=True)  # libpython's static archive: never linked
+        shutil.rmtree(staged / "usr" / "share", ignore_errors=True)
+        if not (staged / "usr" / "include" / machine.triplet / f"python{major_minor}" / "pyconfig.h").is_file():
+            raise BuildError(f"{debs[0].name} holds no {machine.triplet} pyconfig.h", f"read the log: {log}")
+        return f"{debs[0].name}\n"
+
+    made_once(folder, f"Python {major_minor}'s headers for {machine.name}", make)
+    return (include / f"python{major_minor}", include)
