@@ -60,13 +60,22 @@ CPU_TARGET_FLAGS = {
     "x86-64-v3": ("-march=x86-64-v3", "-D__AVX256__"),
     "x86-64-v4": ("-march=x86-64-v4", "-D__AVX512__"),
     "armv8-a": ("-march=armv8-a", "-D__NEON__"),
-    "armv8.2-a+sve": ("-march=armv8.2-a+sve", "-D__NEON__"),
+    "armv8.2-a+sve": ("-march=armv8.2-a+sve", "-D__SVE__"),
 }
-# Ops whose SIMD macro differs from their target's: DeepSpeed 0.19.8 has an SVE path for CPU Adam only
+# Targets whose flags only some ops gain from: (the portable target the other ops are built for, the
+# ops built for the target itself). DeepSpeed 0.19.8 has an SVE path for CPU Adam only
 # (csrc/includes/sve.h; its pull request 8365 measured 1.30x to 1.55x over the scalar path), and its
 # simd.h (Adagrad, Lion) has none, so its own `-D__SVE__` for every op of an SVE CPU leaves those scalar:
-# here they keep NEON. Each op unit is built in a process of its own, with its own macro.
-OP_SIMD = {"armv8.2-a+sve": {"cpu_adam": "-D__SVE__"}}
+# here they keep NEON, built for armv8-a. Each op unit is built in a process of its own, with its own
+# flags, so the variant's other units are the portable recipe's own (the same key): a build host that
+# made the NEON wheel compiles one unit for the SVE one.
+OP_TARGETS = {"armv8.2-a+sve": ("armv8-a", ("cpu_adam",))}
+
+
+def op_target(target: str, op: str) -> str:
+    """The cpu_target `op`'s unit is built for in a recipe of cpu_target `target` (OP_TARGETS)."""
+    base, own = OP_TARGETS.get(target, (target, ()))
+    return target if op in own or target not in OP_TARGETS else base
 
 
 def manylinux_tags(machine: str, newest: int) -> list[str]:

@@ -183,8 +183,7 @@ def copy_house(build: DefaultBuild, into: Path) -> Path:
 # then the medium ones, then the short ones fill in.
 LONGEST = ("test_pipeline.py", "test_cluster.py", "test_every_op.py", "test_offline.py", "test_cuda_pipeline.py")
 MEDIUM = ("test_pipeline_images.py", "test_pipeline_units.py", "test_pipeline_installs.py", "test_root_builds.py",
-          "test_system_torch.py", "test_torch_builds.py", "test_aarch64.py", "test_grace_cuda.py",
-          "test_grace_sve.py")  # fmt: skip
+          "test_system_torch.py", "test_torch_builds.py", "test_aarch64.py", "test_grace_cuda.py")  # fmt: skip
 
 
 def file_order(names: list[str]) -> list[str]:

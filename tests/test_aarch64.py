@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import zipfile
@@ -304,14 +305,17 @@ def build_and_smoke(recipe: str, workspace: Path, tmp_path: Path) -> tuple[Path,
 
 @pytest.mark.integration
 @pytest.mark.skipif(_emulation_ready() is not None, reason=str(_emulation_ready()))
-def test_the_cpu_aarch64_recipe_is_built_smoked_under_qemu_and_published_beside_x86(
+def test_the_cpu_aarch64_recipe_and_its_sve_variant_are_built_smoked_under_qemu_and_published_beside_x86(
     request: pytest.FixtureRequest, workspace: Path, tmp_path: Path
 ) -> None:
     """Issue 63, done when: one command builds the cpu-aarch64 recipe into a manylinux_2_28_aarch64 wheel and
     smoke-tests it on an aarch64 node under qemu (its pip, the CPU ops' numerics, the recipe's configs); it is
     published beside the x86_64 wheel of the default recipe (by `publish`, once the suite's default build is
-    made: the aarch64 build runs beside it). Then the published node installer installs it on the emulated
-    aarch64 node, and on this x86_64 machine chooses the x86_64 wheel."""
+    made: the aarch64 build runs beside it). The Grace variant (recipes/cpu-aarch64-sve.toml) is built next,
+    compiling CPU Adam alone (its other units are the NEON wheel's), smoked on the emulated node shown a
+    Neoverse V2 (a labelled fake CPU description) and published too. Then the published node installer
+    installs the NEON wheel on the emulated aarch64 node (shown a Neoverse N1), chooses the SVE one on a node
+    shown a Neoverse V2, and on this x86_64 machine chooses the x86_64 wheel."""
     from conftest import copy_house
 
     from builder.buildroot import emulated, make
@@ -335,11 +339,34 @@ def test_the_cpu_aarch64_recipe_is_built_smoked_under_qemu_and_published_beside_
     assert built["cpu_target"] == "armv8-a" and built["platform"]["tags"] == ["manylinux_2_28_aarch64"]
     assert built["torch"]["version"] == "2.13.0+cu130"  # the target's torch, not the build host's CPU build
 
+    # The SVE variant: CPU Adam compiled for armv8.2-a+sve (DeepSpeed's SVE path), the other four units the
+    # NEON wheel's own, taken from the cache; its smoke on a node shown Grace's core.
+    (tmp_path / "sve").mkdir()
+    sve, sve_work, sve_said = build_and_smoke("cpu-aarch64-sve.toml", workspace, tmp_path / "sve")
+    assert "shown a neoverse-v2 CPU" in sve_said, sve_said[-3000:]
+    assert re.search(r"unit cpu_adam: built in", sve_said), sve_said[-3000:]
+    for op in ("cpu_adagrad", "cpu_lion", "deepspeed_shm_comm", "fused_adam"):
+        assert re.search(rf"unit {op}: cached", sve_said), op
+    for check in ("numerics:cpu_adam", "numerics:cpu_adagrad", "numerics:cpu_lion", "engine:zero2-offload"):
+        assert re.search(rf"passed\s+{re.escape(check)}\s", sve_said), check
+    assert sve.name == "deepspeed-0.19.8+cpu.torch2.13.sve-cp311-cp311-manylinux_2_28_aarch64.whl"
+    sve_tree = tmp_path / "sve-tree"
+    with zipfile.ZipFile(sve) as zf:
+        zf.extractall(sve_tree)
+    (adam,) = sve_tree.glob("deepspeed/ops/adam/cpu_adam_op.*.so")
+    assert sve_counts(adam) > 0  # DeepSpeed's SVE path (sve.h) is in it
+    (lion,) = sve_tree.glob("deepspeed/ops/lion/cpu_lion_op.*.so")
+    assert sve_counts(lion) == 0 and lion.read_bytes() == next(tree.glob("deepspeed/ops/lion/*.so")).read_bytes()
+    (sve_info,) = sve_tree.glob("*.dist-info")
+    assert json.loads((sve_info / "ds_builder.json").read_text())["cpu_target"] == "armv8.2-a+sve"
+
     # The default recipe's x86_64 wheel, published meanwhile by another worker (not waited for until now).
     house = copy_house(request.getfixturevalue("default_build"), tmp_path / "house")
-    published = subprocess.run([sys.executable, "-m", "builder", "publish", str(wheel), "--work-dir", str(work),
-                                "--wheelhouse", str(house)], cwd=ROOT, capture_output=True, text=True)  # fmt: skip
-    assert published.returncode == 0, published.stderr[-4000:]
+    for one, its_work in ((wheel, work), (sve, sve_work)):
+        published = subprocess.run([sys.executable, "-m", "builder", "publish", str(one), "--work-dir",
+                                    str(its_work), "--wheelhouse", str(house)], cwd=ROOT, capture_output=True,
+                                   text=True)  # fmt: skip
+        assert published.returncode == 0, published.stderr[-4000:]
     manifest = json.loads((house / "manifest.json").read_text())
     machines = {n: tag_machine(n.removesuffix(".whl").rsplit("-", 1)[-1]) for n in manifest["wheels"]}
     assert {"aarch64", "x86_64"} <= set(machines.values()), machines
@@ -385,7 +412,14 @@ def test_the_cpu_aarch64_recipe_is_built_smoked_under_qemu_and_published_beside_
                             "--python", str(node_tmp / "venv" / "bin" / "python")], capture_output=True, text=True,
                            env=run_env)  # fmt: skip
     assert there.returncode == 0, there.stderr[-4000:]
-    assert wheel.name in there.stdout + there.stderr
+    assert wheel.name in there.stdout + there.stderr and sve.name not in there.stdout + there.stderr
+    grace = emulated.enter_folder(root, machine_of("aarch64"), node_tmp / "enter-grace", [node_tmp, house],
+                                  {"venv": venv_python}, cpu="neoverse-v2")  # fmt: skip
+    on_grace = subprocess.run([str(grace["venv"]), str(house / INSTALLER), "--wheelhouse", str(house), "--trust",
+                               key, "--python", venv_python, "--dry-run", "--json"], capture_output=True, text=True,
+                              env=run_env)  # fmt: skip
+    assert on_grace.returncode == 0, on_grace.stderr[-4000:]
+    assert json.loads(on_grace.stdout)["wheel"] == sve.name
     loaded = subprocess.run([str(wrappers["venv"]), "-c", "from deepspeed.ops.op_builder import CPUAdamBuilder; "
                              "import platform; CPUAdamBuilder().load(verbose=False); print(platform.machine(), 'ok')"],
                             capture_output=True, text=True, env={**run_env, "DS_ACCELERATOR": "cpu",
@@ -621,28 +655,54 @@ def test_a_folder_gathered_for_aarch64_nodes_is_refused_on_this_host_and_the_rev
 # ---------------------------------------------------------------- the SVE variant (Grace, Graviton 3/4)
 
 
-def test_the_sve_variant_gives_cpu_adam_sve_and_the_other_ops_neon() -> None:
-    """DeepSpeed's SVE path is CPU Adam's alone: each op unit gets its own SIMD macro (its own process)."""
-    from builder.units.plan import unit_env
+def sve_counts(so: Path) -> int:
+    """How many SVE `cntw` instructions (svcntw(): sve.h's vector width) an AArch64 object holds: every
+    4-byte word (A64 instructions are aligned) whose encoding is CNTW Xd, with any register and pattern."""
+    data = so.read_bytes()
+    words = struct.unpack(f"<{len(data) // 4}I", data[: len(data) // 4 * 4])
+    return sum(1 for w in words if w & 0xFFF0FC00 == 0x04A0E000 and (w >> 10) & 0x3F == 0x38)
+
+
+def test_the_cntw_matcher_knows_the_instruction() -> None:
+    """cntw x0 (all) is 0x04a0e3e0; cntw x5, mul #2 is 0x04a1e3e5; neither NEON's nor another SVE count."""
+    assert [w & 0xFFF0FC00 == 0x04A0E000 and (w >> 10) & 0x3F == 0x38 for w in
+            (0x04A0E3E0, 0x04A1E3E5, 0x0420E3E0, 0x4E20D400)] == [True, True, False, False]  # fmt: skip
+
+
+def test_the_sve_variant_gives_cpu_adam_sve_and_the_other_ops_the_neon_recipes_units() -> None:
+    """DeepSpeed's SVE path is CPU Adam's alone: its unit is built for armv8.2-a+sve with -D__SVE__, each
+    other op's for armv8-a with NEON, keyed as the NEON recipe's own (a host that built that wheel
+    compiles one unit for the variant)."""
+    from types import SimpleNamespace
+
+    from builder.units.plan import plan_units, unit_env
     from builder.wheelbuild.ops import OpInfo
     from builder.wheelbuild.plan import cpu_target_env
 
     recipe = load_recipe(ROOT / "recipes" / "cpu-aarch64-sve.toml")
     assert (recipe.cpu_target, recipe.label, recipe.machine) == ("armv8.2-a+sve", "sve", "aarch64")
     env = cpu_target_env(recipe.cpu_target)
-    assert env["DS_BUILDER_CPU_ARCH"] == "-march=armv8.2-a+sve" and env["DS_BUILDER_SIMD_WIDTH"] == "-D__NEON__"
-
-    from types import SimpleNamespace
+    assert env["DS_BUILDER_CPU_ARCH"] == "-march=armv8-a" and env["DS_BUILDER_SIMD_WIDTH"] == "-D__NEON__"
 
     ops = [OpInfo(name, f"DS_BUILD_{name.upper()}", "", True) for name in ("cpu_adam", "cpu_lion")]
-    plan = SimpleNamespace(
-        ops=ops, env={"DS_BUILD_CPU_ADAM": "1", "DS_BUILD_CPU_LION": "1", **env}
-    )  # what unit_env reads
-    adam, lion = (unit_env(plan, op, 2) for op in ops)  # type: ignore[arg-type]
-    assert adam["DS_BUILDER_SIMD_WIDTH"] == "-D__SVE__" and lion["DS_BUILDER_SIMD_WIDTH"] == "-D__NEON__"
-    assert "DS_BUILDER_SIMD_OPS" not in adam and "DS_BUILD_CPU_LION" not in adam
-    neon = SimpleNamespace(ops=ops[:1], env={"DS_BUILD_CPU_ADAM": "1", **cpu_target_env("armv8-a")})
-    assert unit_env(neon, ops[0], 2)["DS_BUILDER_SIMD_WIDTH"] == "-D__NEON__"  # type: ignore[arg-type]
+
+    def plan(target: str) -> Any:  # what unit_env and plan_units read
+        return SimpleNamespace(ops=ops, archs=(), env={"DS_BUILD_CPU_ADAM": "1", "DS_BUILD_CPU_LION": "1",
+                                                       **cpu_target_env(target)})  # fmt: skip
+
+    adam, lion = (unit_env(plan(recipe.cpu_target), op, 2) for op in ops)
+    assert (adam["DS_BUILDER_CPU_ARCH"], adam["DS_BUILDER_SIMD_WIDTH"]) == ("-march=armv8.2-a+sve", "-D__SVE__")
+    assert (lion["DS_BUILDER_CPU_ARCH"], lion["DS_BUILDER_SIMD_WIDTH"]) == ("-march=armv8-a", "-D__NEON__")
+    assert "DS_BUILDER_OP_TARGETS" not in adam and "DS_BUILD_CPU_LION" not in adam
+    assert unit_env(plan("armv8-a"), ops[0], 2)["DS_BUILDER_SIMD_WIDTH"] == "-D__NEON__"
+
+    def keys(target: str, label: str | None) -> dict[str, str]:
+        inputs = {"builder": "x", "cpu_target": target, "machine": {"name": "aarch64"}, "ops": ["cpu_adam", "cpu_lion"],
+                  **({"label": label} if label else {})}  # fmt: skip
+        return {u.op.name: u.key for u in plan_units(plan(target), inputs, 2, None)[0]}
+
+    sve, neon = keys("armv8.2-a+sve", "sve"), keys("armv8-a", None)
+    assert sve["cpu_lion"] == neon["cpu_lion"] and sve["cpu_adam"] != neon["cpu_adam"]
 
 
 def test_a_node_with_sve_takes_the_sve_wheel_and_one_without_the_neon_wheel() -> None:

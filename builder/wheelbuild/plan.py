@@ -13,13 +13,13 @@ from packaging.version import Version
 from builder.archs import label as arch_label
 from builder.archs import normalize_all
 from builder.errors import BuildError
-from builder.machines import CPU_TARGET_FLAGS, OP_SIMD
+from builder.machines import CPU_TARGET_FLAGS, OP_TARGETS
 from builder.node import torch_variant
 from builder.recipe import PYTORCH_INDEX, Recipe
 from builder.wheelbuild import needs
 from builder.wheelbuild.ops import OpInfo, ProbeReport, check_archs, check_requested
 
-SIMD_OPS_ENV = "DS_BUILDER_SIMD_OPS"  # op=macro,...: an op unit's own SIMD macro (units.plan.unit_env)
+OP_TARGETS_ENV = "DS_BUILDER_OP_TARGETS"  # op=cpu_target,...: an op unit's own CPU target (units.plan.unit_env)
 
 
 @dataclass(frozen=True)
@@ -61,11 +61,14 @@ class BuildPlan:
 
 
 def cpu_target_env(target: str) -> dict[str, str]:
+    """The build's -march and SIMD macro for `target`; where only some ops are built for it
+    (machines.OP_TARGETS), the portable target's, with those ops named (units.plan.unit_env)."""
     if target == "native":
         return {}
-    march, simd = CPU_TARGET_FLAGS[target]
-    per_op = ",".join(f"{op}={macro}" for op, macro in sorted(OP_SIMD.get(target, {}).items()))
-    return {"DS_BUILDER_CPU_ARCH": march, "DS_BUILDER_SIMD_WIDTH": simd, **({SIMD_OPS_ENV: per_op} if per_op else {})}
+    base, own = OP_TARGETS.get(target, (target, ()))
+    march, simd = CPU_TARGET_FLAGS[base]
+    per_op = ",".join(f"{op}={target}" for op in sorted(own))
+    return {"DS_BUILDER_CPU_ARCH": march, "DS_BUILDER_SIMD_WIDTH": simd, **({OP_TARGETS_ENV: per_op} if per_op else {})}
 
 
 def local_label(accelerator: str, torch_version: str, torch_cuda: str | None, archs: tuple[str, ...] = ()) -> str:
