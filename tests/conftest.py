@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import shutil
@@ -73,6 +74,13 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     fixed = os.environ.get("BUILDER_TEST_WORK_DIR")
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     yield (Path(fixed) / worker if worker else Path(fixed)) if fixed else tmp_path_factory.mktemp("work")
+
+
+@pytest.fixture
+def held() -> Iterator[contextlib.ExitStack]:
+    """What a test holds until it ends (a lock, a folder it empties then), released after it."""
+    with contextlib.ExitStack() as stack:
+        yield stack
 
 
 @pytest.fixture

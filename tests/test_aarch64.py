@@ -8,6 +8,8 @@ of the toolkit's root, against torch's real aarch64 wheel and Debian's arm64 Pyt
 from __future__ import annotations
 
 import ast
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -16,6 +18,7 @@ import struct
 import subprocess
 import sys
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -286,27 +289,69 @@ def _emulation_ready() -> str | None:
     return None if done.returncode == 0 else "this kernel has no binfmt_misc of a user namespace's own (Linux 6.7+)"
 
 
-def build_and_smoke(recipe: str, workspace: Path, tmp_path: Path) -> tuple[Path, Path, str]:
-    """`build-wheel --no-publish` of recipes/`recipe` in a work folder sharing the suite's caches, its smoke
-    under qemu passed: the wheel, the work folder and what the build said."""
+# Cross builds of the tests compile in work folders at fixed paths on this machine, with one ccache and
+# one folder of build environments kept there between runs (like the roots): ccache hashes each compile's
+# absolute paths, so only a build at the same paths finds what an earlier run of the suite compiled.
+# Each build still runs every unit's setup.py and compiler through ccache; a change to a flag, a source,
+# a compiler or torch's headers misses. Several runs on one machine each take a free slot (a lock).
+CROSS = Path("/var/tmp") / f"ds-builder-test-cross-{os.getuid()}"
+
+
+@contextlib.contextmanager
+def cross_slot(name: str, slots: int = 3) -> Iterator[Path | None]:
+    """A slot folder of CROSS for a build named `name`, held until the test ends and emptied then; None
+    where every slot is another run's (that build then compiles in the test's own folder, cold)."""
+    CROSS.mkdir(mode=0o755, exist_ok=True)
+    for i in range(slots):
+        with open(CROSS / f"{name}-{i}.lock", "a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            slot = CROSS / f"{name}-{i}"
+            shutil.rmtree(slot, ignore_errors=True)  # what a killed run left
+            slot.mkdir()
+            try:
+                yield slot
+            finally:
+                shutil.rmtree(slot, ignore_errors=True)
+            return
+    yield None
+
+
+def cross_work(
+    name: str, workspace: Path, tmp_path: Path, held: contextlib.ExitStack
+) -> tuple[Path, dict[str, str] | None]:
+    """A work folder for cross builds sharing the suite's caches (its units), at a slot's fixed path with
+    this machine's cross-build ccache and build environments where a slot is free (cross_slot), and the
+    environment its builds run with (None: the test run's)."""
     from conftest import work_sharing_cache
 
     (workspace / "cache").mkdir(parents=True, exist_ok=True)
-    work = work_sharing_cache(workspace, tmp_path / "work")
+    slot = held.enter_context(cross_slot(name))
+    work = work_sharing_cache(workspace, (slot or tmp_path) / "work")
+    machine_wide = {"DS_BUILDER_CCACHE_DIR": str(CROSS / "ccache"), "DS_BUILDER_ENV_CACHE": str(CROSS / "envs")}
+    return work, {**os.environ, **machine_wide} if slot else None
+
+
+def build_and_smoke(recipe: str, work: Path, env: dict[str, str] | None) -> tuple[Path, str]:
+    """`build-wheel --no-publish` of recipes/`recipe` in `work` (cross_work), its smoke under qemu passed:
+    the wheel and what the build said."""
     done = subprocess.run([sys.executable, "-m", "builder", "build-wheel", "--recipe", f"recipes/{recipe}",
                            "--work-dir", str(work), "--no-publish"], cwd=ROOT, capture_output=True,
-                          text=True)  # fmt: skip
+                          text=True, env=env)  # fmt: skip
     assert done.returncode == 0, done.stderr[-6000:]
     said = done.stdout + done.stderr
     assert "smoke PASSED" in said and "under qemu" in said, said[-3000:]
-    (wheel,) = (work / "dist").glob("*.whl")
-    return wheel, work, said
+    built = re.search(r"==> built (\S+\.whl) in", said)
+    assert built, said[-3000:]
+    return work / "dist" / built.group(1), said
 
 
 @pytest.mark.integration
 @pytest.mark.skipif(_emulation_ready() is not None, reason=str(_emulation_ready()))
 def test_the_cpu_aarch64_recipe_and_its_sve_variant_are_built_smoked_under_qemu_and_published_beside_x86(
-    request: pytest.FixtureRequest, workspace: Path, tmp_path: Path
+    request: pytest.FixtureRequest, workspace: Path, tmp_path: Path, held: contextlib.ExitStack
 ) -> None:
     """Issue 63, done when: one command builds the cpu-aarch64 recipe into a manylinux_2_28_aarch64 wheel and
     smoke-tests it on an aarch64 node under qemu (its pip, the CPU ops' numerics, the recipe's configs); it is
@@ -321,7 +366,8 @@ def test_the_cpu_aarch64_recipe_and_its_sve_variant_are_built_smoked_under_qemu_
     from builder.buildroot import emulated, make
     from builder.node import INSTALLER, tag_machine
 
-    wheel, work, said = build_and_smoke("cpu-aarch64.toml", workspace, tmp_path)
+    work, env = cross_work("cpu-aarch64", workspace, tmp_path, held)
+    wheel, said = build_and_smoke("cpu-aarch64.toml", work, env)
     for check in ("numerics:cpu_adam", "numerics:cpu_adagrad", "numerics:cpu_lion", "engine:zero2-offload"):
         assert re.search(rf"passed\s+{re.escape(check)}\s", said), check
     assert "configs/adam-zero2-offload.json: runs" in said
@@ -339,14 +385,16 @@ def test_the_cpu_aarch64_recipe_and_its_sve_variant_are_built_smoked_under_qemu_
     assert built["cpu_target"] == "armv8-a" and built["platform"]["tags"] == ["manylinux_2_28_aarch64"]
     assert built["torch"]["version"] == "2.13.0+cu130"  # the target's torch, not the build host's CPU build
 
-    # The SVE variant: CPU Adam compiled for armv8.2-a+sve (DeepSpeed's SVE path), the other four units the
-    # NEON wheel's own, taken from the cache; its smoke on a node shown Grace's core.
-    (tmp_path / "sve").mkdir()
-    sve, sve_work, sve_said = build_and_smoke("cpu-aarch64-sve.toml", workspace, tmp_path / "sve")
+    # The SVE variant, built next in the same work folder as a user would: CPU Adam compiled for
+    # armv8.2-a+sve (DeepSpeed's SVE path), the other four units built with the NEON wheel's flags, so each of
+    # their compiles is a ccache hit; its smoke on a node shown Grace's core.
+    sve, sve_said = build_and_smoke("cpu-aarch64-sve.toml", work, env)
     assert "shown a neoverse-v2 CPU" in sve_said, sve_said[-3000:]
-    assert re.search(r"unit cpu_adam: built in", sve_said), sve_said[-3000:]
     for op in ("cpu_adagrad", "cpu_lion", "deepspeed_shm_comm", "fused_adam"):
-        assert re.search(rf"unit {op}: cached", sve_said), op
+        assert re.search(rf"unit {op}: built in \d+s; ccache: [1-9]\d* hits, 0 misses", sve_said), (
+            op,
+            sve_said[-4000:],
+        )
     for check in ("numerics:cpu_adam", "numerics:cpu_adagrad", "numerics:cpu_lion", "engine:zero2-offload"):
         assert re.search(rf"passed\s+{re.escape(check)}\s", sve_said), check
     assert sve.name == "deepspeed-0.19.8+cpu.torch2.13.sve-cp311-cp311-manylinux_2_28_aarch64.whl"
@@ -362,11 +410,10 @@ def test_the_cpu_aarch64_recipe_and_its_sve_variant_are_built_smoked_under_qemu_
 
     # The default recipe's x86_64 wheel, published meanwhile by another worker (not waited for until now).
     house = copy_house(request.getfixturevalue("default_build"), tmp_path / "house")
-    for one, its_work in ((wheel, work), (sve, sve_work)):
-        published = subprocess.run([sys.executable, "-m", "builder", "publish", str(one), "--work-dir",
-                                    str(its_work), "--wheelhouse", str(house)], cwd=ROOT, capture_output=True,
-                                   text=True)  # fmt: skip
-        assert published.returncode == 0, published.stderr[-4000:]
+    published = subprocess.run([sys.executable, "-m", "builder", "publish", str(wheel), str(sve), "--work-dir",
+                                str(work), "--wheelhouse", str(house)], cwd=ROOT, capture_output=True,
+                               text=True)  # fmt: skip
+    assert published.returncode == 0, published.stderr[-4000:]
     manifest = json.loads((house / "manifest.json").read_text())
     machines = {n: tag_machine(n.removesuffix(".whl").rsplit("-", 1)[-1]) for n in manifest["wheels"]}
     assert {"aarch64", "x86_64"} <= set(machines.values()), machines

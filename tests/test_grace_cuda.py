@@ -10,6 +10,7 @@ what the CUDA ops compute is `prove`'s on a GH200 (no GPU here, and qemu-user ha
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -18,7 +19,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from test_aarch64 import _emulation_ready, build_and_smoke
+from test_aarch64 import _emulation_ready, build_and_smoke, cross_work
 
 from builder import glibc
 from builder.machines import HOST
@@ -31,9 +32,9 @@ pytestmark = pytest.mark.skipif(HOST != "x86_64", reason="the toolkit cross-buil
 @pytest.mark.integration
 @pytest.mark.skipif(_emulation_ready() is not None, reason=str(_emulation_ready()))
 def test_the_gh200_recipe_is_cross_built_and_its_cuda_ops_load_on_an_emulated_aarch64_node(
-    workspace: Path, tmp_path: Path
+    workspace: Path, tmp_path: Path, held: contextlib.ExitStack
 ) -> None:
-    wheel, _, said = build_and_smoke("cu130-gh200.toml", workspace, tmp_path)
+    wheel, said = build_and_smoke("cu130-gh200.toml", *cross_work("cu130-gh200", workspace, tmp_path, held))
     ops = ("fused_adam", "fused_lamb", "fused_lion", "cpu_adam", "cpu_adagrad", "cpu_lion", "utils")
     for op in ops:  # every op loads from the wheel on the aarch64 node, CUDA ones included, with no JIT
         assert re.search(rf"passed\s+load:{op}\s+{op} loaded from \S+aarch64-linux-gnu\.so, no JIT", said), op
