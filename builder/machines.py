@@ -67,8 +67,8 @@ CPU_TARGET_FLAGS = {
 # (csrc/includes/sve.h; its pull request 8365 measured 1.30x to 1.55x over the scalar path), and its
 # simd.h (Adagrad, Lion) has none, so its own `-D__SVE__` for every op of an SVE CPU leaves those scalar:
 # here they keep NEON, built for armv8-a. Each op unit is built in a process of its own, with its own
-# flags, so the variant's other units are the portable recipe's own (the same key): a build host that
-# made the NEON wheel compiles one unit for the SVE one.
+# flags; the variant's other units are compiled as the portable recipe's (in one work folder, ccache
+# hits) and keyed by the portable target with the variant's label.
 OP_TARGETS = {"armv8.2-a+sve": ("armv8-a", ("cpu_adam",))}
 
 

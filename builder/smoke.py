@@ -188,9 +188,7 @@ def node_env(wheel: Path, manifest: BuildManifest, machine: str, tmp: Path, log:
     output.step(
         f"smoke: an {machine} node ({spec.describe()}; shown a {cpu} CPU) under qemu; its pip installs the wheel"
     )
-    env = {"HOME": str(tmp), "LANG": "C.UTF-8", "PATH": "/usr/bin:/bin", **run_folders(tmp),
-           "DS_ACCELERATOR": manifest.accelerator, "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-           SLOWDOWN_ENV: str(EMULATED_SLOWDOWN)}  # the checks' and configs' time limits x10  # fmt: skip
+    env = emulated_env(tmp, manifest.accelerator)
     # --without-pip: the node's own pip (Debian's, in the system site) installs; ensurepip would put an older
     # setuptools in the venv, before the node's own, which torch's requirement refuses.
     cmd.run([wrappers["python3"], "-m", "venv", "--system-site-packages", "--without-pip", venv], env=env, log=log,
@@ -203,6 +201,18 @@ def node_env(wheel: Path, manifest: BuildManifest, machine: str, tmp: Path, log:
 
 # torch's import on the emulated aarch64 node: 18.6 s under qemu-user against 1.9 s on this machine.
 EMULATED_SLOWDOWN = 10
+
+
+def emulated_env(tmp: Path, accelerator: str) -> dict[str, str]:
+    """What the smoke runs with on an emulated node (pure). Time limits ten times longer; a config's ranks
+    forked from the fork server, never from the config runner: under qemu-user a rank forked from the
+    runner (which serves other configs' rendezvous on threads) hung on a lock another thread held at
+    the fork (futex wait, 0% CPU) until its 30-minute limit, in the seventh config of one smoke."""
+    from builder.resources.config_check.pool import START_ENV
+
+    return {"HOME": str(tmp), "LANG": "C.UTF-8", "PATH": "/usr/bin:/bin", **run_folders(tmp),
+            "DS_ACCELERATOR": accelerator, "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+            SLOWDOWN_ENV: str(EMULATED_SLOWDOWN), START_ENV: "forkserver"}  # fmt: skip
 
 
 def site_cases(manifest: BuildManifest) -> list[configs.ConfigCase]:

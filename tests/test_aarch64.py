@@ -766,6 +766,16 @@ def test_a_node_with_sve_takes_the_sve_wheel_and_one_without_the_neon_wheel() ->
     assert mismatches(sve, n1) == ["CPU ops built for armv8.2-a+sve, node CPU lacks sve"]
 
 
+def test_the_emulated_smoke_forks_config_ranks_from_the_fork_server(tmp_path: Path) -> None:
+    """Under qemu-user a rank forked from the config runner (its other configs' rendezvous on threads) hung
+    on a lock held at the fork; the fork server holds no such threads. Limits are ten times longer."""
+    from builder.smoke import emulated_env
+
+    env = emulated_env(tmp_path, "cpu")
+    assert env["DS_CONFIG_RUNNER_START"] == "forkserver" and env["DS_BUILDER_SLOWDOWN"] == "10"
+    assert env["DS_ACCELERATOR"] == "cpu" and env["PATH"] == "/usr/bin:/bin"
+
+
 def test_the_emulated_node_is_shown_a_cpu_with_what_the_wheel_needs() -> None:
     """FAKE CPU descriptions (labelled): Neoverse N1 for an armv8-a wheel, Neoverse V2 (Grace's core) for SVE."""
     from builder.buildroot import emulated
