@@ -75,7 +75,7 @@ OP_TARGETS = {"armv8.2-a+sve": ("armv8-a", ("cpu_adam",))}
 def op_target(target: str, op: str) -> str:
     """The cpu_target `op`'s unit is built for in a recipe of cpu_target `target` (OP_TARGETS)."""
     base, own = OP_TARGETS.get(target, (target, ()))
-    return target if op in own or target not in OP_TARGETS else base
+    return target if op in own else base
 
 
 def manylinux_tags(machine: str, newest: int) -> list[str]:

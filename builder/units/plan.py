@@ -8,9 +8,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from builder.machines import CPU_TARGET_FLAGS, op_target
+from builder.machines import CPU_TARGET_FLAGS, OP_TARGETS, op_target
 from builder.wheelbuild.ops import OpInfo
-from builder.wheelbuild.plan import OP_TARGETS_ENV, BuildPlan, job_memory, max_jobs
+from builder.wheelbuild.plan import BuildPlan, job_memory, max_jobs
 
 UNIT_SCHEMA = 1
 # Build-key inputs that name or fill the assembled wheel but do not change one op's unit: the site's
@@ -39,16 +39,11 @@ def unit_env(plan: BuildPlan, op: OpInfo, jobs: int) -> dict[str, str]:
     env = {k: v for k, v in plan.env.items() if k not in others and k not in SPEED_ONLY}
     env[op.build_var] = "1"
     env["MAX_JOBS"] = str(jobs)
-    if op.name in (own := op_targets(env.pop(OP_TARGETS_ENV, ""))):  # SVE: CPU Adam's alone (machines.OP_TARGETS)
-        env["DS_BUILDER_CPU_ARCH"], env["DS_BUILDER_SIMD_WIDTH"] = CPU_TARGET_FLAGS[own[op.name]]
+    if (own := op_target(plan.recipe.cpu_target, op.name)) in OP_TARGETS:  # SVE: CPU Adam's alone
+        env["DS_BUILDER_CPU_ARCH"], env["DS_BUILDER_SIMD_WIDTH"] = CPU_TARGET_FLAGS[own]
     if op.name in WITH_PIN_MEMORY:  # two extensions in one run: built at once, each in its own folder
         env["DS_BUILDER_PARALLEL"] = "2"
     return env
-
-
-def op_targets(value: str) -> dict[str, str]:
-    """DS_BUILDER_OP_TARGETS ("op=cpu_target,...") read: the ops built for a target of their own."""
-    return dict(item.split("=", 1) for item in value.split(",") if "=" in item)
 
 
 def schedule_units(n_units: int, cores: int, mem_gb: float | None, job_gb: float) -> tuple[int, int]:

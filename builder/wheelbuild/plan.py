@@ -19,8 +19,6 @@ from builder.recipe import PYTORCH_INDEX, Recipe
 from builder.wheelbuild import needs
 from builder.wheelbuild.ops import OpInfo, ProbeReport, check_archs, check_requested
 
-OP_TARGETS_ENV = "DS_BUILDER_OP_TARGETS"  # op=cpu_target,...: an op unit's own CPU target (units.plan.unit_env)
-
 
 @dataclass(frozen=True)
 class BuildPlan:
@@ -62,13 +60,11 @@ class BuildPlan:
 
 def cpu_target_env(target: str) -> dict[str, str]:
     """The build's -march and SIMD macro for `target`; where only some ops are built for it
-    (machines.OP_TARGETS), the portable target's, with those ops named (units.plan.unit_env)."""
+    (machines.OP_TARGETS), the portable target's (units.plan.unit_env gives those ops their own)."""
     if target == "native":
         return {}
-    base, own = OP_TARGETS.get(target, (target, ()))
-    march, simd = CPU_TARGET_FLAGS[base]
-    per_op = ",".join(f"{op}={target}" for op in sorted(own))
-    return {"DS_BUILDER_CPU_ARCH": march, "DS_BUILDER_SIMD_WIDTH": simd, **({OP_TARGETS_ENV: per_op} if per_op else {})}
+    march, simd = CPU_TARGET_FLAGS[OP_TARGETS.get(target, (target, ()))[0]]
+    return {"DS_BUILDER_CPU_ARCH": march, "DS_BUILDER_SIMD_WIDTH": simd}
 
 
 def local_label(accelerator: str, torch_version: str, torch_cuda: str | None, archs: tuple[str, ...] = ()) -> str:
